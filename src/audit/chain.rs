@@ -1,0 +1,451 @@
+//! The hash chain of SPEC 9.2: sealing events into it and verifying exports and the store.
+//!
+//! `hash` = hex(SHA-256(JCS(event without `hash`))), `prev_hash` = the previous event's `hash` (64 zeros
+//! before the first). Sealing stores the event exactly as JCS reads it back, so what is stored is what was
+//! hashed even for numbers that JCS rounds (integers beyond 2^53).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::BufRead;
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::event::{is_sha256_hex, EventType};
+use super::{AuditBackend, Recorded};
+
+/// `prev_hash` of the first event of a store.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The layout of `at`: RFC 3339, UTC, exactly three fraction digits.
+const AT_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.3fZ";
+
+/// Formats an instant as an event's `at` (`2026-11-30T10:00:00.000Z`).
+pub fn format_at(instant: DateTime<Utc>) -> String {
+    instant.format(AT_FORMAT).to_string()
+}
+
+/// Whether `text` is exactly an `at` in the layout [`format_at`] writes.
+pub(crate) fn is_valid_at(text: &str) -> bool {
+    text.len() == 24
+        && NaiveDateTime::parse_from_str(text, AT_FORMAT)
+            .map(|parsed| format_at(parsed.and_utc()) == text)
+            .unwrap_or(false)
+}
+
+/// hex(SHA-256(JCS(event))) of an event object that holds no `hash` key, and the event as JCS reads it
+/// back (identical unless it held numbers JCS cannot write exactly).
+fn canonical_hash(event: &Map<String, Value>) -> Result<(String, Value), String> {
+    let canonical = crate::envelope::jcs(&Value::Object(event.clone()));
+    let normalised: Value = serde_json::from_slice(&canonical)
+        .map_err(|e| format!("canonical event does not read back: {e}"))?;
+    Ok((crate::envelope::sha256_hex(&canonical), normalised))
+}
+
+/// Adds the chain fields to an unchained event object and returns it with its receipt.
+pub(crate) fn seal(
+    mut event: Map<String, Value>,
+    seq: u64,
+    prev_hash: &str,
+    at: &str,
+) -> Result<(Value, Recorded), String> {
+    let event_id = uuid::Uuid::new_v4().to_string();
+    event.insert("event_id".to_owned(), Value::from(event_id.as_str()));
+    event.insert("seq".to_owned(), Value::from(seq));
+    event.insert("at".to_owned(), Value::from(at));
+    event.insert("prev_hash".to_owned(), Value::from(prev_hash));
+    event.remove("hash");
+    let (hash, normalised) = canonical_hash(&event)?;
+    let Value::Object(mut sealed) = normalised else {
+        return Err("canonical event is not an object".to_owned());
+    };
+    sealed.insert("hash".to_owned(), Value::from(hash.as_str()));
+    let recorded = Recorded {
+        event_id,
+        seq,
+        at: at.to_owned(),
+        hash,
+    };
+    Ok((Value::Object(sealed), recorded))
+}
+
+/// What a verified chain (a file or the store) holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// How many events were checked.
+    pub events: u64,
+    /// `seq` of the first (oldest) event; 0 for an empty store.
+    pub first_seq: u64,
+    /// `seq` of the last (newest) event; 0 for an empty store.
+    pub last_seq: u64,
+    /// `prev_hash` of the first event: 64 zeros for a chain that starts at seq 1, the hash of the
+    /// previous file's last event for a rotated file (compare the two to join files).
+    pub first_prev_hash: String,
+    /// `hash` of the last event (compare with the store's head to detect a truncated export).
+    pub last_hash: String,
+}
+
+/// The first event that breaks the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChainBreak {
+    /// 1-based line of the file; for [`super::AuditLog::verify_store`], the 1-based position counted
+    /// from the newest event; 0 when no event was read (an empty file, an unreadable store).
+    pub line: usize,
+    pub seq: Option<u64>,
+    pub event_id: Option<String>,
+    pub reason: String,
+}
+
+impl fmt::Display for ChainBreak {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "audit chain broken at line {}", self.line)?;
+        if let Some(seq) = self.seq {
+            write!(f, ", seq {seq}")?;
+        }
+        if let Some(event_id) = &self.event_id {
+            write!(f, ", event_id {event_id}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl std::error::Error for ChainBreak {}
+
+/// The chain fields of one event whose own hash has been checked.
+struct Linked {
+    seq: u64,
+    prev_hash: String,
+    hash: String,
+}
+
+/// Checks one event on its own: required fields and their forms, canonical numbers, and its hash.
+/// On failure returns the event's seq and id as far as they could be read, and why.
+fn check_event(event: &Value) -> Result<Linked, (Option<u64>, Option<String>, String)> {
+    let Some(object) = event.as_object() else {
+        return Err((None, None, "the event is not a JSON object".to_owned()));
+    };
+    let seq = object.get("seq").and_then(Value::as_u64);
+    let event_id = object
+        .get("event_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let fail = |reason: String| (seq, event_id.clone(), reason);
+
+    let Some(seq_value) = seq.filter(|s| *s >= 1) else {
+        return Err(fail("seq is missing or not a positive integer".to_owned()));
+    };
+    match event_id.as_deref().map(uuid::Uuid::parse_str) {
+        Some(Ok(_)) => {}
+        _ => return Err(fail("event_id is missing or not a UUID".to_owned())),
+    }
+    match object.get("at").and_then(Value::as_str) {
+        Some(at) if is_valid_at(at) => {}
+        _ => {
+            return Err(fail(
+                "at is missing or not RFC 3339 UTC with milliseconds".to_owned(),
+            ))
+        }
+    }
+    match object.get("type").and_then(Value::as_str) {
+        Some(name) if name.parse::<EventType>().is_ok() => {}
+        _ => return Err(fail("type is missing or not an event type".to_owned())),
+    }
+    let prev_hash = match object.get("prev_hash").and_then(Value::as_str) {
+        Some(prev) if is_sha256_hex(prev) => prev.to_owned(),
+        _ => {
+            return Err(fail(
+                "prev_hash is missing or not 64 lower-case hex digits".to_owned(),
+            ))
+        }
+    };
+    let stated_hash = match object.get("hash").and_then(Value::as_str) {
+        Some(hash) if is_sha256_hex(hash) => hash.to_owned(),
+        _ => {
+            return Err(fail(
+                "hash is missing or not 64 lower-case hex digits".to_owned(),
+            ))
+        }
+    };
+
+    let mut unhashed = object.clone();
+    unhashed.remove("hash");
+    let (computed, normalised) = canonical_hash(&unhashed).map_err(&fail)?;
+    // A number that JCS would rewrite (say 9007199254740993 for ...992) leaves the hash unchanged, so
+    // only the canonical spelling is accepted.
+    if normalised != Value::Object(unhashed) {
+        return Err(fail("a number is not in its canonical form".to_owned()));
+    }
+    if computed != stated_hash {
+        return Err(fail("hash does not match the event's content".to_owned()));
+    }
+    Ok(Linked {
+        seq: seq_value,
+        prev_hash,
+        hash: stated_hash,
+    })
+}
+
+/// Verifies a JSON-lines export (one event per line, oldest first), as `sealgate audit verify FILE`.
+///
+/// Every line's hash is recomputed, each `prev_hash` must equal the previous line's `hash`, and `seq` must
+/// rise by exactly 1; a first line that is not seq 1 (a rotated file) is accepted and its `prev_hash` is
+/// reported. Lines are parsed strictly: a repeated key or trailing text is a break. An empty file is
+/// refused, since a file truncated to nothing would otherwise pass.
+pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
+    let mut report: Option<VerifyReport> = None;
+    for (index, line) in reader.lines().enumerate() {
+        let line_number = index + 1;
+        let line = line.map_err(|e| ChainBreak {
+            line: line_number,
+            seq: None,
+            event_id: None,
+            reason: format!("line cannot be read: {e}"),
+        })?;
+        let event = parse_strict(&line).map_err(|reason| ChainBreak {
+            line: line_number,
+            seq: None,
+            event_id: None,
+            reason,
+        })?;
+        let linked = check_event(&event).map_err(|(seq, event_id, reason)| ChainBreak {
+            line: line_number,
+            seq,
+            event_id,
+            reason,
+        })?;
+        let event_id = event
+            .get("event_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let broken = |reason: String| ChainBreak {
+            line: line_number,
+            seq: Some(linked.seq),
+            event_id: event_id.clone(),
+            reason,
+        };
+        match report.as_mut() {
+            None => {
+                let starts_store = linked.seq == 1;
+                let genesis = linked.prev_hash == GENESIS_HASH;
+                if starts_store != genesis {
+                    return Err(broken(if starts_store {
+                        "seq 1 must have a prev_hash of 64 zeros".to_owned()
+                    } else {
+                        "only seq 1 may have a prev_hash of 64 zeros".to_owned()
+                    }));
+                }
+                report = Some(VerifyReport {
+                    events: 1,
+                    first_seq: linked.seq,
+                    last_seq: linked.seq,
+                    first_prev_hash: linked.prev_hash,
+                    last_hash: linked.hash,
+                });
+            }
+            Some(report) => {
+                let expected_seq = report.last_seq.checked_add(1);
+                if Some(linked.seq) != expected_seq {
+                    return Err(broken(format!(
+                        "seq {} follows seq {} (expected {})",
+                        linked.seq,
+                        report.last_seq,
+                        report.last_seq.saturating_add(1)
+                    )));
+                }
+                if linked.prev_hash != report.last_hash {
+                    return Err(broken(
+                        "prev_hash is not the hash of the previous line's event".to_owned(),
+                    ));
+                }
+                report.events += 1;
+                report.last_seq = linked.seq;
+                report.last_hash = linked.hash;
+            }
+        }
+    }
+    report.ok_or_else(|| ChainBreak {
+        line: 0,
+        seq: None,
+        event_id: None,
+        reason: "the file holds no events".to_owned(),
+    })
+}
+
+/// Walks a store from its head down to seq 1 (see [`super::AuditLog::verify_store`]).
+pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport, ChainBreak> {
+    let unreadable = |e: String| ChainBreak {
+        line: 0,
+        seq: None,
+        event_id: None,
+        reason: format!("the store cannot be read: {e}"),
+    };
+    let Some(head) = backend.head().map_err(unreadable)? else {
+        return Ok(VerifyReport {
+            events: 0,
+            first_seq: 0,
+            last_seq: 0,
+            first_prev_hash: GENESIS_HASH.to_owned(),
+            last_hash: GENESIS_HASH.to_owned(),
+        });
+    };
+    let mut expected_seq = head.seq;
+    let mut expected_hash = head.hash.clone();
+    let mut position = 0usize;
+    let mut failure: Option<ChainBreak> = None;
+    // Events appended after the head was read are left out, so the walk sees one consistent chain.
+    let before = head.seq.checked_add(1);
+    backend
+        .scan_newest_first(before, &mut |event| {
+            position += 1;
+            let event_id = event
+                .get("event_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let linked = match check_event(event) {
+                Ok(linked) => linked,
+                Err((seq, event_id, reason)) => {
+                    failure = Some(ChainBreak {
+                        line: position,
+                        seq,
+                        event_id,
+                        reason,
+                    });
+                    return false;
+                }
+            };
+            let reason = if linked.seq != expected_seq {
+                Some(format!(
+                    "found seq {} where seq {expected_seq} belongs",
+                    linked.seq
+                ))
+            } else if linked.hash != expected_hash {
+                Some("hash is not the prev_hash of the next event (or the store's head)".to_owned())
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                failure = Some(ChainBreak {
+                    line: position,
+                    seq: Some(linked.seq),
+                    event_id,
+                    reason,
+                });
+                return false;
+            }
+            expected_seq -= 1;
+            expected_hash = linked.prev_hash;
+            // Stop at seq 1: anything the scan would still yield below it is reported as extra.
+            expected_seq > 0
+        })
+        .map_err(unreadable)?;
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    if expected_seq != 0 {
+        return Err(ChainBreak {
+            line: position,
+            seq: Some(expected_seq),
+            event_id: None,
+            reason: format!(
+                "events from seq {expected_seq} down to seq 1 are missing from the store"
+            ),
+        });
+    }
+    if expected_hash != GENESIS_HASH {
+        return Err(ChainBreak {
+            line: position,
+            seq: Some(1),
+            event_id: None,
+            reason: "seq 1 does not have a prev_hash of 64 zeros".to_owned(),
+        });
+    }
+    Ok(VerifyReport {
+        events: head.seq,
+        first_seq: 1,
+        last_seq: head.seq,
+        first_prev_hash: GENESIS_HASH.to_owned(),
+        last_hash: head.hash,
+    })
+}
+
+/// Parses one line as JSON, refusing repeated keys (a reader that keeps the first of two `seq` keys would
+/// otherwise see another event than the one that was hashed) and trailing text.
+pub(crate) fn parse_strict(line: &str) -> Result<Value, String> {
+    let mut deserializer = serde_json::Deserializer::from_str(line);
+    let value = StrictValue::deserialize(&mut deserializer)
+        .map_err(|e| format!("line is not valid JSON: {e}"))?;
+    deserializer
+        .end()
+        .map_err(|e| format!("line has text after the event: {e}"))?;
+    Ok(value.0)
+}
+
+struct StrictValue(Value);
+
+impl<'de> Deserialize<'de> for StrictValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(StrictValue)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number is not finite"))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(StrictValue(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut entries = BTreeMap::new();
+        while let Some(key) = access.next_key::<String>()? {
+            if entries.contains_key(&key) {
+                return Err(de::Error::custom(format!("repeated key {key:?}")));
+            }
+            let StrictValue(value) = access.next_value()?;
+            entries.insert(key, value);
+        }
+        Ok(Value::Object(entries.into_iter().collect()))
+    }
+}

@@ -1,0 +1,537 @@
+//! Audit event types and the builder that the pipeline fills in (SPEC 9.1).
+//!
+//! The builder checks the event against the table of SPEC 9.1 before it is queued, so a code that the
+//! table does not allow for a type is a programming error caught at the one place events are made.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The event types of SPEC 9.1, serialized as exactly these names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    SessionCreated,
+    SessionRevoked,
+    ToolCallAuthorized,
+    PolicyViolationBlocked,
+    SignatureVerificationFailed,
+    SecurityTokenExpired,
+    EnvelopeRejected,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ClaimSkipped,
+    ClaimBlocked,
+    ClaimResolved,
+    SecurityContextChanged,
+    SecurityContextRejected,
+}
+
+impl EventType {
+    /// Every type, in the order of SPEC 9.1.
+    pub const ALL: [EventType; 14] = [
+        EventType::SessionCreated,
+        EventType::SessionRevoked,
+        EventType::ToolCallAuthorized,
+        EventType::PolicyViolationBlocked,
+        EventType::SignatureVerificationFailed,
+        EventType::SecurityTokenExpired,
+        EventType::EnvelopeRejected,
+        EventType::ToolCallCompleted,
+        EventType::ToolCallFailed,
+        EventType::ClaimSkipped,
+        EventType::ClaimBlocked,
+        EventType::ClaimResolved,
+        EventType::SecurityContextChanged,
+        EventType::SecurityContextRejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::SessionCreated => "SessionCreated",
+            EventType::SessionRevoked => "SessionRevoked",
+            EventType::ToolCallAuthorized => "ToolCallAuthorized",
+            EventType::PolicyViolationBlocked => "PolicyViolationBlocked",
+            EventType::SignatureVerificationFailed => "SignatureVerificationFailed",
+            EventType::SecurityTokenExpired => "SecurityTokenExpired",
+            EventType::EnvelopeRejected => "EnvelopeRejected",
+            EventType::ToolCallCompleted => "ToolCallCompleted",
+            EventType::ToolCallFailed => "ToolCallFailed",
+            EventType::ClaimSkipped => "ClaimSkipped",
+            EventType::ClaimBlocked => "ClaimBlocked",
+            EventType::ClaimResolved => "ClaimResolved",
+            EventType::SecurityContextChanged => "SecurityContextChanged",
+            EventType::SecurityContextRejected => "SecurityContextRejected",
+        }
+    }
+
+    /// The decision that the type itself states, if any (a refusal type is always a `deny`).
+    fn implied_decision(self) -> Option<Decision> {
+        match self {
+            EventType::ToolCallAuthorized | EventType::ClaimSkipped => Some(Decision::Allow),
+            EventType::PolicyViolationBlocked
+            | EventType::SignatureVerificationFailed
+            | EventType::SecurityTokenExpired
+            | EventType::EnvelopeRejected
+            | EventType::ClaimBlocked => Some(Decision::Deny),
+            _ => None,
+        }
+    }
+
+    /// Which codes an event of this type may carry (SPEC 9.1 table) and whether it must carry one.
+    fn code_rule(self) -> CodeRule {
+        match self {
+            EventType::EnvelopeRejected => {
+                CodeRule::Required(&[1000, 1004, 1005, 1006, 1007, 1008, 3001])
+            }
+            EventType::SignatureVerificationFailed => CodeRule::Required(&[1001, 1002]),
+            EventType::SecurityTokenExpired => CodeRule::Required(&[1003]),
+            EventType::PolicyViolationBlocked => {
+                CodeRule::Required(&[2000, 2001, 2002, 2003, 2004, 2005, 2006, 2008])
+            }
+            EventType::ClaimBlocked => CodeRule::Required(&[4001]),
+            EventType::ToolCallFailed => CodeRule::Required(&[2007, 5001, 5002, 5003, 5004, 5005]),
+            EventType::ToolCallAuthorized
+            | EventType::ClaimSkipped
+            | EventType::ToolCallCompleted => CodeRule::Forbidden,
+            // Control-plane events may record a refused operator request with its 600x code.
+            EventType::SessionCreated
+            | EventType::SessionRevoked
+            | EventType::ClaimResolved
+            | EventType::SecurityContextChanged
+            | EventType::SecurityContextRejected => {
+                CodeRule::Optional(&[6001, 6002, 6003, 6004, 6005])
+            }
+        }
+    }
+}
+
+enum CodeRule {
+    Required(&'static [u16]),
+    Optional(&'static [u16]),
+    Forbidden,
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for EventType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown event type {s:?}"))
+    }
+}
+
+/// `allow` or `deny`, as written in events and accepted by queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Deny => "deny",
+        }
+    }
+}
+
+impl FromStr for Decision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "allow" => Ok(Decision::Allow),
+            "deny" => Ok(Decision::Deny),
+            other => Err(format!(
+                "decision must be \"allow\" or \"deny\", not {other:?}"
+            )),
+        }
+    }
+}
+
+/// The kinds of rule that SPEC 9.1 names in `rule.kind`.
+const RULE_KINDS: [&str; 4] = ["deny_list", "capability", "no_match", "session_patterns"];
+
+/// One audit event before it is chained. Build it with [`AuditEvent::new`] and the setters; fields left
+/// unset are omitted from the JSON. The chain fields (`event_id`, `seq`, `at`, `prev_hash`, `hash`) are
+/// added by the writer and cannot be set here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEvent {
+    event_type: EventType,
+    session_id: Option<String>,
+    sub: Option<String>,
+    scp: Option<String>,
+    wid: Option<String>,
+    jti: Option<String>,
+    tool: Option<String>,
+    signature: Option<String>,
+    envelope_timestamp: Option<i64>,
+    payload_sha256: Option<String>,
+    decision: Option<Decision>,
+    code: Option<u16>,
+    rule: Option<Value>,
+    context_version: Option<String>,
+    request_id: Option<String>,
+    claim: Option<String>,
+    action_ref: Option<String>,
+    duration_ms: Option<u64>,
+    actor: Option<String>,
+    detail: Option<String>,
+    trace_id: Option<String>,
+    client_addr: Option<String>,
+    bytes: Option<u64>,
+    suppressed: Option<u64>,
+    payload: Option<Value>,
+    result: Option<Value>,
+}
+
+macro_rules! string_setters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: impl Into<String>) -> Self {
+                self.$name = Some(value.into());
+                self
+            }
+        )*
+    };
+}
+
+impl AuditEvent {
+    pub fn new(event_type: EventType) -> Self {
+        AuditEvent {
+            event_type,
+            session_id: None,
+            sub: None,
+            scp: None,
+            wid: None,
+            jti: None,
+            tool: None,
+            signature: None,
+            envelope_timestamp: None,
+            payload_sha256: None,
+            decision: None,
+            code: None,
+            rule: None,
+            context_version: None,
+            request_id: None,
+            claim: None,
+            action_ref: None,
+            duration_ms: None,
+            actor: None,
+            detail: None,
+            trace_id: None,
+            client_addr: None,
+            bytes: None,
+            suppressed: None,
+            payload: None,
+            result: None,
+        }
+    }
+
+    pub fn event_type(&self) -> EventType {
+        self.event_type
+    }
+
+    string_setters!(
+        /// The session (`exec_id`) the event is about.
+        session_id,
+        /// The token's `scp` (security context name).
+        scp,
+        /// The token's `wid` (workload id).
+        wid,
+        /// The token's `jti`.
+        jti,
+        /// The tool name as called.
+        tool,
+        /// The envelope's signature, as received.
+        signature,
+        /// Hex SHA-256 of the JCS payload (checked to be 64 lower-case hex digits when recorded).
+        payload_sha256,
+        /// The version (hash) of the security context that decided.
+        context_version,
+        /// The claim's request id.
+        request_id,
+        /// The claim outcome: `PROCEED`, `SKIP`, `PENDING`, `NONE`, or a resolution outcome.
+        claim,
+        /// The receipt's action_ref.
+        action_ref,
+        /// The operator's `sub` for control-API events.
+        actor,
+        /// Free text saying why (for example why a context was refused, or an operator's evidence).
+        detail,
+        /// The trace id of the response that the event describes, to join the two.
+        trace_id,
+    );
+
+    /// The token's `sub` (agent id). Named after the JWT claim, not `std::ops::Sub`.
+    #[allow(clippy::should_implement_trait)]
+    pub fn sub(mut self, value: impl Into<String>) -> Self {
+        self.sub = Some(value.into());
+        self
+    }
+
+    /// The envelope's timestamp as Unix seconds.
+    pub fn envelope_timestamp(mut self, unix_secs: i64) -> Self {
+        self.envelope_timestamp = Some(unix_secs);
+        self
+    }
+
+    /// The decision; refusal types (and `ToolCallAuthorized`/`ClaimSkipped`) fill it in themselves.
+    pub fn decision(mut self, decision: Decision) -> Self {
+        self.decision = Some(decision);
+        self
+    }
+
+    /// The SPEC section 10 code; checked against the SPEC 9.1 table when recorded.
+    pub fn code(mut self, code: u16) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns", "index", "pattern"}`.
+    pub fn rule(mut self, rule: Value) -> Self {
+        self.rule = Some(rule);
+        self
+    }
+
+    /// Convenience for [`AuditEvent::rule`] from its parts.
+    pub fn rule_parts(self, kind: &str, index: Option<usize>, pattern: Option<&str>) -> Self {
+        let mut rule = Map::new();
+        rule.insert("kind".to_owned(), Value::from(kind));
+        if let Some(index) = index {
+            rule.insert("index".to_owned(), Value::from(index));
+        }
+        if let Some(pattern) = pattern {
+            rule.insert("pattern".to_owned(), Value::from(pattern));
+        }
+        self.rule(Value::Object(rule))
+    }
+
+    pub fn duration_ms(mut self, millis: u64) -> Self {
+        self.duration_ms = Some(millis);
+        self
+    }
+
+    pub fn client_addr(mut self, addr: SocketAddr) -> Self {
+        self.client_addr = Some(addr.to_string());
+        self
+    }
+
+    /// The size of a body that could not be read as an envelope.
+    pub fn bytes(mut self, bytes: u64) -> Self {
+        self.bytes = Some(bytes);
+        self
+    }
+
+    /// How many unreadable bodies were refused without their own event (rate-limit summary).
+    pub(crate) fn suppressed(mut self, count: u64) -> Self {
+        self.suppressed = Some(count);
+        self
+    }
+
+    /// The JSON-RPC payload; dropped unless `audit.include_payloads` is true.
+    pub fn payload(mut self, payload: Value) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+
+    /// The tool's answer; dropped unless `audit.include_payloads` is true.
+    pub fn result(mut self, result: Value) -> Self {
+        self.result = Some(result);
+        self
+    }
+
+    /// Checks the event against SPEC 9.1, fills in what its type implies, and turns it into the JSON
+    /// object that the writer chains.
+    pub(crate) fn into_object(
+        mut self,
+        include_payloads: bool,
+    ) -> Result<Map<String, Value>, String> {
+        let event_type = self.event_type;
+        self.fill_implied();
+        self.check()?;
+
+        let mut object = Map::new();
+        object.insert("type".to_owned(), Value::from(event_type.as_str()));
+        let strings = [
+            ("session_id", self.session_id),
+            ("sub", self.sub),
+            ("scp", self.scp),
+            ("wid", self.wid),
+            ("jti", self.jti),
+            ("tool", self.tool),
+            ("signature", self.signature),
+            ("payload_sha256", self.payload_sha256),
+            ("context_version", self.context_version),
+            ("request_id", self.request_id),
+            ("claim", self.claim),
+            ("action_ref", self.action_ref),
+            ("actor", self.actor),
+            ("detail", self.detail),
+            ("trace_id", self.trace_id),
+            ("client_addr", self.client_addr),
+        ];
+        for (key, value) in strings {
+            if let Some(value) = value {
+                object.insert(key.to_owned(), Value::from(value));
+            }
+        }
+        let numbers = [
+            ("duration_ms", self.duration_ms),
+            ("bytes", self.bytes),
+            ("suppressed", self.suppressed),
+        ];
+        for (key, value) in numbers {
+            if let Some(value) = value {
+                object.insert(key.to_owned(), Value::from(value));
+            }
+        }
+        if let Some(timestamp) = self.envelope_timestamp {
+            object.insert("envelope_timestamp".to_owned(), Value::from(timestamp));
+        }
+        if let Some(code) = self.code {
+            object.insert("code".to_owned(), Value::from(code));
+        }
+        if let Some(decision) = self.decision {
+            object.insert("decision".to_owned(), Value::from(decision.as_str()));
+        }
+        if let Some(rule) = self.rule {
+            object.insert("rule".to_owned(), rule);
+        }
+        // Payloads and tool answers may hold secrets; SPEC 9.1 keeps them out unless asked for.
+        if include_payloads {
+            if let Some(payload) = self.payload {
+                object.insert("payload".to_owned(), payload);
+            }
+            if let Some(result) = self.result {
+                object.insert("result".to_owned(), result);
+            }
+        }
+        Ok(object)
+    }
+
+    fn fill_implied(&mut self) {
+        if self.decision.is_none() {
+            self.decision = self.event_type.implied_decision();
+        }
+        match self.event_type {
+            EventType::SecurityTokenExpired if self.code.is_none() => self.code = Some(1003),
+            EventType::ClaimBlocked => {
+                self.code.get_or_insert(4001);
+                self.claim.get_or_insert_with(|| "PENDING".to_owned());
+            }
+            EventType::ClaimSkipped => {
+                self.claim.get_or_insert_with(|| "SKIP".to_owned());
+            }
+            _ => {}
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let event_type = self.event_type;
+        match (event_type.code_rule(), self.code) {
+            (CodeRule::Required(_), None) => {
+                return Err(format!("{event_type} must carry the code of the refusal"));
+            }
+            (CodeRule::Required(allowed) | CodeRule::Optional(allowed), Some(code))
+                if !allowed.contains(&code) =>
+            {
+                return Err(format!(
+                    "code {code} is not one that {event_type} reports (SPEC 9.1)"
+                ));
+            }
+            (CodeRule::Forbidden, Some(code)) => {
+                return Err(format!(
+                    "{event_type} reports no refusal, yet code {code} was given"
+                ));
+            }
+            _ => {}
+        }
+        if let (Some(implied), Some(given)) = (event_type.implied_decision(), self.decision) {
+            if implied != given {
+                return Err(format!(
+                    "{event_type} cannot have decision {:?}",
+                    given.as_str()
+                ));
+            }
+        }
+        match (event_type, self.decision) {
+            (EventType::ToolCallFailed, Some(Decision::Allow)) => {
+                return Err("ToolCallFailed cannot have decision \"allow\"".to_owned());
+            }
+            (EventType::ToolCallCompleted, Some(Decision::Deny)) => {
+                return Err("ToolCallCompleted cannot have decision \"deny\"".to_owned());
+            }
+            _ => {}
+        }
+        let claim_must_be: Option<&[&str]> = match event_type {
+            EventType::ToolCallAuthorized => Some(&["PROCEED", "NONE"]),
+            EventType::ClaimSkipped => Some(&["SKIP"]),
+            EventType::ClaimBlocked => Some(&["PENDING"]),
+            _ => None,
+        };
+        if let (Some(allowed), Some(claim)) = (claim_must_be, self.claim.as_deref()) {
+            if !allowed.contains(&claim) {
+                return Err(format!("{event_type} cannot have claim {claim:?}"));
+            }
+        }
+        if event_type == EventType::PolicyViolationBlocked && self.rule.is_none() {
+            return Err("PolicyViolationBlocked must carry the rule that decided".to_owned());
+        }
+        if let Some(rule) = &self.rule {
+            check_rule(rule)?;
+        }
+        if let Some(digest) = &self.payload_sha256 {
+            if !is_sha256_hex(digest) {
+                return Err("payload_sha256 must be 64 lower-case hex digits".to_owned());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_rule(rule: &Value) -> Result<(), String> {
+    let Some(object) = rule.as_object() else {
+        return Err("rule must be an object".to_owned());
+    };
+    for key in object.keys() {
+        if !matches!(key.as_str(), "kind" | "index" | "pattern") {
+            return Err(format!("rule has an unknown field {key:?}"));
+        }
+    }
+    match object.get("kind").and_then(Value::as_str) {
+        Some(kind) if RULE_KINDS.contains(&kind) => {}
+        Some(kind) => return Err(format!("rule.kind {kind:?} is not one of {RULE_KINDS:?}")),
+        None => return Err("rule.kind is missing or not a string".to_owned()),
+    }
+    match object.get("index") {
+        None | Some(Value::Null) => {}
+        Some(index) if index.as_u64().is_some() => {}
+        Some(_) => return Err("rule.index must be a non-negative integer".to_owned()),
+    }
+    match object.get("pattern") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {}
+        Some(_) => return Err("rule.pattern must be a string".to_owned()),
+    }
+    Ok(())
+}
+
+/// 64 lower-case hex digits: the form of every digest in an event.
+pub(crate) fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}

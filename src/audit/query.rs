@@ -1,0 +1,224 @@
+//! `GET /v1/audit` (SPEC 9.3): query parameters, filtering and cursor pagination over the store.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Datelike, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::chain::format_at;
+use super::event::{Decision, EventType};
+use super::AuditBackend;
+
+/// Default and largest page size.
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+
+/// How many stored events one page may examine. A selective filter over a large store then returns a
+/// short page with a cursor instead of scanning everything in one request.
+const MAX_SCANNED_PER_PAGE: usize = 100_000;
+
+const PARAMS: [&str; 10] = [
+    "type",
+    "session_id",
+    "sub",
+    "tool",
+    "decision",
+    "code",
+    "from",
+    "to",
+    "limit",
+    "cursor",
+];
+
+/// A validated audit query. `from` and `to` bound `at` inclusively.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditQuery {
+    pub r#type: Option<EventType>,
+    pub session_id: Option<String>,
+    pub sub: Option<String>,
+    pub tool: Option<String>,
+    pub decision: Option<Decision>,
+    pub code: Option<u16>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    /// 1..=1000.
+    pub limit: usize,
+    /// Opaque to clients: the `seq` below which the next page continues.
+    pub cursor: Option<String>,
+}
+
+impl Default for AuditQuery {
+    fn default() -> Self {
+        AuditQuery {
+            r#type: None,
+            session_id: None,
+            sub: None,
+            tool: None,
+            decision: None,
+            code: None,
+            from: None,
+            to: None,
+            limit: DEFAULT_LIMIT,
+            cursor: None,
+        }
+    }
+}
+
+/// One page of results, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditPage {
+    pub items: Vec<Value>,
+    /// Pass as `cursor` to get the next page; `null` when the store holds no older events.
+    pub next_cursor: Option<String>,
+}
+
+impl AuditQuery {
+    /// Builds a query from URL query parameters. Unknown or empty parameters, malformed values, a limit
+    /// outside 1..=1000 and `from` after `to` are errors (the API answers 6005 / 422).
+    pub fn from_params(params: &HashMap<String, String>) -> Result<Self, String> {
+        Self::from_pairs(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// Like [`AuditQuery::from_params`] for a raw list of pairs, where a repeated parameter is an error
+    /// (a map would keep one of them silently).
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, String> {
+        let mut query = AuditQuery::default();
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, value) in pairs {
+            let Some(known) = PARAMS.iter().copied().find(|p| *p == key) else {
+                return Err(format!("unknown query parameter {key:?}"));
+            };
+            if seen.contains(&known) {
+                return Err(format!("query parameter {key:?} is given more than once"));
+            }
+            seen.push(known);
+            if value.is_empty() {
+                return Err(format!("query parameter {key:?} is empty"));
+            }
+            match known {
+                "type" => query.r#type = Some(value.parse()?),
+                "session_id" => query.session_id = Some(value.to_owned()),
+                "sub" => query.sub = Some(value.to_owned()),
+                "tool" => query.tool = Some(value.to_owned()),
+                "decision" => query.decision = Some(value.parse()?),
+                "code" => {
+                    let code = value
+                        .parse::<u16>()
+                        .map_err(|_| format!("code {value:?} is not a code number"))?;
+                    query.code = Some(code);
+                }
+                "from" => query.from = Some(parse_instant("from", value)?),
+                "to" => query.to = Some(parse_instant("to", value)?),
+                "limit" => {
+                    query.limit = value.parse::<usize>().map_err(|_| {
+                        format!("limit {value:?} is not a number from 1 to {MAX_LIMIT}")
+                    })?;
+                }
+                "cursor" => query.cursor = Some(value.to_owned()),
+                _ => return Err(format!("unknown query parameter {key:?}")),
+            }
+        }
+        query.validate()?;
+        Ok(query)
+    }
+
+    /// Checks the limits that a hand-built query could break.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_LIMIT).contains(&self.limit) {
+            return Err(format!(
+                "limit must be from 1 to {MAX_LIMIT}, not {}",
+                self.limit
+            ));
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to) {
+            if from > to {
+                return Err("from lies after to".to_owned());
+            }
+        }
+        self.cursor_seq()?;
+        Ok(())
+    }
+
+    fn cursor_seq(&self) -> Result<Option<u64>, String> {
+        match &self.cursor {
+            None => Ok(None),
+            Some(cursor) => match cursor.parse::<u64>() {
+                Ok(seq) if seq >= 1 && cursor.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(seq)),
+                _ => Err(format!("cursor {cursor:?} is not one this API gave out")),
+            },
+        }
+    }
+
+    /// Runs the query against a store (blocking).
+    pub(crate) fn run(&self, backend: &dyn AuditBackend) -> Result<AuditPage, String> {
+        self.validate()?;
+        let before = self.cursor_seq()?;
+        // `at` is fixed-width UTC, so comparing the strings compares the instants.
+        let from = self.from.map(format_at);
+        let to = self.to.map(format_at);
+        let mut items = Vec::new();
+        let mut scanned = 0usize;
+        let mut last_seq: Option<u64> = None;
+        let mut stopped_early = false;
+        backend.scan_newest_first(before, &mut |event| {
+            scanned += 1;
+            last_seq = event.get("seq").and_then(Value::as_u64);
+            if self.matches(event, from.as_deref(), to.as_deref()) {
+                items.push(event.clone());
+            }
+            if items.len() >= self.limit || scanned >= MAX_SCANNED_PER_PAGE {
+                stopped_early = true;
+                return false;
+            }
+            true
+        })?;
+        // Nothing lies below seq 1, so a page that ends there has no successor.
+        let next_cursor = match last_seq {
+            Some(seq) if stopped_early && seq > 1 => Some(seq.to_string()),
+            _ => None,
+        };
+        Ok(AuditPage { items, next_cursor })
+    }
+
+    fn matches(&self, event: &Value, from: Option<&str>, to: Option<&str>) -> bool {
+        let text = |key: &str| event.get(key).and_then(Value::as_str);
+        let equals = |key: &str, wanted: Option<&str>| wanted.is_none_or(|w| text(key) == Some(w));
+        equals("type", self.r#type.map(EventType::as_str))
+            && equals("session_id", self.session_id.as_deref())
+            && equals("sub", self.sub.as_deref())
+            && equals("tool", self.tool.as_deref())
+            && equals("decision", self.decision.map(Decision::as_str))
+            && self.code.is_none_or(|code| {
+                event.get("code").and_then(Value::as_u64) == Some(u64::from(code))
+            })
+            && from.is_none_or(|from| text("at").is_some_and(|at| at >= from))
+            && to.is_none_or(|to| text("at").is_some_and(|at| at <= to))
+    }
+}
+
+/// Unix seconds (an integer) or an RFC 3339 timestamp.
+fn parse_instant(name: &str, value: &str) -> Result<DateTime<Utc>, String> {
+    let instant = parse_instant_unchecked(name, value)?;
+    // Bounds are compared as fixed-width text, which holds for four-digit years only.
+    if !(0..=9999).contains(&instant.year()) {
+        return Err(format!("{name} {value:?} is out of range"));
+    }
+    Ok(instant)
+}
+
+fn parse_instant_unchecked(name: &str, value: &str) -> Result<DateTime<Utc>, String> {
+    let digits = value.strip_prefix('-').unwrap_or(value);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return value
+            .parse::<i64>()
+            .ok()
+            .and_then(|secs| DateTime::from_timestamp(secs, 0))
+            .ok_or_else(|| format!("{name} {value:?} is out of range"));
+    }
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| format!("{name} {value:?} is neither Unix seconds nor an RFC 3339 timestamp"))
+}

@@ -1,0 +1,297 @@
+//! The JSON-lines file sink (`audit.file`), with size-based rotation.
+//!
+//! Each file must verify on its own with `sealgate audit verify`, so the sink never appends a batch that
+//! does not link to the file's last line: after a failed write, a crash between the store and the file,
+//! or a torn last line, it first rotates the file away and starts a new one (the store still holds every
+//! event). All calls are blocking; the writer runs them on a blocking thread.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::chain::parse_strict;
+
+/// Where the file's chain stands, as far as the sink knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Tail {
+    /// The file does not exist or is empty.
+    Empty,
+    /// The file's first event has `first_seq` and its last is (`last_seq`, `last_hash`).
+    Linked {
+        first_seq: u64,
+        last_seq: u64,
+        last_hash: String,
+    },
+    /// The file holds something the sink cannot link to (a torn line, a failed write).
+    Unknown,
+}
+
+pub(crate) struct FileSink {
+    path: PathBuf,
+    rotate_bytes: Option<u64>,
+    file: Option<File>,
+    size: u64,
+    tail: Tail,
+}
+
+impl FileSink {
+    /// Opens (or prepares to create) the file and reads where its chain ends.
+    pub(crate) fn open(path: PathBuf, rotate_bytes: Option<u64>) -> Result<FileSink, String> {
+        if rotate_bytes == Some(0) {
+            return Err("audit.rotate_bytes must be at least 1".to_owned());
+        }
+        let (size, tail) = match fs::metadata(&path) {
+            Ok(meta) if !meta.is_file() => {
+                return Err(format!(
+                    "audit file {} is not a regular file",
+                    path.display()
+                ));
+            }
+            Ok(meta) if meta.len() == 0 => (0, Tail::Empty),
+            Ok(meta) => {
+                let tail = read_tail(&path)
+                    .map_err(|e| format!("audit file {} cannot be read: {e}", path.display()))?;
+                (meta.len(), tail)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (0, Tail::Empty),
+            Err(e) => return Err(format!("audit file {}: {e}", path.display())),
+        };
+        let mut sink = FileSink {
+            path,
+            rotate_bytes,
+            file: None,
+            size,
+            tail,
+        };
+        // Open now so that a file that cannot be written stops start-up instead of the first call.
+        sink.ensure_open()?;
+        Ok(sink)
+    }
+
+    /// Appends one batch of chained events (`lines` are their JSON texts) and syncs the file.
+    pub(crate) fn write_batch(&mut self, events: &[Value], lines: &[String]) -> Result<(), String> {
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Ok(());
+        };
+        let (Some(first_seq), Some(first_prev)) = (
+            first.get("seq").and_then(Value::as_u64),
+            first.get("prev_hash").and_then(Value::as_str),
+        ) else {
+            return Err("batch event lacks seq or prev_hash".to_owned());
+        };
+        let (Some(last_seq), Some(last_hash)) = (
+            last.get("seq").and_then(Value::as_u64),
+            last.get("hash").and_then(Value::as_str),
+        ) else {
+            return Err("batch event lacks seq or hash".to_owned());
+        };
+
+        let links = match &self.tail {
+            Tail::Empty => true,
+            Tail::Linked {
+                last_seq: file_last_seq,
+                last_hash: file_last_hash,
+                ..
+            } => file_last_hash == first_prev && file_last_seq.checked_add(1) == Some(first_seq),
+            Tail::Unknown => false,
+        };
+        if !links {
+            // Appending would leave a file that no longer verifies; start a new one instead.
+            self.rotate()?;
+        }
+        self.ensure_open()?;
+
+        let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
+        for line in lines {
+            buffer.extend_from_slice(line.as_bytes());
+            buffer.push(b'\n');
+        }
+        let size_before = self.size;
+        let tail_before = std::mem::replace(&mut self.tail, Tail::Unknown);
+        let written = match self.file.as_mut() {
+            Some(file) => file.write_all(&buffer).and_then(|()| file.sync_data()),
+            None => Err(io::Error::other("audit file is not open")),
+        };
+        if let Err(e) = written {
+            // Cut the partial batch off so that the file still ends on a whole, linked line.
+            let restored = self
+                .file
+                .as_mut()
+                .map(|file| file.set_len(size_before).and_then(|()| file.sync_data()));
+            if matches!(restored, Some(Ok(()))) {
+                self.tail = tail_before;
+            }
+            self.file = None;
+            return Err(format!("audit file {}: {e}", self.path.display()));
+        }
+        self.size = size_before.saturating_add(buffer.len() as u64);
+        let first_in_file = match tail_before {
+            Tail::Linked { first_seq, .. } => first_seq,
+            _ => first_seq,
+        };
+        self.tail = Tail::Linked {
+            first_seq: first_in_file,
+            last_seq,
+            last_hash: last_hash.to_owned(),
+        };
+
+        if self.rotate_bytes.is_some_and(|limit| self.size >= limit) {
+            // The batch is already durable here; a failed rotation only lets the file grow.
+            if let Err(e) = self.rotate() {
+                tracing::warn!(target: "audit", error = %e, "audit file rotation failed");
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_open(&mut self) -> Result<(), String> {
+        if self.file.is_some() {
+            return Ok(());
+        }
+        let existed = self.path.exists();
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| format!("audit file {}: {e}", self.path.display()))?;
+        if !existed {
+            sync_parent(&self.path)?;
+        }
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// Renames the current file to `<name>.<first_seq>-<last_seq>` (or `<name>.unlinked-<millis>` when
+    /// its chain is unknown); the next write starts a new file.
+    fn rotate(&mut self) -> Result<(), String> {
+        if self.size == 0 && self.tail == Tail::Empty {
+            return Ok(());
+        }
+        let file_name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "audit.jsonl".to_owned());
+        let suffix = match &self.tail {
+            Tail::Linked {
+                first_seq,
+                last_seq,
+                ..
+            } => format!("{first_seq}-{last_seq}"),
+            _ => format!("unlinked-{}", chrono::Utc::now().timestamp_millis()),
+        };
+        let mut target = self.path.with_file_name(format!("{file_name}.{suffix}"));
+        let mut attempt = 1u32;
+        while target.exists() {
+            target = self
+                .path
+                .with_file_name(format!("{file_name}.{suffix}.{attempt}"));
+            attempt = attempt.saturating_add(1);
+        }
+        self.file = None;
+        fs::rename(&self.path, &target).map_err(|e| {
+            format!(
+                "audit file {} cannot be rotated to {}: {e}",
+                self.path.display(),
+                target.display()
+            )
+        })?;
+        sync_parent(&self.path)?;
+        self.size = 0;
+        self.tail = Tail::Empty;
+        Ok(())
+    }
+}
+
+/// Makes a rename or a new file durable by syncing the directory that holds it.
+fn sync_parent(path: &Path) -> Result<(), String> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    File::open(parent)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| format!("audit directory {}: {e}", parent.display()))
+}
+
+/// Reads the first event's seq and the last event's seq and hash of an existing, non-empty file.
+fn read_tail(path: &Path) -> io::Result<Tail> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let last_line = read_last_line(&mut file, len)?;
+    let Some(last_line) = last_line else {
+        return Ok(Tail::Unknown);
+    };
+    let Ok(last) = parse_strict(&last_line) else {
+        return Ok(Tail::Unknown);
+    };
+    file.seek(SeekFrom::Start(0))?;
+    let mut first_line = String::new();
+    BufReader::new(&mut file).read_line(&mut first_line)?;
+    let first_seq = parse_strict(first_line.trim_end_matches('\n'))
+        .ok()
+        .and_then(|first| first.get("seq").and_then(Value::as_u64));
+    match (
+        first_seq,
+        last.get("seq").and_then(Value::as_u64),
+        last.get("hash").and_then(Value::as_str),
+    ) {
+        (Some(first_seq), Some(last_seq), Some(last_hash)) => Ok(Tail::Linked {
+            first_seq,
+            last_seq,
+            last_hash: last_hash.to_owned(),
+        }),
+        _ => Ok(Tail::Unknown),
+    }
+}
+
+/// The last complete line of a file (without its newline), read backwards in chunks so that a large file
+/// is not read whole; `None` when the file does not end with a newline (a torn write).
+fn read_last_line(file: &mut File, len: u64) -> io::Result<Option<String>> {
+    const CHUNK: u64 = 64 * 1024;
+    if len == 0 {
+        return Ok(None);
+    }
+    let mut last_byte = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last_byte)?;
+    if last_byte != [b'\n'] {
+        return Ok(None);
+    }
+    // Bytes of the last line, gathered from the end backwards.
+    let mut collected: Vec<u8> = Vec::new();
+    let mut end = len - 1;
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let mut chunk = vec![0u8; (end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut chunk)?;
+        if let Some(newline) = chunk.iter().rposition(|b| *b == b'\n') {
+            let mut line = chunk.split_off(newline + 1);
+            line.extend_from_slice(&collected);
+            collected = line;
+            break;
+        }
+        chunk.extend_from_slice(&collected);
+        collected = chunk;
+        end = start;
+    }
+    Ok(String::from_utf8(collected).ok())
+}
+
+/// Writes events to standard output, one JSON line each. Standard output has no durability to offer, so
+/// a failure is logged rather than failing the calls.
+pub(crate) fn write_stdout(lines: &[String]) {
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let written = lines
+        .iter()
+        .try_for_each(|line| writeln!(out, "{line}"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "stdout").increment(1);
+        tracing::warn!(target: "audit", error = %e, "audit events could not be written to stdout");
+    }
+}

@@ -1,0 +1,223 @@
+//! Test support: an in-memory backend with failure switches and a JSON-lines file backend that really
+//! syncs, for tests and benches. Not meant for production (the file backend scans by reading the file).
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{AuditBackend, ChainHead};
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn head_of(event: &Value) -> Result<ChainHead, String> {
+    match (
+        event.get("seq").and_then(Value::as_u64),
+        event.get("hash").and_then(Value::as_str),
+    ) {
+        (Some(seq), Some(hash)) => Ok(ChainHead {
+            seq,
+            hash: hash.to_owned(),
+        }),
+        _ => Err("event lacks seq or hash".to_owned()),
+    }
+}
+
+/// Keeps events in memory; counts `append` calls and can be told to fail.
+#[derive(Default)]
+pub struct MemoryBackend {
+    events: Mutex<Vec<Value>>,
+    append_calls: AtomicUsize,
+    fail_appends: AtomicUsize,
+    keep_on_failure: AtomicUsize,
+    fail_heads: AtomicUsize,
+    append_delay: Mutex<Duration>,
+}
+
+impl MemoryBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every `append` sleeps this long first, as a flush would.
+    pub fn with_append_delay(delay: Duration) -> Self {
+        let backend = Self::default();
+        *lock(&backend.append_delay) = delay;
+        backend
+    }
+
+    /// The next `count` appends fail; each still stores the first `keep` events of its batch, as a store
+    /// that fails half-way would.
+    pub fn fail_next_appends(&self, count: usize, keep: usize) {
+        self.keep_on_failure.store(keep, Ordering::SeqCst);
+        self.fail_appends.store(count, Ordering::SeqCst);
+    }
+
+    /// The next `count` reads of the head fail.
+    pub fn fail_next_heads(&self, count: usize) {
+        self.fail_heads.store(count, Ordering::SeqCst);
+    }
+
+    pub fn append_calls(&self) -> usize {
+        self.append_calls.load(Ordering::SeqCst)
+    }
+
+    /// A copy of every stored event, oldest first.
+    pub fn events(&self) -> Vec<Value> {
+        lock(&self.events).clone()
+    }
+
+    /// Replaces the stored events (to simulate tampering with the store).
+    pub fn replace_events(&self, events: Vec<Value>) {
+        *lock(&self.events) = events;
+    }
+
+    fn take_one(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl AuditBackend for MemoryBackend {
+    fn head(&self) -> Result<Option<ChainHead>, String> {
+        if Self::take_one(&self.fail_heads) {
+            return Err("memory backend: head failed on purpose".to_owned());
+        }
+        lock(&self.events).last().map(head_of).transpose()
+    }
+
+    fn append(&self, events: &[Value]) -> Result<(), String> {
+        self.append_calls.fetch_add(1, Ordering::SeqCst);
+        let delay = *lock(&self.append_delay);
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let mut stored = lock(&self.events);
+        if Self::take_one(&self.fail_appends) {
+            let keep = self
+                .keep_on_failure
+                .load(Ordering::SeqCst)
+                .min(events.len());
+            stored.extend(events.iter().take(keep).cloned());
+            return Err("memory backend: append failed on purpose".to_owned());
+        }
+        stored.extend(events.iter().cloned());
+        Ok(())
+    }
+
+    fn scan_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> Result<(), String> {
+        // Copy first so that the visitor runs without the lock held.
+        let events = self.events();
+        for event in events.iter().rev() {
+            let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            if before_seq.is_some_and(|before| seq >= before) {
+                continue;
+            }
+            if !visit(event) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends events as JSON lines to a file and syncs it on every `append`: a store whose durability cost
+/// is real, to measure group commit against.
+pub struct JsonlFileBackend {
+    path: PathBuf,
+    file: Mutex<File>,
+    head: Mutex<Option<ChainHead>>,
+    append_calls: AtomicUsize,
+}
+
+impl JsonlFileBackend {
+    /// Opens (or creates) the file; the head is its last line.
+    pub fn open(path: &Path) -> Result<Self, String> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let backend = JsonlFileBackend {
+            path: path.to_owned(),
+            file: Mutex::new(file),
+            head: Mutex::new(None),
+            append_calls: AtomicUsize::new(0),
+        };
+        let mut head = None;
+        for event in backend.read_all()? {
+            head = Some(head_of(&event)?);
+        }
+        *lock(&backend.head) = head;
+        Ok(backend)
+    }
+
+    pub fn append_calls(&self) -> usize {
+        self.append_calls.load(Ordering::SeqCst)
+    }
+
+    fn read_all(&self) -> Result<Vec<Value>, String> {
+        let file = File::open(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        BufReader::new(file)
+            .lines()
+            .map(|line| {
+                let line = line.map_err(|e| e.to_string())?;
+                serde_json::from_str(&line).map_err(|e| e.to_string())
+            })
+            .collect()
+    }
+}
+
+impl AuditBackend for JsonlFileBackend {
+    fn head(&self) -> Result<Option<ChainHead>, String> {
+        Ok(lock(&self.head).clone())
+    }
+
+    fn append(&self, events: &[Value]) -> Result<(), String> {
+        self.append_calls.fetch_add(1, Ordering::SeqCst);
+        let Some(last) = events.last() else {
+            return Ok(());
+        };
+        let new_head = head_of(last)?;
+        let mut buffer = Vec::new();
+        for event in events {
+            buffer.extend_from_slice(event.to_string().as_bytes());
+            buffer.push(b'\n');
+        }
+        let mut file = lock(&self.file);
+        file.write_all(&buffer)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| e.to_string())?;
+        *lock(&self.head) = Some(new_head);
+        Ok(())
+    }
+
+    fn scan_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> Result<(), String> {
+        for event in self.read_all()?.iter().rev() {
+            let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            if before_seq.is_some_and(|before| seq >= before) {
+                continue;
+            }
+            if !visit(event) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1226 @@
+//! Tests of the audit log: chaining, group commit, failure handling, sinks, verification and queries.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::chain::parse_strict;
+use super::testing::{JsonlFileBackend, MemoryBackend};
+use super::writer::metric_updates;
+use super::*;
+
+fn authorized(n: usize) -> AuditEvent {
+    AuditEvent::new(EventType::ToolCallAuthorized)
+        .session_id(format!("exec-{}", n % 3))
+        .sub(format!("agent-{}", n % 2))
+        .scp("agent-runtime")
+        .tool(if n.is_multiple_of(2) {
+            "fs.read"
+        } else {
+            "web.fetch"
+        })
+        .signature(format!("sig-{n}"))
+        .envelope_timestamp(1_771_338_721 + n as i64)
+        .claim("NONE")
+}
+
+fn memory_log(backend: &Arc<MemoryBackend>, cfg: &AuditConfig) -> AuditLog {
+    let backend: Arc<dyn AuditBackend> = backend.clone();
+    match AuditLog::start(backend, cfg) {
+        Ok(log) => log,
+        Err(e) => panic!("audit log did not start: {e}"),
+    }
+}
+
+fn file_cfg(path: &Path) -> AuditConfig {
+    AuditConfig {
+        file: Some(path.to_owned()),
+        ..AuditConfig::default()
+    }
+}
+
+async fn record_ok(log: &AuditLog, event: AuditEvent) -> Recorded {
+    match log.record(event).await {
+        Ok(recorded) => recorded,
+        Err(e) => panic!("record failed: {e}"),
+    }
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e.get("seq").and_then(Value::as_u64).unwrap_or(0))
+        .collect()
+}
+
+fn text<'a>(event: &'a Value, key: &str) -> &'a str {
+    event.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn verify_lines(lines: &[String]) -> Result<VerifyReport, ChainBreak> {
+    let mut joined = lines.join("\n");
+    joined.push('\n');
+    verify_chain(Cursor::new(joined))
+}
+
+#[test]
+fn event_type_names_are_the_spec_strings() {
+    let names = [
+        "SessionCreated",
+        "SessionRevoked",
+        "ToolCallAuthorized",
+        "PolicyViolationBlocked",
+        "SignatureVerificationFailed",
+        "SecurityTokenExpired",
+        "EnvelopeRejected",
+        "ToolCallCompleted",
+        "ToolCallFailed",
+        "ClaimSkipped",
+        "ClaimBlocked",
+        "ClaimResolved",
+        "SecurityContextChanged",
+        "SecurityContextRejected",
+    ];
+    for (event_type, name) in EventType::ALL.iter().zip(names) {
+        assert_eq!(serde_json::to_value(event_type).ok(), Some(json!(name)));
+        assert_eq!(name.parse::<EventType>(), Ok(*event_type));
+    }
+    assert!("toolcallauthorized".parse::<EventType>().is_err());
+}
+
+#[test]
+fn serde_jcs_sorts_keys_by_utf16_code_units() {
+    // U+E000 sorts before U+1F600 in UTF-8 but after it in UTF-16 (a surrogate pair starting 0xD83D).
+    let object = json!({"\u{e000}": 1, "\u{1f600}": 2, "b": 1.0, "a": 1e21});
+    let canonical = serde_jcs::to_string(&object).unwrap_or_default();
+    assert_eq!(
+        canonical,
+        "{\"a\":1e+21,\"b\":1,\"\u{1f600}\":2,\"\u{e000}\":1}"
+    );
+}
+
+#[test]
+fn builder_omits_absent_fields_and_applies_spec_table() {
+    let object = authorized(1).into_object(false).unwrap_or_default();
+    assert_eq!(object.get("decision"), Some(&json!("allow")));
+    assert!(object.values().all(|v| !v.is_null()));
+    assert!(!object.contains_key("code"));
+    assert!(!object.contains_key("rule"));
+
+    let blocked = AuditEvent::new(EventType::ClaimBlocked)
+        .into_object(false)
+        .unwrap_or_default();
+    assert_eq!(blocked.get("code"), Some(&json!(4001)));
+    assert_eq!(blocked.get("claim"), Some(&json!("PENDING")));
+    assert_eq!(blocked.get("decision"), Some(&json!("deny")));
+
+    let invalid = [
+        AuditEvent::new(EventType::PolicyViolationBlocked).rule_parts(
+            "capability",
+            Some(0),
+            Some("fs.*"),
+        ),
+        AuditEvent::new(EventType::PolicyViolationBlocked)
+            .code(1002)
+            .rule_parts("no_match", None, None),
+        AuditEvent::new(EventType::PolicyViolationBlocked).code(2002),
+        AuditEvent::new(EventType::PolicyViolationBlocked)
+            .code(2002)
+            .rule(json!({"kind": "capability", "index": 0, "extra": 1})),
+        AuditEvent::new(EventType::PolicyViolationBlocked)
+            .code(2002)
+            .rule(json!({"kind": "guess"})),
+        AuditEvent::new(EventType::ToolCallAuthorized).code(2002),
+        AuditEvent::new(EventType::EnvelopeRejected),
+        AuditEvent::new(EventType::EnvelopeRejected)
+            .code(1000)
+            .decision(Decision::Allow),
+        AuditEvent::new(EventType::SignatureVerificationFailed).code(1003),
+        AuditEvent::new(EventType::ToolCallFailed).code(2005),
+        AuditEvent::new(EventType::ClaimSkipped).claim("PROCEED"),
+        AuditEvent::new(EventType::ToolCallCompleted).payload_sha256("ABC"),
+        AuditEvent::new(EventType::SessionCreated).code(1000),
+    ];
+    for event in invalid {
+        assert!(
+            event.clone().into_object(false).is_err(),
+            "accepted {event:?}"
+        );
+    }
+    let policy = AuditEvent::new(EventType::PolicyViolationBlocked)
+        .code(2004)
+        .rule_parts("capability", Some(1), Some("web.fetch"))
+        .into_object(false)
+        .unwrap_or_default();
+    assert_eq!(
+        policy.get("rule"),
+        Some(&json!({"kind": "capability", "index": 1, "pattern": "web.fetch"}))
+    );
+}
+
+#[tokio::test]
+async fn events_are_chained_and_seq_continues_after_restart() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default());
+    for n in 0..5 {
+        let recorded = record_ok(&log, authorized(n)).await;
+        assert_eq!(recorded.seq, n as u64 + 1);
+    }
+    log.shutdown().await;
+    assert_eq!(log.record(authorized(9)).await, Err(AuditError::Closed));
+
+    let restarted = memory_log(&backend, &AuditConfig::default());
+    for n in 5..10 {
+        let recorded = record_ok(&restarted, authorized(n)).await;
+        assert_eq!(recorded.seq, n as u64 + 1);
+    }
+    let events = backend.events();
+    assert_eq!(seqs(&events), (1..=10).collect::<Vec<u64>>());
+    assert_eq!(text(&events[0], "prev_hash"), GENESIS_HASH);
+    for pair in events.windows(2) {
+        assert_eq!(text(&pair[1], "prev_hash"), text(&pair[0], "hash"));
+    }
+    for event in &events {
+        let id = uuid::Uuid::parse_str(text(event, "event_id")).ok();
+        assert_eq!(id.map(|id| id.get_version_num()), Some(4));
+        assert!(
+            chain::is_valid_at(text(event, "at")),
+            "bad at {}",
+            text(event, "at")
+        );
+        assert!(text(event, "at").ends_with('Z'));
+        // hash = hex(SHA-256(JCS(event without hash)))
+        let mut unhashed = event.clone();
+        if let Some(object) = unhashed.as_object_mut() {
+            object.remove("hash");
+        }
+        let canonical = serde_jcs::to_vec(&unhashed).unwrap_or_default();
+        assert_eq!(text(event, "hash"), hex::encode(Sha256::digest(&canonical)));
+    }
+    let report = restarted.verify_store();
+    assert_eq!(report.as_ref().map(|r| r.events), Ok(10));
+    assert_eq!(
+        report.map(|r| r.last_hash),
+        Ok(text(&events[9], "hash").to_owned())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_records_share_appends() {
+    // Each append costs 5 ms, like a flush: 200 callers must not pay for 200 of them.
+    let backend = Arc::new(MemoryBackend::with_append_delay(Duration::from_millis(5)));
+    let log = memory_log(&backend, &AuditConfig::default());
+    let mut tasks = Vec::new();
+    for n in 0..200 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move { log.record(authorized(n)).await }));
+    }
+    let mut recorded_seqs = HashSet::new();
+    for task in tasks {
+        let recorded = task.await.ok().and_then(Result::ok);
+        assert!(recorded.is_some(), "a record failed");
+        recorded_seqs.extend(recorded.map(|r| r.seq));
+    }
+    assert_eq!(recorded_seqs, (1..=200).collect::<HashSet<u64>>());
+    let appends = backend.append_calls();
+    assert!(appends <= 20, "{appends} appends for 200 concurrent events");
+    assert_eq!(log.verify_store().map(|r| r.events), Ok(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_append_fails_every_waiter_and_the_chain_does_not_fork() {
+    let backend = Arc::new(MemoryBackend::with_append_delay(Duration::from_millis(2)));
+    let log = memory_log(&backend, &AuditConfig::default());
+    for n in 0..3 {
+        record_ok(&log, authorized(n)).await;
+    }
+    backend.fail_next_appends(usize::MAX, 0);
+    let mut tasks = Vec::new();
+    for n in 0..50 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move { log.record(authorized(n)).await }));
+    }
+    for task in tasks {
+        let result = task.await.ok();
+        assert!(
+            matches!(result, Some(Err(AuditError::Store(_)))),
+            "a waiter did not get the store error: {result:?}"
+        );
+    }
+    assert_eq!(backend.events().len(), 3);
+
+    // A store that kept 2 events of a failed batch: the next batch continues after them.
+    backend.fail_next_appends(1, 2);
+    let batch = futures_join(&log, 10..15).await;
+    assert!(batch.iter().any(Result::is_err));
+    // The head cannot be read either: that batch fails too, and then the log recovers.
+    backend.fail_next_appends(1, 0);
+    assert!(log.record(authorized(20)).await.is_err());
+    backend.fail_next_heads(1);
+    assert!(matches!(
+        log.record(authorized(21)).await,
+        Err(AuditError::Store(_))
+    ));
+
+    let after = record_ok(&log, authorized(22)).await;
+    let events = backend.events();
+    let stored = seqs(&events);
+    assert_eq!(stored, (1..=stored.len() as u64).collect::<Vec<u64>>());
+    assert_eq!(after.seq, stored.len() as u64);
+    assert_eq!(
+        log.verify_store().map(|r| r.events),
+        Ok(stored.len() as u64)
+    );
+    // Stored = the first 3, what the failed batch kept (1 or 2, by how the batch formed), the callers
+    // told "ok", and the last one.
+    let ok_count = batch.iter().filter(|r| r.is_ok()).count();
+    let kept = stored.len() - 3 - ok_count - 1;
+    assert!((1..=2).contains(&kept), "kept {kept}");
+}
+
+async fn futures_join(
+    log: &AuditLog,
+    range: std::ops::Range<usize>,
+) -> Vec<Result<Recorded, AuditError>> {
+    let mut tasks = Vec::new();
+    for n in range {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move { log.record(authorized(n)).await }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap_or(Err(AuditError::Closed)));
+    }
+    results
+}
+
+#[tokio::test]
+async fn payloads_are_dropped_unless_included() {
+    const MARKER: &str = "MARKER-7f3a-secret";
+    for include_payloads in [false, true] {
+        let dir = tempfile::tempdir().ok();
+        let Some(dir) = dir else { panic!("no tempdir") };
+        let path = dir.path().join("audit.jsonl");
+        let cfg = AuditConfig {
+            include_payloads,
+            ..file_cfg(&path)
+        };
+        let backend = Arc::new(MemoryBackend::new());
+        let log = memory_log(&backend, &cfg);
+        let event = AuditEvent::new(EventType::ToolCallCompleted)
+            .tool("fs.read")
+            .payload(json!({"jsonrpc": "2.0", "params": {"arguments": {"path": MARKER}}}))
+            .result(json!({"content": [{"type": "text", "text": MARKER}]}));
+        record_ok(&log, event).await;
+        let stored = serde_json::to_string(&backend.events()).unwrap_or_default();
+        let file = fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(stored.contains(MARKER), include_payloads);
+        assert_eq!(file.contains(MARKER), include_payloads);
+        assert!(file.contains("fs.read"));
+    }
+}
+
+/// Writes `count` events through a log with a file sink and returns the file's lines.
+async fn chained_file(dir: &Path, count: usize) -> (PathBuf, Vec<String>) {
+    let path = dir.join("audit.jsonl");
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &file_cfg(&path));
+    for n in 0..count {
+        record_ok(&log, authorized(n).duration_ms(n as u64)).await;
+    }
+    log.shutdown().await;
+    let lines = read_lines(&path);
+    assert_eq!(lines.len(), count);
+    (path, lines)
+}
+
+fn id_of(line: &str) -> Option<String> {
+    parse_strict(line)
+        .ok()
+        .and_then(|v| v.get("event_id").and_then(Value::as_str).map(str::to_owned))
+}
+
+#[tokio::test]
+async fn verify_chain_names_the_first_broken_event() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let (path, lines) = chained_file(dir.path(), 10).await;
+
+    let Ok(file) = fs::File::open(&path) else {
+        panic!("open {}", path.display())
+    };
+    let intact = verify_chain(std::io::BufReader::new(file));
+    let Ok(report) = intact else {
+        panic!("intact file refused: {intact:?}")
+    };
+    assert_eq!(
+        (report.events, report.first_seq, report.last_seq),
+        (10, 1, 10)
+    );
+    assert_eq!(report.first_prev_hash, GENESIS_HASH);
+
+    // Edited: line 5's tool changed.
+    let mut edited = lines.clone();
+    edited[4] = edited[4].replace("fs.read", "fs.write");
+    assert_ne!(edited[4], lines[4]);
+    let broken = verify_lines(&edited).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((5, Some(5))));
+    assert_eq!(
+        broken.as_ref().and_then(|b| b.event_id.clone()),
+        id_of(&lines[4])
+    );
+    assert!(broken.is_some_and(|b| b.reason.contains("hash")));
+
+    // Deleted: line 5 removed; event 6 is the first that no longer links.
+    let mut deleted = lines.clone();
+    deleted.remove(4);
+    let broken = verify_lines(&deleted).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((5, Some(6))));
+    assert_eq!(broken.and_then(|b| b.event_id), id_of(&lines[5]));
+
+    // Inserted: a copy of line 3 after it.
+    let mut duplicated = lines.clone();
+    duplicated.insert(3, lines[2].clone());
+    let broken = verify_lines(&duplicated).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((4, Some(3))));
+    assert_eq!(broken.and_then(|b| b.event_id), id_of(&lines[2]));
+
+    // Inserted: a well-formed forged event linked to line 3; the genuine event 4 then breaks.
+    let mut forged = parse_strict(&lines[3]).unwrap_or_default();
+    let prev = parse_strict(&lines[2]).unwrap_or_default();
+    if let Some(object) = forged.as_object_mut() {
+        object.insert(
+            "event_id".to_owned(),
+            json!(uuid::Uuid::new_v4().to_string()),
+        );
+        object.insert("tool".to_owned(), json!("secrets.read"));
+        object.insert("prev_hash".to_owned(), json!(text(&prev, "hash")));
+        object.remove("hash");
+        let canonical = serde_jcs::to_vec(&*object).unwrap_or_default();
+        object.insert(
+            "hash".to_owned(),
+            json!(hex::encode(Sha256::digest(&canonical))),
+        );
+    }
+    let mut inserted = lines.clone();
+    inserted.insert(3, forged.to_string());
+    let broken = verify_lines(&inserted).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((5, Some(4))));
+    assert_eq!(broken.and_then(|b| b.event_id), id_of(&lines[3]));
+
+    // Swapped: lines 4 and 5 exchanged.
+    let mut swapped = lines.clone();
+    swapped.swap(3, 4);
+    let broken = verify_lines(&swapped).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((4, Some(5))));
+    assert_eq!(broken.and_then(|b| b.event_id), id_of(&lines[4]));
+
+    // A rotated tail verifies on its own and reports where it links.
+    let tail = lines[3..].to_vec();
+    let report = verify_lines(&tail);
+    let prev_hash = text(&parse_strict(&lines[2]).unwrap_or_default(), "hash").to_owned();
+    assert_eq!(
+        report.as_ref().map(|r| (r.events, r.first_seq, r.last_seq)),
+        Ok((7, 4, 10))
+    );
+    assert_eq!(report.map(|r| r.first_prev_hash), Ok(prev_hash));
+
+    // A repeated key, a non-canonical number, trailing text, an empty file.
+    let mut repeated = lines.clone();
+    repeated[1] = repeated[1].replacen('{', "{\"seq\":99,", 1);
+    assert_eq!(verify_lines(&repeated).err().map(|b| b.line), Some(2));
+    let mut noncanonical = lines.clone();
+    noncanonical[2] = noncanonical[2].replace("\"duration_ms\":2", "\"duration_ms\":2.0");
+    assert_ne!(noncanonical[2], lines[2]);
+    let broken = verify_lines(&noncanonical).err();
+    assert_eq!(broken.as_ref().map(|b| (b.line, b.seq)), Some((3, Some(3))));
+    assert!(broken.is_some_and(|b| b.reason.contains("canonical")));
+    let mut trailing = lines.clone();
+    trailing[0].push_str(" {}");
+    assert_eq!(verify_lines(&trailing).err().map(|b| b.line), Some(1));
+    assert_eq!(verify_chain(Cursor::new("")).err().map(|b| b.line), Some(0));
+    // A file that starts mid-chain yet claims to be the genesis.
+    let mut fake_genesis = parse_strict(&lines[4]).unwrap_or_default();
+    if let Some(object) = fake_genesis.as_object_mut() {
+        object.insert("prev_hash".to_owned(), json!(GENESIS_HASH));
+        object.remove("hash");
+        let canonical = serde_jcs::to_vec(&*object).unwrap_or_default();
+        object.insert(
+            "hash".to_owned(),
+            json!(hex::encode(Sha256::digest(&canonical))),
+        );
+    }
+    assert_eq!(
+        verify_lines(&[fake_genesis.to_string()])
+            .err()
+            .map(|b| b.line),
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn verify_store_detects_edits_and_gaps() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default());
+    for n in 0..6 {
+        record_ok(&log, authorized(n)).await;
+    }
+    let events = backend.events();
+    let mut edited = events.clone();
+    edited[2]["tool"] = json!("secrets.read");
+    backend.replace_events(edited);
+    let broken = log.verify_store().err();
+    assert_eq!(broken.as_ref().map(|b| b.seq), Some(Some(3)));
+    assert_eq!(
+        broken.and_then(|b| b.event_id),
+        Some(text(&events[2], "event_id").to_owned())
+    );
+
+    let mut gap = events.clone();
+    gap.remove(1);
+    backend.replace_events(gap);
+    let broken = log.verify_store().err();
+    assert_eq!(broken.as_ref().map(|b| b.seq), Some(Some(1)));
+    assert!(broken.is_some_and(|b| b.reason.contains("seq 2")));
+}
+
+#[tokio::test]
+async fn rotated_files_each_verify_and_join_up() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let path = dir.path().join("audit.jsonl");
+    let cfg = AuditConfig {
+        rotate_bytes: Some(1500),
+        ..file_cfg(&path)
+    };
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &cfg);
+    for n in 0..25 {
+        record_ok(&log, authorized(n)).await;
+    }
+    log.shutdown().await;
+
+    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in fs::read_dir(dir.path()).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(range) = name.strip_prefix("audit.jsonl.") {
+            let first = range.split('-').next().and_then(|s| s.parse().ok());
+            assert!(first.is_some(), "unexpected rotated name {name}");
+            rotated.push((first.unwrap_or(0), entry.path()));
+        }
+    }
+    rotated.sort();
+    assert!(
+        rotated.len() >= 2,
+        "expected several rotations, got {}",
+        rotated.len()
+    );
+    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
+    if path.exists() {
+        files.push(path.clone());
+    }
+    let mut previous_last: Option<(u64, String)> = None;
+    let mut total = 0;
+    let mut all_lines = Vec::new();
+    for file in &files {
+        let lines = read_lines(file);
+        let report = verify_lines(&lines);
+        let Ok(report) = report else {
+            panic!("{} does not verify: {report:?}", file.display())
+        };
+        match &previous_last {
+            None => assert_eq!(report.first_prev_hash, GENESIS_HASH),
+            Some((seq, hash)) => {
+                assert_eq!(report.first_seq, seq + 1);
+                assert_eq!(&report.first_prev_hash, hash);
+            }
+        }
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name != "audit.jsonl" {
+            assert_eq!(
+                name,
+                format!("audit.jsonl.{}-{}", report.first_seq, report.last_seq)
+            );
+        }
+        previous_last = Some((report.last_seq, report.last_hash.clone()));
+        total += report.events;
+        all_lines.extend(lines);
+    }
+    assert_eq!(total, 25);
+    assert_eq!(verify_lines(&all_lines).map(|r| r.events), Ok(25));
+}
+
+#[tokio::test]
+async fn file_sink_links_across_restarts_and_starts_anew_after_a_gap() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let path = dir.path().join("audit.jsonl");
+    let backend = Arc::new(MemoryBackend::new());
+    let first = memory_log(&backend, &file_cfg(&path));
+    for n in 0..4 {
+        record_ok(&first, authorized(n)).await;
+    }
+    first.shutdown().await;
+    let second = memory_log(&backend, &file_cfg(&path));
+    for n in 4..8 {
+        record_ok(&second, authorized(n)).await;
+    }
+    second.shutdown().await;
+    assert_eq!(verify_lines(&read_lines(&path)).map(|r| r.events), Ok(8));
+
+    // Events reach the store while the file sink is off: the file can no longer link to them.
+    let without_file = memory_log(&backend, &AuditConfig::default());
+    for n in 8..10 {
+        record_ok(&without_file, authorized(n)).await;
+    }
+    without_file.shutdown().await;
+    let third = memory_log(&backend, &file_cfg(&path));
+    record_ok(&third, authorized(10)).await;
+    third.shutdown().await;
+
+    let old = dir.path().join("audit.jsonl.1-8");
+    assert_eq!(verify_lines(&read_lines(&old)).map(|r| r.events), Ok(8));
+    let current = verify_lines(&read_lines(&path));
+    assert_eq!(
+        current.as_ref().map(|r| (r.first_seq, r.events)),
+        Ok((11, 1))
+    );
+    let stored = backend.events();
+    assert_eq!(
+        current.map(|r| r.first_prev_hash),
+        Ok(text(&stored[9], "hash").to_owned())
+    );
+}
+
+/// A file-backed store whose `append` waits for a gate, and notes what the file sink held at that moment.
+struct GatedBackend {
+    inner: JsonlFileBackend,
+    sink_path: PathBuf,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+    sink_lines_at_append: Mutex<Vec<usize>>,
+}
+
+impl AuditBackend for GatedBackend {
+    fn head(&self) -> Result<Option<ChainHead>, String> {
+        self.inner.head()
+    }
+
+    fn append(&self, events: &[Value]) -> Result<(), String> {
+        let (open, changed) = &*self.gate;
+        let mut guard = open.lock().map_err(|e| e.to_string())?;
+        while !*guard {
+            guard = changed.wait(guard).map_err(|e| e.to_string())?;
+        }
+        drop(guard);
+        if let Ok(mut seen) = self.sink_lines_at_append.lock() {
+            seen.push(read_lines(&self.sink_path).len());
+        }
+        self.inner.append(events)
+    }
+
+    fn scan_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> Result<(), String> {
+        self.inner.scan_newest_first(before_seq, visit)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let store_path = dir.path().join("store.jsonl");
+    let sink_path = dir.path().join("audit.jsonl");
+    let Ok(inner) = JsonlFileBackend::open(&store_path) else {
+        panic!("open store")
+    };
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let backend = Arc::new(GatedBackend {
+        inner,
+        sink_path: sink_path.clone(),
+        gate: Arc::clone(&gate),
+        sink_lines_at_append: Mutex::new(Vec::new()),
+    });
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let Ok(log) = AuditLog::start(dyn_backend, &file_cfg(&sink_path)) else {
+        panic!("start")
+    };
+
+    let pending = tokio::spawn({
+        let log = log.clone();
+        async move { log.record(authorized(1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        !pending.is_finished(),
+        "record returned before the store was durable"
+    );
+    assert!(read_lines(&sink_path).is_empty());
+
+    {
+        let (open, changed) = &*gate;
+        if let Ok(mut guard) = open.lock() {
+            *guard = true;
+        }
+        changed.notify_all();
+    }
+    let recorded = pending.await.ok().and_then(Result::ok);
+    assert_eq!(recorded.as_ref().map(|r| r.seq), Some(1));
+    // The store reopened from disk holds it, the file holds it, and the file got it after the store.
+    let reopened = JsonlFileBackend::open(&store_path)
+        .ok()
+        .and_then(|b| b.head().ok().flatten());
+    assert_eq!(
+        reopened.map(|h| h.hash),
+        recorded.as_ref().map(|r| r.hash.clone())
+    );
+    let sink_lines = read_lines(&sink_path);
+    assert_eq!(sink_lines.len(), 1);
+    assert_eq!(id_of(&sink_lines[0]), recorded.map(|r| r.event_id));
+    assert_eq!(
+        backend.sink_lines_at_append.lock().map(|v| v.clone()).ok(),
+        Some(vec![0])
+    );
+}
+
+#[tokio::test]
+async fn large_integers_are_stored_as_hashed() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let path = dir.path().join("audit.jsonl");
+    let cfg = AuditConfig {
+        include_payloads: true,
+        ..file_cfg(&path)
+    };
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &cfg);
+    let result: Value = serde_json::from_str(r#"{"big": 9007199254740993, "neg": -0.0, "f": 1.5}"#)
+        .unwrap_or_default();
+    record_ok(
+        &log,
+        AuditEvent::new(EventType::ToolCallCompleted).result(result),
+    )
+    .await;
+    log.shutdown().await;
+    assert_eq!(log.verify_store().map(|r| r.events), Ok(1));
+    let lines = read_lines(&path);
+    assert_eq!(verify_lines(&lines).map(|r| r.events), Ok(1));
+    // The rounding slack of JCS cannot hide an edit: ...993 and ...992 hash alike, yet only one is canonical.
+    let stored = lines.concat();
+    assert!(stored.contains("9007199254740992"));
+    let edited = vec![stored.replace("9007199254740992", "9007199254740993")];
+    assert!(verify_lines(&edited).is_err());
+}
+
+fn query_fixture() -> Vec<AuditEvent> {
+    let mut events = Vec::new();
+    for n in 0..30 {
+        let event = match n % 5 {
+            0 => authorized(n),
+            1 => AuditEvent::new(EventType::PolicyViolationBlocked)
+                .session_id(format!("exec-{}", n % 3))
+                .sub("agent-1")
+                .tool("fs.delete")
+                .code(2001)
+                .rule_parts("deny_list", Some(0), Some("fs.delete")),
+            2 => AuditEvent::new(EventType::PolicyViolationBlocked)
+                .session_id(format!("exec-{}", n % 3))
+                .sub("agent-0")
+                .tool("web.fetch")
+                .code(2004)
+                .rule_parts("capability", Some(1), Some("web.fetch")),
+            3 => AuditEvent::new(EventType::ToolCallFailed)
+                .session_id("exec-9")
+                .tool("fs.read")
+                .code(5002),
+            _ => AuditEvent::new(EventType::SessionCreated)
+                .session_id(format!("exec-{}", n % 3))
+                .actor("orchestrator"),
+        };
+        events.push(event);
+    }
+    events
+}
+
+fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {
+    let Ok(query) = AuditQuery::from_pairs(params.iter().copied()) else {
+        panic!("query {params:?} refused")
+    };
+    match log.query(&query) {
+        Ok(page) => page.items,
+        Err(e) => panic!("query failed: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn query_filters_newest_first_and_pages_without_gaps() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default());
+    for (n, event) in query_fixture().into_iter().enumerate() {
+        if n == 15 || n == 16 {
+            // Give event 16 a millisecond of its own so that from/to have a clean boundary.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        record_ok(&log, event).await;
+    }
+    let all = backend.events();
+
+    let expect = |filter: &dyn Fn(&Value) -> bool| -> Vec<u64> {
+        let mut s: Vec<u64> = seqs(
+            &all.iter()
+                .filter(|e| filter(e))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        s.reverse();
+        s
+    };
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<u64>);
+    let cases: Vec<Case> = vec![
+        (
+            vec![("type", "PolicyViolationBlocked")],
+            expect(&|e| text(e, "type") == "PolicyViolationBlocked"),
+        ),
+        (
+            vec![("session_id", "exec-1")],
+            expect(&|e| text(e, "session_id") == "exec-1"),
+        ),
+        (
+            vec![("sub", "agent-0")],
+            expect(&|e| text(e, "sub") == "agent-0"),
+        ),
+        (
+            vec![("tool", "fs.read")],
+            expect(&|e| text(e, "tool") == "fs.read"),
+        ),
+        (
+            vec![("decision", "deny")],
+            expect(&|e| text(e, "decision") == "deny"),
+        ),
+        (
+            vec![("decision", "allow")],
+            expect(&|e| text(e, "decision") == "allow"),
+        ),
+        (
+            vec![("code", "2004")],
+            expect(&|e| e.get("code") == Some(&json!(2004))),
+        ),
+        (
+            vec![
+                ("type", "PolicyViolationBlocked"),
+                ("sub", "agent-1"),
+                ("session_id", "exec-0"),
+            ],
+            expect(&|e| {
+                text(e, "type") == "PolicyViolationBlocked"
+                    && text(e, "sub") == "agent-1"
+                    && text(e, "session_id") == "exec-0"
+            }),
+        ),
+    ];
+    for (params, expected) in cases {
+        assert!(
+            !expected.is_empty() && expected.len() < 30,
+            "weak case {params:?}"
+        );
+        assert_eq!(
+            seqs(&run_query(&log, &params)),
+            expected,
+            "query {params:?}"
+        );
+    }
+
+    let boundary = text(&all[15], "at").to_owned();
+    let from = run_query(&log, &[("from", &boundary)]);
+    assert_eq!(seqs(&from), expect(&|e| text(e, "at") >= boundary.as_str()));
+    assert_eq!(from.len(), 15);
+    let to = run_query(&log, &[("to", &boundary)]);
+    assert_eq!(seqs(&to), expect(&|e| text(e, "at") <= boundary.as_str()));
+    assert_eq!(to.len(), 16);
+    let old_secs = (chrono::Utc::now().timestamp() - 3600).to_string();
+    assert_eq!(run_query(&log, &[("to", &old_secs)]).len(), 0);
+    assert_eq!(
+        run_query(&log, &[("from", &old_secs), ("limit", "1000")]).len(),
+        30
+    );
+
+    // Pages of 7 walk the whole store once, newest first.
+    let mut cursor: Option<String> = None;
+    let mut walked = Vec::new();
+    let mut pages = 0;
+    loop {
+        let mut query = AuditQuery {
+            limit: 7,
+            ..AuditQuery::default()
+        };
+        query.cursor = cursor.clone();
+        let Ok(page) = log.query(&query) else {
+            panic!("page failed")
+        };
+        pages += 1;
+        walked.extend(seqs(&page.items));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+        assert!(pages < 10, "pagination does not end");
+    }
+    assert_eq!(walked, (1..=30).rev().collect::<Vec<u64>>());
+    assert_eq!(pages, 5);
+    // Filtered pages too.
+    let Ok(first) = log.query(&AuditQuery {
+        limit: 2,
+        decision: Some(Decision::Deny),
+        ..AuditQuery::default()
+    }) else {
+        panic!("page failed")
+    };
+    let Ok(second) = log.query(&AuditQuery {
+        limit: 100,
+        decision: Some(Decision::Deny),
+        cursor: first.next_cursor.clone(),
+        ..AuditQuery::default()
+    }) else {
+        panic!("page failed")
+    };
+    let mut joined = seqs(&first.items);
+    joined.extend(seqs(&second.items));
+    assert_eq!(joined, expect(&|e| text(e, "decision") == "deny"));
+    assert_eq!(second.next_cursor, None);
+}
+
+#[test]
+fn query_parameters_are_validated() {
+    let parse = |pairs: &[(&str, &str)]| AuditQuery::from_pairs(pairs.iter().copied());
+    assert_eq!(parse(&[]).map(|q| q.limit), Ok(DEFAULT_LIMIT));
+    for bad in [
+        vec![("limit", "0")],
+        vec![("limit", "1001")],
+        vec![("limit", "ten")],
+        vec![("type", "ToolCallAllowed")],
+        vec![("decision", "maybe")],
+        vec![("code", "70000")],
+        vec![("from", "yesterday")],
+        vec![
+            ("from", "2026-01-02T00:00:00Z"),
+            ("to", "2026-01-01T00:00:00Z"),
+        ],
+        vec![("cursor", "abc")],
+        vec![("cursor", "0")],
+        vec![("cursor", "+5")],
+        vec![("colour", "blue")],
+        vec![("tool", "")],
+        vec![("tool", "a"), ("tool", "b")],
+        vec![("to", "999999999999999")],
+    ] {
+        assert!(parse(&bad).is_err(), "accepted {bad:?}");
+    }
+    let Ok(query) = parse(&[
+        ("from", "1767225600"),
+        ("to", "2026-01-01T01:00:00.500+01:00"),
+        ("limit", "1000"),
+        ("code", "2004"),
+        ("cursor", "17"),
+    ]) else {
+        panic!("valid query refused")
+    };
+    assert_eq!(query.from.map(|t| t.timestamp()), Some(1_767_225_600));
+    assert_eq!(
+        query.to.map(|t| t.timestamp_millis()),
+        Some(1_767_225_600_500)
+    );
+    assert_eq!(
+        (query.limit, query.code, query.cursor.as_deref()),
+        (1000, Some(2004), Some("17"))
+    );
+    let map: HashMap<String, String> = [("sub".to_owned(), "agent-7".to_owned())].into();
+    assert_eq!(
+        AuditQuery::from_params(&map).map(|q| q.sub),
+        Ok(Some("agent-7".to_owned()))
+    );
+}
+
+#[tokio::test]
+async fn unreadable_bodies_are_rate_limited_and_counted() {
+    let backend = Arc::new(MemoryBackend::new());
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let options = WriterOptions {
+        suppressed_report_interval: Duration::from_secs(3600),
+        ..WriterOptions::default()
+    };
+    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options) else {
+        panic!("start")
+    };
+    let addr: std::net::SocketAddr = ([192, 0, 2, 7], 40000).into();
+    for n in 0..100 {
+        log.record_unreadable(Some(addr), 10 + n);
+    }
+    log.shutdown().await;
+    let events = backend.events();
+    let individual: Vec<&Value> = events.iter().filter(|e| e.get("bytes").is_some()).collect();
+    let suppressed: u64 = events
+        .iter()
+        .filter_map(|e| e.get("suppressed").and_then(Value::as_u64))
+        .sum();
+    assert!(
+        (10..=20).contains(&individual.len()),
+        "{} individual events",
+        individual.len()
+    );
+    assert_eq!(individual.len() as u64 + suppressed, 100);
+    for event in &individual {
+        assert_eq!(text(event, "type"), "EnvelopeRejected");
+        assert_eq!(event.get("code"), Some(&json!(1000)));
+        assert_eq!(text(event, "client_addr"), "192.0.2.7:40000");
+        let mut keys: Vec<&str> = event
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "at",
+                "bytes",
+                "client_addr",
+                "code",
+                "decision",
+                "event_id",
+                "hash",
+                "prev_hash",
+                "seq",
+                "type"
+            ]
+        );
+    }
+    assert_eq!(
+        log.verify_store().map(|r| r.events),
+        Ok(events.len() as u64)
+    );
+}
+
+#[tokio::test]
+async fn suppressed_count_is_reported_periodically() {
+    let backend = Arc::new(MemoryBackend::new());
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let options = WriterOptions {
+        unreadable_per_second: 2,
+        suppressed_report_interval: Duration::from_millis(50),
+        ..WriterOptions::default()
+    };
+    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options) else {
+        panic!("start")
+    };
+    for _ in 0..30 {
+        log.record_unreadable(None, 5);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = backend.events();
+    let suppressed: u64 = events
+        .iter()
+        .filter_map(|e| e.get("suppressed").and_then(Value::as_u64))
+        .sum();
+    let individual = events.iter().filter(|e| e.get("bytes").is_some()).count() as u64;
+    assert_eq!(individual, 2);
+    assert_eq!(suppressed, 28);
+}
+
+#[test]
+fn metric_labels_follow_the_event() {
+    let authorized = json!({"type": "ToolCallAuthorized", "decision": "allow", "claim": "PROCEED"});
+    let updates = metric_updates(&authorized, true);
+    assert_eq!(
+        updates.decision,
+        Some(("allow".to_owned(), "none".to_owned()))
+    );
+    assert_eq!(updates.claim, Some("PROCEED"));
+    let blocked =
+        json!({"type": "ClaimBlocked", "decision": "deny", "code": 4001, "claim": "PENDING"});
+    let updates = metric_updates(&blocked, true);
+    assert_eq!(
+        updates.decision,
+        Some(("deny".to_owned(), "4001".to_owned()))
+    );
+    assert_eq!(updates.claim, Some("PENDING"));
+    assert_eq!(
+        metric_updates(&json!({"type": "ClaimSkipped"}), true).claim,
+        Some("SKIP")
+    );
+    let none = json!({"type": "ToolCallAuthorized", "decision": "allow", "claim": "NONE"});
+    assert_eq!(metric_updates(&none, true).claim, None);
+    let unreadable = json!({"type": "EnvelopeRejected", "decision": "deny", "code": 1000});
+    let updates = metric_updates(&unreadable, false);
+    assert_eq!(
+        (updates.event_type.as_str(), updates.decision),
+        ("EnvelopeRejected", None)
+    );
+}
+
+mod recorder {
+    //! A minimal global metrics recorder that keeps counter totals for assertions.
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    #[derive(Default)]
+    pub struct Totals(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+    struct Handle(Arc<AtomicU64>);
+
+    impl metrics::CounterFn for Handle {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+        fn absolute(&self, value: u64) {
+            self.0.store(value, Ordering::SeqCst);
+        }
+    }
+
+    fn describe(key: &Key) -> String {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+
+    impl Recorder for &'static Totals {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let mut totals = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let cell = totals.entry(describe(key)).or_default();
+            Counter::from_arc(Arc::new(Handle(Arc::clone(cell))))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    pub fn totals() -> &'static Totals {
+        static TOTALS: OnceLock<&'static Totals> = OnceLock::new();
+        TOTALS.get_or_init(|| {
+            let totals: &'static Totals = Box::leak(Box::default());
+            let _ = metrics::set_global_recorder(totals);
+            totals
+        })
+    }
+
+    impl Totals {
+        pub fn get(&self, name: &str) -> u64 {
+            let totals = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            totals.get(name).map_or(0, |c| c.load(Ordering::SeqCst))
+        }
+    }
+}
+
+#[tokio::test]
+async fn recorded_events_increment_the_counters() {
+    let totals = recorder::totals();
+    let decisions = "sealgate_decisions_total{code=2003,decision=deny}";
+    let events = "sealgate_audit_events_total{type=SecurityContextRejected}";
+    let skips = "sealgate_claims_total{outcome=SKIP}";
+    let (d0, e0, s0) = (totals.get(decisions), totals.get(events), totals.get(skips));
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default());
+    for _ in 0..3 {
+        let blocked = AuditEvent::new(EventType::PolicyViolationBlocked)
+            .code(2003)
+            .rule_parts("capability", Some(2), Some("cmd.run"));
+        record_ok(&log, blocked).await;
+    }
+    record_ok(
+        &log,
+        AuditEvent::new(EventType::SecurityContextRejected).detail("bad file"),
+    )
+    .await;
+    record_ok(
+        &log,
+        AuditEvent::new(EventType::SecurityContextRejected).detail("bad file"),
+    )
+    .await;
+    record_ok(
+        &log,
+        AuditEvent::new(EventType::ClaimSkipped).request_id("r1"),
+    )
+    .await;
+    // A refused event counts nothing.
+    assert!(log
+        .record(AuditEvent::new(EventType::PolicyViolationBlocked).code(2003))
+        .await
+        .is_err());
+    assert!(totals.get(decisions) >= d0 + 3);
+    assert!(totals.get(events) >= e0 + 2);
+    assert!(totals.get(skips) > s0);
+}
+
+#[tokio::test]
+async fn start_refuses_bad_configuration() {
+    let backend: Arc<dyn AuditBackend> = Arc::new(MemoryBackend::new());
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    assert!(AuditLog::start(Arc::clone(&backend), &file_cfg(dir.path())).is_err());
+    let rotate_without_file = AuditConfig {
+        rotate_bytes: Some(100),
+        ..AuditConfig::default()
+    };
+    assert!(AuditLog::start(Arc::clone(&backend), &rotate_without_file).is_err());
+    let zero_rotation = AuditConfig {
+        rotate_bytes: Some(0),
+        ..file_cfg(&dir.path().join("a.jsonl"))
+    };
+    assert!(AuditLog::start(Arc::clone(&backend), &zero_rotation).is_err());
+    let failing = Arc::new(MemoryBackend::new());
+    failing.fail_next_heads(1);
+    let failing: Arc<dyn AuditBackend> = failing;
+    assert!(AuditLog::start(failing, &AuditConfig::default()).is_err());
+    let parsed: Result<AuditConfig, _> =
+        serde_json::from_value(json!({"file": null, "stdout": false, "colour": 1}));
+    assert!(parsed.is_err());
+}
+
+#[test]
+fn start_needs_a_runtime() {
+    let backend: Arc<dyn AuditBackend> = Arc::new(MemoryBackend::new());
+    assert!(AuditLog::start(backend, &AuditConfig::default()).is_err());
+}

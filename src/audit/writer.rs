@@ -1,0 +1,341 @@
+//! The single writer task: group commit of audit events.
+//!
+//! Callers queue an event with a reply channel; the writer takes every event waiting (up to a cap),
+//! chains them, makes the whole batch durable with one `append` (one flush) and one file sync on a
+//! blocking thread, and only then answers every caller. One writer means one chain with no forks; one
+//! flush per batch is what lets a durable audit keep up with many concurrent calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::MissedTickBehavior;
+
+use super::chain::{format_at, seal, GENESIS_HASH};
+use super::event::{AuditEvent, Decision, EventType};
+use super::sink::{write_stdout, FileSink};
+use super::{AuditBackend, AuditError, ChainHead, Recorded};
+
+pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
+
+pub(crate) struct Job {
+    pub(crate) event: Map<String, Value>,
+    /// `None` for fire-and-forget events (unreadable bodies).
+    pub(crate) reply: Option<Reply>,
+    /// False when the decision was already counted where it was made (unreadable bodies are counted
+    /// even when their event is suppressed).
+    pub(crate) count_decision: bool,
+}
+
+pub(crate) enum Command {
+    Record(Job),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Tuning of the writer; the defaults suit production, tests and the bench change them.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Most events chained and appended in one batch.
+    pub max_batch: usize,
+    /// Events that may wait for the writer before `record` waits for room.
+    pub queue_capacity: usize,
+    /// Unreadable-body events recorded per second; the rest are only counted.
+    pub unreadable_per_second: u32,
+    /// How often the count of suppressed unreadable-body events is recorded.
+    pub suppressed_report_interval: Duration,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            max_batch: 512,
+            queue_capacity: 8192,
+            unreadable_per_second: 10,
+            suppressed_report_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+pub(crate) struct Writer {
+    pub(crate) backend: Arc<dyn AuditBackend>,
+    /// The chain head after the last durable batch; `None` after a failure, so the next batch re-reads it
+    /// from the store instead of trusting what this task believed.
+    pub(crate) head: Option<ChainHead>,
+    pub(crate) file: Option<Arc<Mutex<FileSink>>>,
+    pub(crate) stdout: bool,
+    pub(crate) max_batch: usize,
+    pub(crate) report_interval: Duration,
+    pub(crate) suppressed: Arc<AtomicU64>,
+    pub(crate) rx: mpsc::Receiver<Command>,
+}
+
+impl Writer {
+    pub(crate) async fn run(mut self) {
+        let mut report = tokio::time::interval(self.report_interval);
+        report.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first tick completes at once; consume it so reports come one interval apart.
+        report.tick().await;
+        let mut shutdown_waiters = Vec::new();
+        loop {
+            let first = tokio::select! {
+                command = self.rx.recv() => match command {
+                    Some(command) => command,
+                    None => break,
+                },
+                _ = report.tick() => {
+                    if let Some(job) = self.suppressed_summary() {
+                        self.commit(vec![job]).await;
+                    }
+                    continue;
+                }
+            };
+            let mut batch = Vec::new();
+            self.take(first, &mut batch, &mut shutdown_waiters);
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(command) => self.take(command, &mut batch, &mut shutdown_waiters),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.commit(batch).await;
+            }
+        }
+        if let Some(job) = self.suppressed_summary() {
+            self.commit(vec![job]).await;
+        }
+        for waiter in shutdown_waiters {
+            let _ = waiter.send(());
+        }
+    }
+
+    fn take(
+        &mut self,
+        command: Command,
+        batch: &mut Vec<Job>,
+        shutdown_waiters: &mut Vec<oneshot::Sender<()>>,
+    ) {
+        match command {
+            Command::Record(job) => batch.push(job),
+            Command::Shutdown(waiter) => {
+                // Closing refuses new events but still yields those already queued, which are written.
+                self.rx.close();
+                shutdown_waiters.push(waiter);
+            }
+        }
+    }
+
+    fn suppressed_summary(&self) -> Option<Job> {
+        let count = self.suppressed.swap(0, Ordering::AcqRel);
+        if count == 0 {
+            return None;
+        }
+        let event = AuditEvent::new(EventType::EnvelopeRejected)
+            .code(1000)
+            .suppressed(count)
+            .detail(format!(
+                "{count} unreadable request bodies were refused without an event of their own (rate limit)"
+            ));
+        match event.into_object(false) {
+            Ok(event) => Some(Job {
+                event,
+                reply: None,
+                count_decision: false,
+            }),
+            Err(e) => {
+                tracing::error!(target: "audit", error = %e, "suppressed-count event is invalid");
+                None
+            }
+        }
+    }
+
+    /// Chains one batch, makes it durable, and answers its callers.
+    async fn commit(&mut self, batch: Vec<Job>) {
+        let head = match self.head.clone() {
+            Some(head) => head,
+            None => {
+                let backend = Arc::clone(&self.backend);
+                match run_blocking(move || backend.head())
+                    .await
+                    .and_then(|head| head)
+                {
+                    Ok(head) => head.unwrap_or_else(|| ChainHead {
+                        seq: 0,
+                        hash: GENESIS_HASH.to_owned(),
+                    }),
+                    Err(e) => {
+                        fail_all(batch, &AuditError::Store(e));
+                        return;
+                    }
+                }
+            }
+        };
+
+        let mut chained = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
+        let mut seq = head.seq;
+        let mut prev_hash = head.hash;
+        for job in batch {
+            let Some(next_seq) = seq.checked_add(1) else {
+                answer(
+                    job.reply,
+                    Err(AuditError::Store("audit seq overflow".to_owned())),
+                );
+                continue;
+            };
+            let at = format_at(chrono::Utc::now());
+            match seal(job.event, next_seq, &prev_hash, &at) {
+                Ok((event, recorded)) => {
+                    seq = next_seq;
+                    prev_hash.clone_from(&recorded.hash);
+                    chained.push(event);
+                    pending.push((job.reply, recorded, job.count_decision));
+                }
+                Err(e) => answer(job.reply, Err(AuditError::InvalidEvent(e))),
+            }
+        }
+        if chained.is_empty() {
+            return;
+        }
+        let new_head = ChainHead {
+            seq,
+            hash: prev_hash,
+        };
+
+        let backend = Arc::clone(&self.backend);
+        let file = self.file.clone();
+        let stdout = self.stdout;
+        let outcome = run_blocking(move || {
+            // The store first: it is the record of truth, and the file must never hold an event that the
+            // store lost.
+            backend.append(&chained).map_err(AuditError::Store)?;
+            let lines: Vec<String> = chained.iter().map(Value::to_string).collect();
+            if let Some(file) = file {
+                let mut sink = file.lock().unwrap_or_else(PoisonError::into_inner);
+                sink.write_batch(&chained, &lines)
+                    .map_err(AuditError::FileSink)?;
+            }
+            if stdout {
+                write_stdout(&lines);
+            }
+            Ok(chained)
+        })
+        .await;
+
+        let chained = match outcome {
+            Ok(Ok(chained)) => {
+                self.head = Some(new_head);
+                chained
+            }
+            Ok(Err(AuditError::FileSink(e))) => {
+                // The store holds the batch, so the chain moved on; the callers still get an error because
+                // the operator asked for a durable file too.
+                tracing::error!(target: "audit", error = %e, "audit file sink failed");
+                metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "file")
+                    .increment(1);
+                self.head = Some(new_head);
+                fail_pending(pending, &AuditError::FileSink(e));
+                return;
+            }
+            Ok(Err(error)) => {
+                self.head = None;
+                tracing::error!(target: "audit", error = %error, "audit store append failed");
+                fail_pending(pending, &error);
+                return;
+            }
+            Err(e) => {
+                self.head = None;
+                fail_pending(pending, &AuditError::Store(e));
+                return;
+            }
+        };
+
+        for (event, (reply, recorded, count_decision)) in chained.iter().zip(pending) {
+            count_metrics(event, count_decision);
+            answer(reply, Ok(recorded));
+        }
+    }
+}
+
+/// Runs blocking store or file work off the runtime; a panic there becomes an error.
+async fn run_blocking<T, F>(work: F) -> Result<T, String>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| format!("audit worker thread failed: {e}"))
+}
+
+fn answer(reply: Option<Reply>, result: Result<Recorded, AuditError>) {
+    if let Some(reply) = reply {
+        // The caller may have gone away; the event is recorded regardless.
+        let _ = reply.send(result);
+    }
+}
+
+fn fail_all(batch: Vec<Job>, error: &AuditError) {
+    for job in batch {
+        answer(job.reply, Err(error.clone()));
+    }
+}
+
+fn fail_pending(pending: Vec<(Option<Reply>, Recorded, bool)>, error: &AuditError) {
+    for (reply, _, _) in pending {
+        answer(reply, Err(error.clone()));
+    }
+}
+
+/// The metric updates one durable event implies.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct MetricUpdates {
+    pub(crate) event_type: String,
+    /// (decision, code label) for `sealgate_decisions_total`; code is "none" for an allow.
+    pub(crate) decision: Option<(String, String)>,
+    /// outcome label for `sealgate_claims_total`.
+    pub(crate) claim: Option<&'static str>,
+}
+
+pub(crate) fn metric_updates(event: &Value, count_decision: bool) -> MetricUpdates {
+    let text = |key: &str| event.get(key).and_then(Value::as_str);
+    let event_type = text("type").unwrap_or("unknown").to_owned();
+    let decision = if count_decision {
+        text("decision")
+            .and_then(|d| d.parse::<Decision>().ok())
+            .map(|d| {
+                let code = event
+                    .get("code")
+                    .and_then(Value::as_u64)
+                    .map_or_else(|| "none".to_owned(), |c| c.to_string());
+                (d.as_str().to_owned(), code)
+            })
+    } else {
+        None
+    };
+    let claim = match (event_type.parse::<EventType>(), text("claim")) {
+        (Ok(EventType::ToolCallAuthorized), Some("PROCEED")) => Some("PROCEED"),
+        (Ok(EventType::ClaimSkipped), _) => Some("SKIP"),
+        (Ok(EventType::ClaimBlocked), _) => Some("PENDING"),
+        _ => None,
+    };
+    MetricUpdates {
+        event_type,
+        decision,
+        claim,
+    }
+}
+
+fn count_metrics(event: &Value, count_decision: bool) {
+    let updates = metric_updates(event, count_decision);
+    metrics::counter!("sealgate_audit_events_total", "type" => updates.event_type).increment(1);
+    if let Some((decision, code)) = updates.decision {
+        metrics::counter!("sealgate_decisions_total", "decision" => decision, "code" => code)
+            .increment(1);
+    }
+    if let Some(outcome) = updates.claim {
+        metrics::counter!("sealgate_claims_total", "outcome" => outcome).increment(1);
+    }
+}

@@ -1,0 +1,713 @@
+//! A strict, one-pass JSON parser for untrusted request bodies (SPEC section 2, "Strict parsing").
+//!
+//! serde_json alone cannot enforce the seal/v1 rules: it keeps the last of two equal keys, it cannot tell
+//! `18446744073709551616` (an integer literal) from `1e19`, and it replaces nothing we can inspect later.
+//! This parser refuses, with a message that names the place: input that is not UTF-8, any JSON syntax
+//! error, trailing bytes, a repeated key in any object, nesting deeper than [`MAX_DEPTH`], an integer
+//! literal outside ±[`MAX_SAFE_INTEGER`], a number that is not finite as f64, raw control characters in
+//! strings, and unpaired UTF-16 surrogates in `\u` escapes. Recursion is bounded by the depth limit, so no
+//! input can overflow the stack.
+
+use std::fmt;
+
+use serde_json::{Map, Number, Value};
+
+/// Deepest allowed nesting of objects and arrays; the top-level container is level 1.
+pub const MAX_DEPTH: usize = 64;
+
+/// The largest integer that an IEEE double (and so every JavaScript client) holds exactly: 2^53 − 1.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// Longest excerpt of a key or number that an error message quotes (messages stay readable and bounded).
+const MESSAGE_EXCERPT_CHARS: usize = 48;
+
+/// Parses `bytes` as one strict JSON value (see the module documentation for what is refused).
+///
+/// Integers written without fraction or exponent become `u64` (non-negative) or `i64` (negative)
+/// numbers; every other number becomes an `f64` number.
+pub fn parse_strict_json(bytes: &[u8]) -> Result<Value, String> {
+    parse(bytes).map_err(|error| error.to_string())
+}
+
+/// One step of the location of an error inside the document.
+#[derive(Debug)]
+enum PathSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// A refusal: what is wrong, at which byte, and under which keys / indexes.
+#[derive(Debug)]
+struct ParseError {
+    problem: String,
+    offset: usize,
+    /// Innermost segment first: each enclosing container appends its own segment while the error
+    /// travels up, so the happy path never pays for path bookkeeping.
+    reversed_path: Vec<PathSegment>,
+}
+
+impl ParseError {
+    fn new(problem: impl Into<String>, offset: usize) -> Self {
+        ParseError {
+            problem: problem.into(),
+            offset,
+            reversed_path: Vec::new(),
+        }
+    }
+
+    fn inside(mut self, segment: PathSegment) -> Self {
+        self.reversed_path.push(segment);
+        self
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at $", self.problem)?;
+        for segment in self.reversed_path.iter().rev() {
+            match segment {
+                PathSegment::Index(index) => write!(f, "[{index}]")?,
+                PathSegment::Key(key) if is_plain_identifier(key) => write!(f, ".{key}")?,
+                PathSegment::Key(key) => write!(f, "[{}]", quote_excerpt(key))?,
+            }
+        }
+        write!(f, " (byte {})", self.offset)
+    }
+}
+
+fn is_plain_identifier(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    match bytes.next() {
+        Some(first) if first.is_ascii_alphabetic() || first == b'_' => {}
+        _ => return false,
+    }
+    key.len() <= MESSAGE_EXCERPT_CHARS && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// JSON-quotes `text` for an error message, shortened so that a huge key cannot bloat logs.
+pub(crate) fn quote_excerpt(text: &str) -> String {
+    let mut excerpt: String = text.chars().take(MESSAGE_EXCERPT_CHARS).collect();
+    let shortened = excerpt.len() < text.len();
+    if shortened {
+        excerpt.push('…');
+    }
+    let mut quoted = Vec::with_capacity(excerpt.len() + 2);
+    super::jcs::write_string(&mut quoted, &excerpt);
+    String::from_utf8_lossy(&quoted).into_owned()
+}
+
+fn parse(bytes: &[u8]) -> Result<Value, ParseError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|error| ParseError::new("body is not valid UTF-8", error.valid_up_to()))?;
+    if text.is_empty() {
+        return Err(ParseError::new("empty body", 0));
+    }
+    let mut parser = Parser {
+        text,
+        bytes,
+        pos: 0,
+    };
+    parser.skip_whitespace();
+    if parser.pos == bytes.len() {
+        return Err(ParseError::new(
+            "no JSON value (only white space)",
+            parser.pos,
+        ));
+    }
+    let value = parser.parse_value(0)?;
+    parser.skip_whitespace();
+    if parser.pos != bytes.len() {
+        return Err(ParseError::new(
+            format!(
+                "trailing characters after the JSON value ({})",
+                parser.describe_current()
+            ),
+            parser.pos,
+        ));
+    }
+    Ok(value)
+}
+
+struct Parser<'a> {
+    /// The same input as `bytes`, already checked to be UTF-8, for slicing out string runs.
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// Names the character at the current position for error messages.
+    fn describe_current(&self) -> String {
+        match self
+            .text
+            .get(self.pos..)
+            .and_then(|rest| rest.chars().next())
+        {
+            None => "end of input".to_string(),
+            Some(c) if c.is_ascii_graphic() => format!("'{c}'"),
+            Some(c) => format!("U+{:04X}", u32::from(c)),
+        }
+    }
+
+    fn unexpected(&self, expected: &str) -> ParseError {
+        ParseError::new(
+            format!("expected {expected}, found {}", self.describe_current()),
+            self.pos,
+        )
+    }
+
+    /// Parses the value at the current position; `parent_depth` is the nesting level around it.
+    fn parse_value(&mut self, parent_depth: usize) -> Result<Value, ParseError> {
+        match self.peek() {
+            Some(b'{') => self.parse_object(parent_depth + 1),
+            Some(b'[') => self.parse_array(parent_depth + 1),
+            Some(b'"') => self.parse_string().map(Value::String),
+            Some(b'-' | b'0'..=b'9') => self.parse_number().map(Value::Number),
+            Some(b't') => self.parse_literal("true", Value::Bool(true)),
+            Some(b'f') => self.parse_literal("false", Value::Bool(false)),
+            Some(b'n') => self.parse_literal("null", Value::Null),
+            _ => Err(self.unexpected("a JSON value")),
+        }
+    }
+
+    fn parse_literal(&mut self, word: &str, value: Value) -> Result<Value, ParseError> {
+        let end = self.pos + word.len();
+        if self.bytes.get(self.pos..end) == Some(word.as_bytes()) {
+            self.pos = end;
+            Ok(value)
+        } else {
+            Err(self.unexpected("a JSON value"))
+        }
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<(), ParseError> {
+        if depth > MAX_DEPTH {
+            Err(ParseError::new(
+                format!("nesting deeper than {MAX_DEPTH} levels"),
+                self.pos,
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn parse_object(&mut self, depth: usize) -> Result<Value, ParseError> {
+        self.check_depth(depth)?;
+        self.pos += 1; // '{'
+        let mut map = Map::new();
+        self.skip_whitespace();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Value::Object(map));
+        }
+        loop {
+            self.skip_whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(self.unexpected("a string key"));
+            }
+            let key_offset = self.pos;
+            let key = self.parse_string()?;
+            // Compared after unescaping, so "a" and "\u0061" are the same key.
+            if map.contains_key(&key) {
+                return Err(ParseError::new(
+                    format!("duplicate key {}", quote_excerpt(&key)),
+                    key_offset,
+                ));
+            }
+            self.skip_whitespace();
+            if self.peek() != Some(b':') {
+                return Err(self.unexpected("':' after an object key"));
+            }
+            self.pos += 1;
+            self.skip_whitespace();
+            let value = match self.parse_value(depth) {
+                Ok(value) => value,
+                Err(error) => return Err(error.inside(PathSegment::Key(key))),
+            };
+            map.insert(key, value);
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Value::Object(map));
+                }
+                _ => return Err(self.unexpected("',' or '}' in an object")),
+            }
+        }
+    }
+
+    fn parse_array(&mut self, depth: usize) -> Result<Value, ParseError> {
+        self.check_depth(depth)?;
+        self.pos += 1; // '['
+        let mut items = Vec::new();
+        self.skip_whitespace();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Value::Array(items));
+        }
+        loop {
+            self.skip_whitespace();
+            match self.parse_value(depth) {
+                Ok(value) => items.push(value),
+                Err(error) => return Err(error.inside(PathSegment::Index(items.len()))),
+            }
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Value::Array(items));
+                }
+                _ => return Err(self.unexpected("',' or ']' in an array")),
+            }
+        }
+    }
+
+    /// Copies `start..end` of the input; both ends sit next to ASCII bytes, so they are char boundaries.
+    fn push_run(&self, out: &mut String, start: usize, end: usize) -> Result<(), ParseError> {
+        match self.text.get(start..end) {
+            Some(run) => {
+                out.push_str(run);
+                Ok(())
+            }
+            None => Err(ParseError::new(
+                "string split inside a UTF-8 sequence",
+                start,
+            )),
+        }
+    }
+
+    fn parse_string(&mut self) -> Result<String, ParseError> {
+        let opening = self.pos;
+        self.pos += 1; // '"'
+        let mut out = String::new();
+        let mut run_start = self.pos;
+        loop {
+            match self.peek() {
+                None => return Err(ParseError::new("unterminated string", opening)),
+                Some(b'"') => {
+                    self.push_run(&mut out, run_start, self.pos)?;
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.push_run(&mut out, run_start, self.pos)?;
+                    let decoded = self.parse_escape()?;
+                    out.push(decoded);
+                    run_start = self.pos;
+                }
+                Some(control @ 0x00..=0x1f) => {
+                    return Err(ParseError::new(
+                        format!("unescaped control character U+{control:04X} in a string"),
+                        self.pos,
+                    ))
+                }
+                Some(_) => self.pos += 1,
+            }
+        }
+    }
+
+    /// Decodes the escape sequence at the current backslash, joining surrogate pairs.
+    fn parse_escape(&mut self) -> Result<char, ParseError> {
+        let escape_offset = self.pos;
+        self.pos += 1; // '\\'
+        let Some(kind) = self.peek() else {
+            return Err(ParseError::new("unterminated string", escape_offset));
+        };
+        self.pos += 1;
+        let simple = match kind {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{08}',
+            b'f' => '\u{0c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => return self.parse_unicode_escape(escape_offset),
+            _ => {
+                return Err(ParseError::new(
+                    "invalid escape sequence in a string",
+                    escape_offset,
+                ))
+            }
+        };
+        Ok(simple)
+    }
+
+    fn parse_unicode_escape(&mut self, escape_offset: usize) -> Result<char, ParseError> {
+        let first = self.parse_hex4(escape_offset)?;
+        let code_point = match first {
+            0xD800..=0xDBFF => {
+                let low_offset = self.pos;
+                if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u".as_slice()) {
+                    return Err(unpaired_surrogate(first, escape_offset));
+                }
+                self.pos += 2;
+                let second = self.parse_hex4(low_offset)?;
+                if !(0xDC00..=0xDFFF).contains(&second) {
+                    return Err(unpaired_surrogate(first, escape_offset));
+                }
+                0x10000 + ((u32::from(first) - 0xD800) << 10) + (u32::from(second) - 0xDC00)
+            }
+            0xDC00..=0xDFFF => return Err(unpaired_surrogate(first, escape_offset)),
+            other => u32::from(other),
+        };
+        char::from_u32(code_point)
+            .ok_or_else(|| ParseError::new("invalid \\u escape", escape_offset))
+    }
+
+    fn parse_hex4(&mut self, escape_offset: usize) -> Result<u16, ParseError> {
+        let digits = self
+            .bytes
+            .get(self.pos..self.pos + 4)
+            .ok_or_else(|| ParseError::new("incomplete \\u escape", escape_offset))?;
+        let mut value: u16 = 0;
+        for &digit in digits {
+            let nibble = char::from(digit).to_digit(16).ok_or_else(|| {
+                ParseError::new("invalid hex digit in a \\u escape", escape_offset)
+            })?;
+            // Four nibbles fill exactly 16 bits, so the shift never loses a set bit.
+            value = (value << 4) | nibble as u16;
+        }
+        self.pos += 4;
+        Ok(value)
+    }
+
+    fn count_digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn parse_number(&mut self) -> Result<Number, ParseError> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        let integer_start = self.pos;
+        let integer_digits = self.count_digits();
+        if integer_digits == 0 {
+            return Err(self.unexpected("a digit in a number"));
+        }
+        if integer_digits > 1 && self.bytes.get(integer_start) == Some(&b'0') {
+            return Err(ParseError::new("number with a leading zero", start));
+        }
+        let mut is_integer_literal = true;
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            is_integer_literal = false;
+            if self.count_digits() == 0 {
+                return Err(self.unexpected("a digit after the decimal point"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            is_integer_literal = false;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.count_digits() == 0 {
+                return Err(self.unexpected("a digit in the exponent"));
+            }
+        }
+        let literal = self.text.get(start..self.pos).unwrap_or_default();
+        if is_integer_literal {
+            integer_number(literal, negative, integer_digits, start)
+        } else {
+            let value: f64 = literal
+                .parse()
+                .map_err(|_| ParseError::new("invalid number", start))?;
+            Number::from_f64(value).ok_or_else(|| {
+                ParseError::new(
+                    format!("number {} is not finite as a double", excerpt(literal)),
+                    start,
+                )
+            })
+        }
+    }
+}
+
+/// Turns an integer literal into a JSON number, refusing anything outside ±(2^53 − 1).
+fn integer_number(
+    literal: &str,
+    negative: bool,
+    digit_count: usize,
+    offset: usize,
+) -> Result<Number, ParseError> {
+    let out_of_range = || {
+        ParseError::new(
+            format!("integer {} is outside ±(2^53−1)", excerpt(literal)),
+            offset,
+        )
+    };
+    // 2^53 − 1 has 16 digits; longer literals are out of range and must not reach u64 parsing.
+    if digit_count > 16 {
+        return Err(out_of_range());
+    }
+    let digits = literal.trim_start_matches('-');
+    let magnitude: u64 = digits.parse().map_err(|_| out_of_range())?;
+    if magnitude > MAX_SAFE_INTEGER {
+        return Err(out_of_range());
+    }
+    if negative && magnitude != 0 {
+        // magnitude ≤ 2^53 − 1, so the conversion and the negation are exact.
+        Ok(Number::from(-(magnitude as i64)))
+    } else {
+        // "-0" written as an integer means 0; JCS writes both as 0.
+        Ok(Number::from(magnitude))
+    }
+}
+
+fn excerpt(literal: &str) -> String {
+    if literal.chars().count() <= MESSAGE_EXCERPT_CHARS {
+        literal.to_string()
+    } else {
+        let mut short: String = literal.chars().take(MESSAGE_EXCERPT_CHARS).collect();
+        short.push('…');
+        short
+    }
+}
+
+fn unpaired_surrogate(code_unit: u16, offset: usize) -> ParseError {
+    ParseError::new(
+        format!("unpaired surrogate \\u{code_unit:04x} in a string"),
+        offset,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn refused(input: &[u8]) -> String {
+        match parse_strict_json(input) {
+            Ok(value) => panic!("accepted {:?} as {value}", String::from_utf8_lossy(input)),
+            Err(message) => message,
+        }
+    }
+
+    fn nested_arrays(levels: usize) -> String {
+        format!("{}{}", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    #[test]
+    fn accepts_ordinary_documents() {
+        let value =
+            parse_strict_json(br#" {"a": [1, -2, 3.5, true, false, null, "x\n\u00e9"], "b": {}} "#)
+                .unwrap();
+        assert_eq!(
+            value,
+            json!({"a": [1, -2, 3.5, true, false, null, "x\né"], "b": {}})
+        );
+        assert!(value["a"][0].is_u64());
+        assert!(value["a"][1].is_i64());
+        assert!(value["a"][2].is_f64());
+    }
+
+    #[test]
+    fn refuses_duplicate_keys_at_any_depth() {
+        let top = refused(br#"{"id":1,"id":2}"#);
+        assert!(top.starts_with("duplicate key \"id\" at $ "), "{top}");
+
+        let nested = refused(br#"{"payload":{"params":{"x":1,"x":1}}}"#);
+        assert!(
+            nested.starts_with("duplicate key \"x\" at $.payload.params "),
+            "{nested}"
+        );
+
+        let in_array = refused(br#"{"ops":[{}, {"k":1,"k":2}]}"#);
+        assert!(
+            in_array.starts_with("duplicate key \"k\" at $.ops[1] "),
+            "{in_array}"
+        );
+
+        let escaped = refused(br#"{"a":1,"\u0061":2}"#);
+        assert!(escaped.starts_with("duplicate key \"a\""), "{escaped}");
+    }
+
+    #[test]
+    fn depth_limit_counts_the_top_level_as_one() {
+        assert!(parse_strict_json(nested_arrays(MAX_DEPTH).as_bytes()).is_ok());
+        let too_deep = refused(nested_arrays(MAX_DEPTH + 1).as_bytes());
+        assert!(
+            too_deep.starts_with("nesting deeper than 64 levels"),
+            "{too_deep}"
+        );
+
+        let objects_64 = format!("{}1{}", r#"{"a":"#.repeat(MAX_DEPTH), "}".repeat(MAX_DEPTH));
+        assert!(parse_strict_json(objects_64.as_bytes()).is_ok());
+        let objects_65 = format!("{}1{}", r#"{"a":"#.repeat(65), "}".repeat(65));
+        assert!(refused(objects_65.as_bytes()).contains("nesting deeper"));
+    }
+
+    #[test]
+    fn huge_nesting_is_refused_without_overflowing_the_stack() {
+        let bomb = "[".repeat(1_000_000);
+        assert!(refused(bomb.as_bytes()).contains("nesting deeper"));
+    }
+
+    #[test]
+    fn integer_literals_must_be_safe_integers() {
+        assert_eq!(
+            parse_strict_json(b"9007199254740991").unwrap(),
+            json!(9_007_199_254_740_991_u64)
+        );
+        assert_eq!(
+            parse_strict_json(b"-9007199254740991").unwrap(),
+            json!(-9_007_199_254_740_991_i64)
+        );
+        assert!(refused(b"9007199254740992").contains("outside ±(2^53−1)"));
+        assert!(refused(b"-9007199254740992").contains("outside"));
+        assert!(refused(b"18446744073709551616").contains("outside"));
+        assert!(refused(b"123456789012345678901234567890").contains("outside"));
+        // Written with an exponent, a large value is a double and allowed.
+        assert!(parse_strict_json(b"1e19").unwrap().is_f64());
+        assert_eq!(parse_strict_json(b"-0").unwrap(), json!(0));
+    }
+
+    #[test]
+    fn numbers_must_be_finite_doubles() {
+        assert!(refused(b"1e400").contains("not finite"));
+        assert!(refused(b"-1e400").contains("not finite"));
+        assert_eq!(parse_strict_json(b"1.5e300").unwrap(), json!(1.5e300));
+        assert_eq!(parse_strict_json(b"1E-7").unwrap(), json!(1e-7));
+    }
+
+    #[test]
+    fn refuses_malformed_numbers_and_literals() {
+        for bad in [
+            "01",
+            "-01",
+            "-",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "1e+",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "0x10",
+            "tru",
+            "nul",
+            "True",
+        ] {
+            let message = refused(bad.as_bytes());
+            assert!(!message.is_empty(), "{bad}");
+        }
+        assert!(refused(b"01").contains("leading zero"));
+    }
+
+    #[test]
+    fn surrogates_must_be_paired() {
+        assert!(refused(br#""\ud800""#).contains("unpaired surrogate \\ud800"));
+        assert!(refused(br#""\udc00""#).contains("unpaired surrogate \\udc00"));
+        assert!(refused(br#""\ud800x""#).contains("unpaired surrogate"));
+        assert!(refused(br#""\ud800\u0041""#).contains("unpaired surrogate"));
+        assert!(refused(br#""\ud800\ud800""#).contains("unpaired surrogate"));
+        assert_eq!(
+            parse_strict_json(br#""\ud83d\ude00""#).unwrap(),
+            json!("😀")
+        );
+        assert_eq!(
+            parse_strict_json(br#""\uD83D\uDE00""#).unwrap(),
+            json!("😀")
+        );
+    }
+
+    #[test]
+    fn refuses_bad_encodings_and_framing() {
+        assert!(refused(b"{\"a\":\"\xff\"}").contains("not valid UTF-8"));
+        assert!(refused(b"\xef\xbb\xbf{}").contains("U+FEFF"));
+        assert_eq!(refused(b""), "empty body at $ (byte 0)");
+        assert!(refused(b"   ").contains("no JSON value"));
+        assert!(refused(b"{} x").contains("trailing characters"));
+        assert!(refused(b"{}{}").contains("trailing characters"));
+        assert!(refused(b"{\"a\":1,}").contains("expected a string key"));
+        assert!(refused(b"[1,]").contains("expected a JSON value"));
+        assert!(refused(b"{\"a\" 1}").contains("':'"));
+        assert!(refused(b"{'a':1}").contains("string key"));
+        assert!(refused(b"\"abc").contains("unterminated string"));
+        assert!(refused(b"\"a\\x\"").contains("invalid escape"));
+        assert!(refused(b"\"\\u12\"").contains("\\u escape"));
+    }
+
+    #[test]
+    fn refuses_raw_control_characters_in_strings() {
+        assert!(refused(b"\"a\x01b\"").contains("control character U+0001"));
+        assert!(refused(b"\"line\nbreak\"").contains("control character U+000A"));
+        assert!(refused(b"\"tab\there\"").contains("U+0009"));
+        assert_eq!(
+            parse_strict_json(b"\"\\u0001\\n\\t\"").unwrap(),
+            json!("\u{1}\n\t")
+        );
+    }
+
+    #[test]
+    fn error_paths_quote_unusual_keys() {
+        let message = refused(br#"{"a b":{"c":[0, 01]}}"#);
+        assert!(message.contains(r#"at $["a b"].c[1]"#), "{message}");
+    }
+
+    /// Values inside the limits that serde_json can print: safe integers, finite doubles, any strings.
+    fn arbitrary_value() -> impl Strategy<Value = Value> {
+        let safe = MAX_SAFE_INTEGER as i64;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-safe..=safe).prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter_map("finite doubles only", Number::from_f64)
+                .prop_map(Value::Number),
+            ".*".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,8}", inner, 0..6)
+                    .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_serde_json_output(value in arbitrary_value()) {
+            let compact = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(parse_strict_json(&compact).unwrap(), value.clone());
+            let pretty = serde_json::to_vec_pretty(&value).unwrap();
+            prop_assert_eq!(parse_strict_json(&pretty).unwrap(), value);
+        }
+
+        #[test]
+        fn never_panics_on_random_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse_strict_json(&bytes);
+        }
+
+        #[test]
+        fn never_panics_on_json_like_noise(text in r#"[\[\]{}",:0-9eE.+\-\\ua-f tnrl]{0,128}"#) {
+            // Agrees with serde_json whenever serde_json refuses (we are only ever stricter).
+            let ours = parse_strict_json(text.as_bytes());
+            if serde_json::from_str::<Value>(&text).is_err() {
+                prop_assert!(ours.is_err());
+            }
+        }
+    }
+}

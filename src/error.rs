@@ -1,0 +1,245 @@
+//! The code table of SPEC section 10: every refusal the gateway can give, with its number, name and HTTP
+//! status, in one place so that the table and the code cannot drift apart.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// Every error code of SPEC section 10.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    MalformedEnvelope,
+    InvalidSignature,
+    SignatureVerificationFailed,
+    TokenExpired,
+    TokenVerificationFailed,
+    SessionNotFound,
+    SessionInactive,
+    TimestampOutOfWindow,
+    EnvelopeReplayed,
+    ToolNotAllowed,
+    ToolDenied,
+    PathNotAllowed,
+    CommandNotAllowed,
+    DomainNotAllowed,
+    RateLimitExceeded,
+    NoMatchingCapability,
+    ResponseTooLarge,
+    BudgetExhausted,
+    AttestationScopeMismatch,
+    ClaimPending,
+    UpstreamUnavailable,
+    UpstreamTimeout,
+    UpstreamBadResponse,
+    NoRouteForTool,
+    StoreUnavailable,
+    OperatorUnauthenticated,
+    OperatorForbidden,
+    NotFound,
+    Conflict,
+    InvalidRequest,
+}
+
+impl Code {
+    /// (number, name, HTTP status) exactly as SPEC section 10 lists them.
+    const fn row(self) -> (u16, &'static str, u16) {
+        use Code::*;
+        match self {
+            MalformedEnvelope => (1000, "MALFORMED_ENVELOPE", 400),
+            InvalidSignature => (1001, "INVALID_SIGNATURE", 401),
+            SignatureVerificationFailed => (1002, "SIGNATURE_VERIFICATION_FAILED", 401),
+            TokenExpired => (1003, "TOKEN_EXPIRED", 401),
+            TokenVerificationFailed => (1004, "TOKEN_VERIFICATION_FAILED", 401),
+            SessionNotFound => (1005, "SESSION_NOT_FOUND", 401),
+            SessionInactive => (1006, "SESSION_INACTIVE", 401),
+            TimestampOutOfWindow => (1007, "TIMESTAMP_OUT_OF_WINDOW", 401),
+            EnvelopeReplayed => (1008, "ENVELOPE_REPLAYED", 401),
+            ToolNotAllowed => (2000, "POLICY_VIOLATION_TOOL_NOT_ALLOWED", 403),
+            ToolDenied => (2001, "POLICY_VIOLATION_TOOL_DENIED", 403),
+            PathNotAllowed => (2002, "POLICY_VIOLATION_PATH_NOT_ALLOWED", 403),
+            CommandNotAllowed => (2003, "POLICY_VIOLATION_COMMAND_NOT_ALLOWED", 403),
+            DomainNotAllowed => (2004, "POLICY_VIOLATION_DOMAIN_NOT_ALLOWED", 403),
+            RateLimitExceeded => (2005, "POLICY_VIOLATION_RATE_LIMIT_EXCEEDED", 429),
+            NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403),
+            ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502),
+            BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403),
+            AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401),
+            ClaimPending => (4001, "CLAIM_PENDING", 409),
+            UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502),
+            UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504),
+            UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502),
+            NoRouteForTool => (5004, "NO_ROUTE_FOR_TOOL", 502),
+            StoreUnavailable => (5005, "STORE_UNAVAILABLE", 503),
+            OperatorUnauthenticated => (6001, "OPERATOR_UNAUTHENTICATED", 401),
+            OperatorForbidden => (6002, "OPERATOR_FORBIDDEN", 403),
+            NotFound => (6003, "NOT_FOUND", 404),
+            Conflict => (6004, "CONFLICT", 409),
+            InvalidRequest => (6005, "INVALID_REQUEST", 422),
+        }
+    }
+
+    pub const ALL: [Code; 30] = {
+        use Code::*;
+        [
+            MalformedEnvelope,
+            InvalidSignature,
+            SignatureVerificationFailed,
+            TokenExpired,
+            TokenVerificationFailed,
+            SessionNotFound,
+            SessionInactive,
+            TimestampOutOfWindow,
+            EnvelopeReplayed,
+            ToolNotAllowed,
+            ToolDenied,
+            PathNotAllowed,
+            CommandNotAllowed,
+            DomainNotAllowed,
+            RateLimitExceeded,
+            NoMatchingCapability,
+            ResponseTooLarge,
+            BudgetExhausted,
+            AttestationScopeMismatch,
+            ClaimPending,
+            UpstreamUnavailable,
+            UpstreamTimeout,
+            UpstreamBadResponse,
+            NoRouteForTool,
+            StoreUnavailable,
+            OperatorUnauthenticated,
+            OperatorForbidden,
+            NotFound,
+            Conflict,
+            InvalidRequest,
+        ]
+    };
+
+    pub const fn number(self) -> u16 {
+        self.row().0
+    }
+
+    pub const fn name(self) -> &'static str {
+        self.row().1
+    }
+
+    pub fn status(self) -> StatusCode {
+        StatusCode::from_u16(self.row().2).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    pub fn from_number(number: u16) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.number() == number)
+    }
+}
+
+/// A refusal on its way to the wire: the code, a message naming the problem, optional details and headers.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: Code,
+    pub message: String,
+    pub details: Option<Value>,
+    /// Overrides the table's HTTP status (413 for an oversized body, 400 for a control body that is not JSON).
+    pub status: Option<StatusCode>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            details: None,
+            status: None,
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
+    pub fn store(err: impl std::fmt::Display) -> Self {
+        ApiError::new(Code::StoreUnavailable, format!("store unavailable: {err}"))
+    }
+
+    /// The error object of SPEC section 10 (without the outer envelope).
+    pub fn body(&self) -> Value {
+        let mut error = json!({
+            "code": self.code.number(),
+            "name": self.code.name(),
+            "message": self.message,
+            "timestamp": crate::clock::rfc3339_millis(crate::clock::now_millis()),
+            "trace_id": uuid::Uuid::new_v4().simple().to_string(),
+        });
+        if let (Some(details), Some(obj)) = (&self.details, error.as_object_mut()) {
+            obj.insert("details".into(), details.clone());
+        }
+        json!({"protocol": "seal/v1", "status": "error", "error": error})
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code.number(), self.code.name(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status.unwrap_or_else(|| self.code.status());
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_unique_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for code in Code::ALL {
+            assert!(seen.insert(code.number()), "duplicate {}", code.number());
+            assert_eq!(Code::from_number(code.number()), Some(code));
+        }
+        assert_eq!(Code::from_number(1234), None);
+    }
+
+    #[test]
+    fn statuses_follow_the_spec_table() {
+        assert_eq!(Code::MalformedEnvelope.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(Code::RateLimitExceeded.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(Code::ResponseTooLarge.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(Code::UpstreamTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(Code::StoreUnavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(Code::InvalidRequest.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(Code::ClaimPending.status(), StatusCode::CONFLICT);
+    }
+
+    #[test]
+    fn error_body_has_the_spec_shape() {
+        let body = ApiError::new(Code::PathNotAllowed, "outside /workspace").body();
+        assert_eq!(body["protocol"], "seal/v1");
+        assert_eq!(body["status"], "error");
+        assert_eq!(body["error"]["code"], 2002);
+        assert_eq!(body["error"]["name"], "POLICY_VIOLATION_PATH_NOT_ALLOWED");
+        assert!(body["error"]["timestamp"].as_str().unwrap().ends_with('Z'));
+        assert!(body["error"].get("details").is_none());
+    }
+}

@@ -1,0 +1,7 @@
+//! sealgate: a security gateway for AI agent tool calls (see README.md and SPEC.md).
+pub mod audit;
+pub mod clock;
+pub mod envelope;
+pub mod error;
+pub mod store;
+pub mod token;

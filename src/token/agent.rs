@@ -1,0 +1,182 @@
+//! Agent tokens (`security_token` of an envelope): configuration, claims and the verifier that runs
+//! checks 2, 3 and 4 of SPEC section 3, with the verified-token cache in front of the crypto.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::cache::{VerifiedTokenCache, DEFAULT_CAPACITY};
+use super::claims::{
+    check_audience, check_audience_shape, check_issuer, check_time, optional_seconds,
+    optional_string, required_seconds, required_string,
+};
+use super::jwt::{self, MAX_TOKEN_BYTES};
+use super::keys::{KeyConfig, KeySet};
+use super::mint::TokenMinter;
+use super::TokenError;
+
+/// Leeway beyond this is refused as a configuration mistake: it would all but switch expiry off.
+pub(crate) const MAX_LEEWAY_SECS: u64 = 600;
+
+/// `agent_tokens` in the configuration file (SPEC section 11).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTokenConfig {
+    /// Checked against `iss` when set.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// Checked against `aud` (a string, or an array containing it) when set.
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default)]
+    pub leeway_secs: u64,
+    #[serde(default)]
+    pub keys: Vec<KeyConfig>,
+    /// Ed25519 private key (PKCS#8 PEM file): when set the gateway mints agent tokens and trusts them.
+    #[serde(default)]
+    pub issuer_key: Option<PathBuf>,
+}
+
+/// The claims of a verified agent token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentClaims {
+    /// The agent id.
+    pub sub: String,
+    /// The security context name.
+    pub scp: String,
+    /// The session id.
+    pub exec_id: String,
+    /// The workload id, when the token names one.
+    pub wid: Option<String>,
+    pub jti: String,
+    pub iat: i64,
+    pub exp: i64,
+    pub nbf: Option<i64>,
+}
+
+/// Verifies agent tokens against the configured keys. Build a new one when the configuration changes
+/// (the cache belongs to one key set).
+pub struct AgentTokenVerifier {
+    keys: KeySet,
+    issuer: Option<String>,
+    audience: Option<String>,
+    leeway_secs: u64,
+    cache: VerifiedTokenCache,
+}
+
+impl AgentTokenVerifier {
+    /// Loads every key (files relative to `base_dir`). When `issuer_key` is set, the public half of the
+    /// gateway's own minting key is trusted too, so what the gateway mints always verifies; callers need
+    /// not add `TokenMinter::verifying_key_config()` themselves. No keys at all is allowed (the default
+    /// configuration) and then every token is refused.
+    pub fn new(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Self, String> {
+        validate_common("agent_tokens", cfg.issuer.as_deref(), cfg.leeway_secs)?;
+        if cfg.audience.as_deref() == Some("") {
+            return Err("agent_tokens.audience must not be empty".to_owned());
+        }
+        let mut keys = KeySet::load(&cfg.keys, base_dir, "agent_tokens")?;
+        if let Some(minter) = TokenMinter::from_config(cfg, base_dir)? {
+            let own_key = minter.verifying_key_config();
+            if !cfg.keys.contains(&own_key) {
+                keys.add_config(&own_key, base_dir, "agent_tokens.issuer_key")?;
+            }
+        }
+        Ok(AgentTokenVerifier {
+            keys,
+            issuer: cfg.issuer.clone(),
+            audience: cfg.audience.clone(),
+            leeway_secs: cfg.leeway_secs,
+            cache: VerifiedTokenCache::new(DEFAULT_CAPACITY),
+        })
+    }
+
+    /// How many keys are trusted (0 means every token is refused; worth a start-up warning).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Checks 2, 3 and 4, in that order; `now` is Unix seconds. Returns the shared claims of a cached
+    /// verification when there is one (still re-checking expiry).
+    pub fn verify(&self, token: &str, now: i64) -> Result<Arc<AgentClaims>, TokenError> {
+        // Oversized tokens are refused by the parser below; hashing them first would be wasted work.
+        let cache_key = (token.len() <= MAX_TOKEN_BYTES).then(|| VerifiedTokenCache::key(token));
+        if let Some(cached) = cache_key.and_then(|key| self.cache.get(&key)) {
+            return match check_time(cached.exp, cached.nbf, now, self.leeway_secs) {
+                Ok(()) => Ok(cached),
+                Err(err) => {
+                    // Past exp the entry can never be useful again; a future nbf one still might.
+                    if let (Some(key), true) = (
+                        cache_key,
+                        check_time(cached.exp, None, now, self.leeway_secs).is_err(),
+                    ) {
+                        self.cache.remove(&key);
+                    }
+                    Err(err)
+                }
+            };
+        }
+        let claims = self.verify_signature_and_claims(token)?;
+        check_time(claims.exp, claims.nbf, now, self.leeway_secs)?;
+        let claims = Arc::new(claims);
+        if let Some(key) = cache_key {
+            self.cache
+                .insert(key, Arc::clone(&claims), now, self.leeway_secs);
+        }
+        Ok(claims)
+    }
+
+    /// Checks 2 and 3: everything except time.
+    fn verify_signature_and_claims(&self, token: &str) -> Result<AgentClaims, TokenError> {
+        let parsed = jwt::parse(token)?;
+        self.keys.verify(
+            &parsed.alg,
+            parsed.kid.as_deref(),
+            parsed.signing_input,
+            parsed.signature_b64,
+        )?;
+        let claims = &parsed.claims;
+        if let Some(issuer) = &self.issuer {
+            check_issuer(claims, issuer)?;
+        }
+        match &self.audience {
+            Some(audience) => check_audience(claims, audience)?,
+            None => check_audience_shape(claims)?,
+        }
+        Ok(AgentClaims {
+            sub: required_string(claims, "sub")?,
+            scp: required_string(claims, "scp")?,
+            exec_id: required_string(claims, "exec_id")?,
+            wid: optional_string(claims, "wid")?,
+            jti: required_string(claims, "jti")?,
+            iat: required_seconds(claims, "iat")?,
+            exp: required_seconds(claims, "exp")?,
+            nbf: optional_seconds(claims, "nbf")?,
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn cached_tokens(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// Checks shared by the agent and operator sections.
+pub(crate) fn validate_common(
+    section: &str,
+    issuer: Option<&str>,
+    leeway_secs: u64,
+) -> Result<(), String> {
+    if issuer == Some("") {
+        return Err(format!("{section}.issuer must not be empty"));
+    }
+    if leeway_secs > MAX_LEEWAY_SECS {
+        return Err(format!(
+            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

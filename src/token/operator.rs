@@ -1,0 +1,340 @@
+//! Operator tokens for the control API (SPEC section 4): JWTs whose `aud` is the operator audience and
+//! whose `scope` claim lists what the caller may do. Refusals become HTTP 401 at the API layer; a
+//! missing scope becomes 403 there, through [`OperatorClaims::allows`].
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::agent::validate_common;
+use super::claims::{
+    check_audience, check_issuer, check_time, optional_seconds, required_seconds, required_string,
+};
+use super::jwt;
+use super::keys::{KeyConfig, KeySet};
+use super::TokenError;
+
+/// The scope names of SPEC section 4.
+pub mod scopes {
+    pub const SESSION_CREATE: &str = "seal.session.create";
+    pub const SESSION_REVOKE: &str = "seal.session.revoke";
+    pub const SESSION_READ: &str = "seal.session.read";
+    pub const CONTEXT_READ: &str = "seal.context.read";
+    pub const CONTEXT_WRITE: &str = "seal.context.write";
+    pub const AUDIT_READ: &str = "seal.audit.read";
+    pub const CLAIM_READ: &str = "seal.claim.read";
+    pub const CLAIM_RESOLVE: &str = "seal.claim.resolve";
+    /// Grants every other scope.
+    pub const ADMIN: &str = "seal.admin";
+}
+
+fn default_operator_audience() -> String {
+    "sealgate-operators".to_owned()
+}
+
+/// `operator_auth` in the configuration file (SPEC section 11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorAuthConfig {
+    #[serde(default = "default_operator_audience")]
+    pub audience: String,
+    /// Checked against `iss` when set.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub keys: Vec<KeyConfig>,
+    #[serde(default)]
+    pub leeway_secs: u64,
+}
+
+impl Default for OperatorAuthConfig {
+    fn default() -> Self {
+        OperatorAuthConfig {
+            audience: default_operator_audience(),
+            issuer: None,
+            keys: Vec::new(),
+            leeway_secs: 0,
+        }
+    }
+}
+
+/// Who the operator is and what the token lets them do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorClaims {
+    /// Recorded as `actor` in audit events.
+    pub sub: String,
+    /// The `scope` claim split on spaces; names this gateway does not know are kept but grant nothing.
+    pub scopes: Vec<String>,
+}
+
+impl OperatorClaims {
+    /// Exact scope match, or `seal.admin`.
+    pub fn allows(&self, scope: &str) -> bool {
+        self.scopes
+            .iter()
+            .any(|held| held == scope || held == scopes::ADMIN)
+    }
+}
+
+/// Verifies operator tokens against the `operator_auth` keys.
+pub struct OperatorVerifier {
+    keys: KeySet,
+    audience: String,
+    issuer: Option<String>,
+    leeway_secs: u64,
+}
+
+impl OperatorVerifier {
+    /// No keys is allowed (the default configuration); every operator request is then refused.
+    pub fn new(cfg: &OperatorAuthConfig, base_dir: &Path) -> Result<Self, String> {
+        validate_common("operator_auth", cfg.issuer.as_deref(), cfg.leeway_secs)?;
+        if cfg.audience.is_empty() {
+            return Err("operator_auth.audience must not be empty".to_owned());
+        }
+        Ok(OperatorVerifier {
+            keys: KeySet::load(&cfg.keys, base_dir, "operator_auth")?,
+            audience: cfg.audience.clone(),
+            issuer: cfg.issuer.clone(),
+            leeway_secs: cfg.leeway_secs,
+        })
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// `bearer_token` is the token itself (the API layer strips `Bearer `). Same order as agent tokens:
+    /// shape, signature, `iss`/`aud`/`sub`/`exp`/`scope`, then time.
+    pub fn verify(&self, bearer_token: &str, now: i64) -> Result<OperatorClaims, TokenError> {
+        let parsed = jwt::parse(bearer_token)?;
+        self.keys.verify(
+            &parsed.alg,
+            parsed.kid.as_deref(),
+            parsed.signing_input,
+            parsed.signature_b64,
+        )?;
+        let claims = &parsed.claims;
+        if let Some(issuer) = &self.issuer {
+            check_issuer(claims, issuer)?;
+        }
+        // The audience is what keeps an agent token (signed by the same key, perhaps) out of the control API.
+        check_audience(claims, &self.audience)?;
+        let sub = required_string(claims, "sub")?;
+        let exp = required_seconds(claims, "exp")?;
+        let nbf = optional_seconds(claims, "nbf")?;
+        let scopes = match claims.get("scope") {
+            None => Vec::new(),
+            Some(Value::String(list)) => list
+                .split(' ')
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Some(_) => {
+                return Err(TokenError::Invalid(
+                    "token claim `scope` is not a space-separated string".to_owned(),
+                ))
+            }
+        };
+        check_time(exp, nbf, now, self.leeway_secs)?;
+        Ok(OperatorClaims { sub, scopes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::test_support::{ed25519_key_entry, sign_ed};
+    use crate::token::{AgentTokenConfig, AgentTokenVerifier};
+    use serde_json::json;
+
+    fn verifier_with(public_pem: &str) -> OperatorVerifier {
+        let cfg = OperatorAuthConfig {
+            keys: vec![ed25519_key_entry(public_pem, None)],
+            ..OperatorAuthConfig::default()
+        };
+        OperatorVerifier::new(&cfg, Path::new("/")).expect("operator verifier")
+    }
+
+    #[test]
+    fn default_audience_is_sealgate_operators() {
+        assert_eq!(OperatorAuthConfig::default().audience, "sealgate-operators");
+        let parsed: OperatorAuthConfig = serde_json::from_value(json!({})).expect("defaults");
+        assert_eq!(parsed, OperatorAuthConfig::default());
+        assert!(serde_json::from_value::<OperatorAuthConfig>(json!({"audiense": "x"})).is_err());
+    }
+
+    #[test]
+    fn scopes_are_split_on_spaces_and_admin_allows_everything() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let verifier = verifier_with(&public_pem);
+        let token = sign_ed(
+            &private_pem,
+            json!({"sub": "ops", "aud": "sealgate-operators", "exp": 200,
+                   "scope": "seal.session.read  seal.audit.read other.scope"}),
+        );
+        let claims = verifier.verify(&token, 100).expect("valid");
+        assert_eq!(claims.sub, "ops");
+        assert_eq!(
+            claims.scopes,
+            ["seal.session.read", "seal.audit.read", "other.scope"]
+        );
+        assert!(claims.allows(scopes::SESSION_READ));
+        assert!(claims.allows(scopes::AUDIT_READ));
+        assert!(!claims.allows(scopes::SESSION_CREATE));
+        assert!(!claims.allows("seal.session"));
+
+        let admin = sign_ed(
+            &private_pem,
+            json!({"sub": "root", "aud": ["x", "sealgate-operators"], "exp": 200, "scope": "seal.admin"}),
+        );
+        let claims = verifier.verify(&admin, 100).expect("valid");
+        for scope in [
+            scopes::SESSION_CREATE,
+            scopes::CLAIM_RESOLVE,
+            scopes::CONTEXT_WRITE,
+        ] {
+            assert!(claims.allows(scope));
+        }
+    }
+
+    #[test]
+    fn missing_scope_is_a_valid_token_that_allows_nothing() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let token = sign_ed(
+            &private_pem,
+            json!({"sub": "ops", "aud": "sealgate-operators", "exp": 200}),
+        );
+        let claims = verifier_with(&public_pem)
+            .verify(&token, 100)
+            .expect("valid");
+        assert!(claims.scopes.is_empty());
+        assert!(!claims.allows(scopes::SESSION_READ));
+    }
+
+    #[test]
+    fn operator_claims_are_required_and_typed() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let verifier = verifier_with(&public_pem);
+        let cases = [
+            (json!({"aud": "sealgate-operators", "exp": 200}), "`sub`"),
+            (json!({"sub": "o", "aud": "sealgate-operators"}), "`exp`"),
+            (json!({"sub": "o", "exp": 200}), "`aud`"),
+            (
+                json!({"sub": "o", "aud": "sealgate-agents", "exp": 200}),
+                "audience",
+            ),
+            (
+                json!({"sub": "o", "aud": "sealgate-operators", "exp": 200, "scope": ["seal.admin"]}),
+                "`scope`",
+            ),
+        ];
+        for (claims, expected) in cases {
+            match verifier.verify(&sign_ed(&private_pem, claims.clone()), 100) {
+                Err(TokenError::Invalid(message)) => {
+                    assert!(message.contains(expected), "{claims}: {message}")
+                }
+                other => panic!("{claims}: expected Invalid, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn operator_tokens_expire_and_honour_nbf() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let verifier = verifier_with(&public_pem);
+        let token = sign_ed(
+            &private_pem,
+            json!({"sub": "o", "aud": "sealgate-operators", "exp": 200, "nbf": 150}),
+        );
+        assert!(matches!(
+            verifier.verify(&token, 200),
+            Err(TokenError::Expired(_))
+        ));
+        assert!(matches!(
+            verifier.verify(&token, 149),
+            Err(TokenError::Expired(_))
+        ));
+        assert!(verifier.verify(&token, 150).is_ok());
+    }
+
+    #[test]
+    fn agent_token_is_never_an_operator_token_even_with_a_shared_key() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let operators = verifier_with(&public_pem);
+        let agents = AgentTokenVerifier::new(
+            &AgentTokenConfig {
+                audience: Some("sealgate-agents".into()),
+                keys: vec![ed25519_key_entry(&public_pem, None)],
+                ..AgentTokenConfig::default()
+            },
+            Path::new("/"),
+        )
+        .expect("agent verifier");
+        let agent_token = sign_ed(
+            &private_pem,
+            json!({"sub": "agent-7", "scp": "rt", "exec_id": "e", "jti": "j", "iat": 1, "exp": 200,
+                   "aud": "sealgate-agents", "scope": "seal.admin"}),
+        );
+        assert!(agents.verify(&agent_token, 100).is_ok());
+        assert!(matches!(
+            operators.verify(&agent_token, 100),
+            Err(TokenError::Invalid(_))
+        ));
+        // And without any aud the operator verifier refuses it too.
+        let no_aud = sign_ed(
+            &private_pem,
+            json!({"sub": "agent-7", "scp": "rt", "exec_id": "e", "jti": "j", "iat": 1, "exp": 200, "scope": "seal.admin"}),
+        );
+        assert!(matches!(
+            operators.verify(&no_aud, 100),
+            Err(TokenError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn operator_issuer_is_checked_when_configured() {
+        let (private_pem, public_pem) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let cfg = OperatorAuthConfig {
+            issuer: Some("idp".into()),
+            keys: vec![ed25519_key_entry(&public_pem, None)],
+            ..OperatorAuthConfig::default()
+        };
+        let verifier = OperatorVerifier::new(&cfg, Path::new("/")).expect("verifier");
+        let base = json!({"sub": "o", "aud": "sealgate-operators", "exp": 200});
+        let mut good = base.clone();
+        good["iss"] = json!("idp");
+        let mut bad = base.clone();
+        bad["iss"] = json!("evil");
+        assert!(verifier.verify(&sign_ed(&private_pem, good), 100).is_ok());
+        assert!(matches!(
+            verifier.verify(&sign_ed(&private_pem, bad), 100),
+            Err(TokenError::Invalid(_))
+        ));
+        assert!(matches!(
+            verifier.verify(&sign_ed(&private_pem, base), 100),
+            Err(TokenError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn no_keys_refuses_everything_and_empty_audience_is_a_config_error() {
+        let verifier =
+            OperatorVerifier::new(&OperatorAuthConfig::default(), Path::new("/")).expect("empty");
+        assert_eq!(verifier.key_count(), 0);
+        let (private_pem, _) = crate::token::ed25519_keypair_pem().expect("keypair");
+        let token = sign_ed(
+            &private_pem,
+            json!({"sub": "o", "aud": "sealgate-operators", "exp": 200}),
+        );
+        assert!(matches!(
+            verifier.verify(&token, 100),
+            Err(TokenError::Invalid(_))
+        ));
+        let cfg = OperatorAuthConfig {
+            audience: String::new(),
+            ..OperatorAuthConfig::default()
+        };
+        assert!(OperatorVerifier::new(&cfg, Path::new("/")).is_err());
+    }
+}
