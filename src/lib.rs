@@ -1,7 +1,10 @@
 //! sealgate: a security gateway for AI agent tool calls (see README.md and SPEC.md).
 pub mod audit;
+pub mod claim;
 pub mod clock;
 pub mod envelope;
 pub mod error;
+pub mod policy;
+pub mod session;
 pub mod store;
 pub mod token;

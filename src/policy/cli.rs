@@ -1,0 +1,91 @@
+//! `sealgate policy check [DIR]` and `sealgate policy explain`: the operator's offline view of the same
+//! loading and decision code the gateway runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::{json, Map, Value};
+
+use super::{decide, load_dir, Decision, Pattern, SecurityContext};
+use crate::error::Code;
+
+pub enum PolicyCommand {
+    Check { dir: PathBuf },
+    Explain { context: String, tool: String, args: String, policies: PathBuf },
+}
+
+/// The decision a call would get, with its code and the rule that decided (shared with the API).
+pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Value>) -> Value {
+    let any = [Pattern::parse("*").expect("`*` is a valid pattern")];
+    let mut answer = match decide(Some(context), &any, tool, arguments) {
+        Decision::Allow { capability, rule } => json!({"decision": "allow", "rule": rule, "capability": capability}),
+        Decision::Deny { code, rule, message } => json!({
+            "decision": "deny", "code": code, "name": Code::from_number(code).map(Code::name),
+            "message": message, "rule": rule,
+        }),
+    };
+    answer["context"] = json!(context.spec.name);
+    answer["context_version"] = json!(context.version);
+    answer
+}
+
+pub fn run(command: PolicyCommand) -> ExitCode {
+    match command {
+        PolicyCommand::Check { dir } => match load_dir(&dir) {
+            Ok(contexts) => {
+                for context in &contexts {
+                    println!("ok  {}  (version {})", context.spec.name, context.version);
+                }
+                println!("{} security context(s) valid in {}", contexts.len(), dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("invalid: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        PolicyCommand::Explain { context, tool, args, policies } => {
+            let arguments: Map<String, Value> = match serde_json::from_str(&args) {
+                Ok(Value::Object(map)) => map,
+                _ => {
+                    eprintln!("--args must be a JSON object");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if let Err(e) = crate::envelope::ToolName::parse(&tool) {
+                eprintln!("--tool: {e}");
+                return ExitCode::FAILURE;
+            }
+            let contexts = match load_dir(&policies) {
+                Ok(contexts) => contexts,
+                Err(e) => {
+                    eprintln!("invalid: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let Some(found) = contexts.iter().find(|c| c.spec.name == context) else {
+                eprintln!("no security context {context:?} in {}", policies.display());
+                return ExitCode::FAILURE;
+            };
+            let answer = explain(found, &tool, &arguments);
+            let rule = &answer["rule"];
+            let rule_text = format!(
+                "{} #{} {}",
+                rule["kind"].as_str().unwrap_or("?"),
+                rule["index"],
+                rule["pattern"].as_str().unwrap_or("-")
+            );
+            match answer["decision"].as_str() {
+                Some("allow") => println!("allow  rule: {rule_text}"),
+                _ => println!(
+                    "deny  code: {} {}  rule: {rule_text}\n{}",
+                    answer["code"],
+                    answer["name"].as_str().unwrap_or("?"),
+                    answer["message"].as_str().unwrap_or("")
+                ),
+            }
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+    }
+}

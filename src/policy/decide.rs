@@ -1,0 +1,441 @@
+//! The policy decision of SPEC 6.3, steps 1–4: session patterns, context, deny list, then the first
+//! matching capability with its path, command and domain checks, in that order.
+//!
+//! Rate limits (2005) and budgets (2008) need the store, so the pipeline applies them after an
+//! `Allow`, reading the capability that `Allow` names.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::model::SecurityContext;
+use super::pattern::Pattern;
+
+pub const CODE_TOOL_NOT_ALLOWED: u16 = 2000;
+pub const CODE_TOOL_DENIED: u16 = 2001;
+pub const CODE_PATH_NOT_ALLOWED: u16 = 2002;
+pub const CODE_COMMAND_NOT_ALLOWED: u16 = 2003;
+pub const CODE_DOMAIN_NOT_ALLOWED: u16 = 2004;
+pub const CODE_NO_MATCHING_CAPABILITY: u16 = 2006;
+
+/// Which part of the policy decided (audit `rule`, SPEC 9.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    DenyList,
+    Capability,
+    NoMatch,
+    SessionPatterns,
+}
+
+/// The rule that decided: its kind, its index in the context's list and its pattern, when any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    pub kind: RuleKind,
+    pub index: Option<usize>,
+    pub pattern: Option<String>,
+}
+
+impl Rule {
+    fn without_position(kind: RuleKind) -> Rule {
+        Rule {
+            kind,
+            index: None,
+            pattern: None,
+        }
+    }
+
+    fn at(kind: RuleKind, index: usize, pattern: &Pattern) -> Rule {
+        Rule {
+            kind,
+            index: Some(index),
+            pattern: Some(pattern.as_str().to_owned()),
+        }
+    }
+}
+
+/// The outcome of `decide`. A refusal always carries its SPEC code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Allowed by `capabilities[capability]` (rate limit and budget still to apply).
+    Allow { capability: usize, rule: Rule },
+    Deny {
+        code: u16,
+        rule: Rule,
+        message: String,
+    },
+}
+
+impl Decision {
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Decision::Allow { .. })
+    }
+
+    /// The SPEC code of a refusal; `None` for `Allow`.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Decision::Allow { .. } => None,
+            Decision::Deny { code, .. } => Some(*code),
+        }
+    }
+
+    pub fn rule(&self) -> &Rule {
+        match self {
+            Decision::Allow { rule, .. } | Decision::Deny { rule, .. } => rule,
+        }
+    }
+}
+
+fn deny(code: u16, rule: Rule, message: String) -> Decision {
+    Decision::Deny {
+        code,
+        rule,
+        message,
+    }
+}
+
+/// Decides a `tools/call` of `tool` with `arguments`. `ctx` is the one version of the context that
+/// this decision uses (`None` when the session's context does not exist); `session_patterns` are
+/// the session's `allowed_tool_patterns` (the caller passes `*` when the session named none; an
+/// empty list allows nothing).
+pub fn decide(
+    ctx: Option<&SecurityContext>,
+    session_patterns: &[Pattern],
+    tool: &str,
+    arguments: &Map<String, Value>,
+) -> Decision {
+    // Patterns never match an invalid tool name, so such a name stops here.
+    if !session_patterns.iter().any(|pattern| pattern.matches(tool)) {
+        return deny(
+            CODE_TOOL_NOT_ALLOWED,
+            Rule::without_position(RuleKind::SessionPatterns),
+            format!("tool {tool:?} is not allowed for this session"),
+        );
+    }
+    let Some(ctx) = ctx else {
+        return deny(
+            CODE_TOOL_NOT_ALLOWED,
+            Rule::without_position(RuleKind::NoMatch),
+            "the session's security context does not exist".to_owned(),
+        );
+    };
+    if let Some((index, pattern)) = ctx
+        .deny
+        .iter()
+        .enumerate()
+        .find(|(_, pattern)| pattern.matches(tool))
+    {
+        return deny(
+            CODE_TOOL_DENIED,
+            Rule::at(RuleKind::DenyList, index, pattern),
+            format!("tool {tool:?} is on the deny list ({pattern})"),
+        );
+    }
+    // The first capability that matches owns the decision, even if a later one would allow.
+    let Some((index, capability)) = ctx
+        .capabilities
+        .iter()
+        .enumerate()
+        .find(|(_, capability)| capability.pattern.matches(tool))
+    else {
+        return deny(
+            CODE_NO_MATCHING_CAPABILITY,
+            Rule::without_position(RuleKind::NoMatch),
+            format!(
+                "no capability of context {:?} matches tool {tool:?}",
+                ctx.name()
+            ),
+        );
+    };
+    let rule = Rule::at(RuleKind::Capability, index, &capability.pattern);
+    if let Some(paths) = &capability.paths {
+        if let Err(reason) = paths.check(arguments) {
+            return deny(CODE_PATH_NOT_ALLOWED, rule, reason);
+        }
+    }
+    if let Some(commands) = &capability.commands {
+        if let Err(reason) = commands.check(arguments) {
+            return deny(CODE_COMMAND_NOT_ALLOWED, rule, reason);
+        }
+    }
+    if let Some(domains) = &capability.domains {
+        if let Err(reason) = domains.check(arguments) {
+            return deny(CODE_DOMAIN_NOT_ALLOWED, rule, reason);
+        }
+    }
+    Decision::Allow {
+        capability: index,
+        rule,
+    }
+}
+
+/// Whether some call of `tool` could be allowed, for `tools/list` filtering: session patterns, deny
+/// list and capability patterns apply; argument checks cannot apply before a call.
+pub fn could_allow(
+    ctx: Option<&SecurityContext>,
+    session_patterns: &[Pattern],
+    tool: &str,
+) -> bool {
+    let Some(ctx) = ctx else { return false };
+    session_patterns.iter().any(|pattern| pattern.matches(tool))
+        && !ctx.deny.iter().any(|pattern| pattern.matches(tool))
+        && ctx
+            .capabilities
+            .iter()
+            .any(|capability| capability.pattern.matches(tool))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::policy::load::parse_context_yaml;
+
+    const CONTEXT: &str = "\
+name: t
+deny_list: [\"fs.delete\", \"secrets.*\"]
+capabilities:
+  - tool_pattern: \"fs.read_file\"
+    path_allowlist: [\"/workspace\"]
+  - tool_pattern: \"fs.*\"
+    path_allowlist: [\"/\"]
+  - tool_pattern: \"cmd.run\"
+    path_allowlist: [\"/workspace\"]
+    command_allowlist: [\"git\"]
+  - tool_pattern: \"web.fetch\"
+    domain_allowlist: [\"example.com\"]
+  - tool_pattern: \"*\"
+    path_allowlist: [\"/tmp\"]
+";
+
+    fn context() -> SecurityContext {
+        match parse_context_yaml(CONTEXT, Path::new("t.yaml")) {
+            Ok(context) => context,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    fn patterns(texts: &[&str]) -> Vec<Pattern> {
+        texts
+            .iter()
+            .filter_map(|text| Pattern::parse(text).ok())
+            .collect()
+    }
+
+    fn args(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        }
+    }
+
+    fn outcome(decision: &Decision) -> (Option<u16>, RuleKind, Option<usize>) {
+        (decision.code(), decision.rule().kind, decision.rule().index)
+    }
+
+    #[test]
+    fn session_patterns_come_before_everything() {
+        let ctx = context();
+        // fs.delete is on the deny list, but the session pattern refuses it first.
+        let decision = decide(Some(&ctx), &patterns(&["web.*"]), "fs.delete", &Map::new());
+        assert_eq!(
+            outcome(&decision),
+            (Some(2000), RuleKind::SessionPatterns, None)
+        );
+        // Even with no context at all.
+        let decision = decide(None, &patterns(&["web.*"]), "fs.delete", &Map::new());
+        assert_eq!(
+            outcome(&decision),
+            (Some(2000), RuleKind::SessionPatterns, None)
+        );
+        // An empty pattern list allows nothing.
+        let decision = decide(Some(&ctx), &[], "web.fetch", &Map::new());
+        assert_eq!(decision.code(), Some(2000));
+    }
+
+    #[test]
+    fn missing_context_is_2000() {
+        let decision = decide(None, &patterns(&["*"]), "fs.read_file", &Map::new());
+        assert_eq!(outcome(&decision), (Some(2000), RuleKind::NoMatch, None));
+    }
+
+    #[test]
+    fn deny_list_comes_before_capabilities() {
+        let ctx = context();
+        let decision = decide(Some(&ctx), &patterns(&["*"]), "secrets.get", &Map::new());
+        assert_eq!(
+            outcome(&decision),
+            (Some(2001), RuleKind::DenyList, Some(1))
+        );
+        assert_eq!(decision.rule().pattern.as_deref(), Some("secrets.*"));
+        // fs.delete would be allowed by capabilities[1] (`fs.*` under `/`), but the deny list wins.
+        let decision = decide(
+            Some(&ctx),
+            &patterns(&["*"]),
+            "fs.delete",
+            &args(serde_json::json!({"path": "/workspace/a"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2001), RuleKind::DenyList, Some(0))
+        );
+    }
+
+    #[test]
+    fn first_matching_capability_owns_the_decision() {
+        let ctx = context();
+        let all = patterns(&["*"]);
+        // capabilities[1] (`fs.*` under `/`) would allow /etc/passwd, but capabilities[0] matches first.
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "fs.read_file",
+            &args(serde_json::json!({"path": "/etc/passwd"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2002), RuleKind::Capability, Some(0))
+        );
+        assert_eq!(decision.rule().pattern.as_deref(), Some("fs.read_file"));
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "fs.read_file",
+            &args(serde_json::json!({"path": "/workspace/a.txt"})),
+        );
+        assert_eq!(
+            decision,
+            Decision::Allow {
+                capability: 0,
+                rule: Rule {
+                    kind: RuleKind::Capability,
+                    index: Some(0),
+                    pattern: Some("fs.read_file".into())
+                }
+            }
+        );
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "fs.write_file",
+            &args(serde_json::json!({"path": "/etc/passwd"})),
+        );
+        assert_eq!(outcome(&decision), (None, RuleKind::Capability, Some(1)));
+    }
+
+    #[test]
+    fn checks_run_paths_then_commands_then_domains() {
+        let ctx = context();
+        let all = patterns(&["*"]);
+        // Both the path and the command are wrong: the path check reports first.
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "cmd.run",
+            &args(serde_json::json!({"cwd": "/etc", "command": "rm -rf /"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2002), RuleKind::Capability, Some(2))
+        );
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "cmd.run",
+            &args(serde_json::json!({"cwd": "/workspace", "command": "rm -rf /"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2003), RuleKind::Capability, Some(2))
+        );
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "cmd.run",
+            &args(serde_json::json!({"cwd": "/workspace", "command": "git status"})),
+        );
+        assert!(decision.is_allow());
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "web.fetch",
+            &args(serde_json::json!({"url": "https://evil.test/"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2004), RuleKind::Capability, Some(3))
+        );
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "web.fetch",
+            &args(serde_json::json!({"url": "https://example.com/a"})),
+        );
+        assert!(decision.is_allow());
+    }
+
+    #[test]
+    fn no_matching_capability_is_2006() {
+        let ctx = match parse_context_yaml(
+            "name: n\ncapabilities: [{tool_pattern: \"fs.*\"}]\n",
+            Path::new("n.yaml"),
+        ) {
+            Ok(ctx) => ctx,
+            Err(error) => panic!("{error}"),
+        };
+        let decision = decide(Some(&ctx), &patterns(&["*"]), "fsx.read", &Map::new());
+        assert_eq!(outcome(&decision), (Some(2006), RuleKind::NoMatch, None));
+        let decision = decide(Some(&ctx), &patterns(&["*"]), "fs", &Map::new());
+        assert_eq!(decision.code(), Some(2006));
+    }
+
+    #[test]
+    fn invalid_tool_names_are_refused() {
+        let ctx = context();
+        for tool in ["", "fs.", "fs..read_file", "fs read", "*"] {
+            let decision = decide(Some(&ctx), &patterns(&["*"]), tool, &Map::new());
+            assert_eq!(decision.code(), Some(2000), "{tool:?}");
+            assert!(!could_allow(Some(&ctx), &patterns(&["*"]), tool));
+        }
+    }
+
+    #[test]
+    fn could_allow_applies_patterns_only() {
+        let ctx = context();
+        let all = patterns(&["*"]);
+        assert!(could_allow(Some(&ctx), &all, "fs.read_file"));
+        assert!(could_allow(Some(&ctx), &all, "anything.else"));
+        assert!(!could_allow(Some(&ctx), &all, "fs.delete"));
+        assert!(!could_allow(
+            Some(&ctx),
+            &patterns(&["web.*"]),
+            "fs.read_file"
+        ));
+        assert!(!could_allow(None, &all, "fs.read_file"));
+        let narrow = match parse_context_yaml(
+            "name: n\ncapabilities: [{tool_pattern: \"fs.*\"}]\n",
+            Path::new("n.yaml"),
+        ) {
+            Ok(ctx) => ctx,
+            Err(error) => panic!("{error}"),
+        };
+        assert!(!could_allow(Some(&narrow), &all, "web.fetch"));
+    }
+
+    #[test]
+    fn decision_serialises_for_audit_and_explain() {
+        let ctx = context();
+        let decision = decide(Some(&ctx), &patterns(&["*"]), "secrets.get", &Map::new());
+        let json = serde_json::to_value(&decision).ok();
+        assert_eq!(
+            json.as_ref()
+                .map(|j| (&j["decision"], &j["code"], &j["rule"])),
+            Some((
+                &serde_json::json!("deny"),
+                &serde_json::json!(2001),
+                &serde_json::json!({"kind": "deny_list", "index": 1, "pattern": "secrets.*"})
+            ))
+        );
+    }
+}

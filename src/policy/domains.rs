@@ -1,0 +1,497 @@
+//! The `domain_allowlist` check of a capability (SPEC 6.3, **domains**; a violation is code 2004).
+//!
+//! URLs are parsed by the WHATWG URL Standard (the `url` crate), so the host checked is the host a
+//! browser-grade client would connect to: IDNA mapped to ASCII, lower-cased, numeric IPv4 forms
+//! such as `0x7f.1` read as addresses, userinfo split off at the last `@`, `\` read as `/`.
+//! Because a tool's own HTTP client may parse differently, values that parsers are known to
+//! disagree on are refused before parsing: control characters anywhere (WHATWG silently strips
+//! tabs and newlines), leading or trailing whitespace (WHATWG trims it), backslashes, userinfo
+//! that itself held an `@`, and host names with characters other than letters, digits, `-`, `_`.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv6Addr};
+
+use serde_json::{Map, Value};
+use url::{Host, Url};
+
+use super::paths::{excerpt, json_type};
+
+/// Argument keys whose values are URLs (SPEC 6.3).
+pub const URL_ARGUMENTS: &[&str] = &["url", "uri", "urls"];
+
+/// A compiled `domain_allowlist`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainRule {
+    /// Host names in ASCII, lower case, without a trailing dot.
+    exact_hosts: BTreeSet<String>,
+    /// `*.example.com` stored as `.example.com`: a host matches when it ends with it and is longer,
+    /// so the dot guarantees a label boundary (`evilexample.com` never matches).
+    wildcard_suffixes: Vec<String>,
+    /// IP literals, matched only by an equal parsed address.
+    addresses: Vec<IpAddr>,
+}
+
+/// One allowlist entry after validation.
+enum Entry {
+    Host(String),
+    Wildcard(String),
+    Address(IpAddr),
+}
+
+impl DomainRule {
+    /// Compiles the rule once, at policy load. Entries are host names, `*.` wildcards over a name
+    /// of at least two labels, or IP literals (IPv6 with or without brackets); anything carrying
+    /// a scheme, port, path or userinfo is refused, as is `*` alone.
+    pub fn new(domain_allowlist: &[String]) -> Result<DomainRule, String> {
+        if domain_allowlist.is_empty() {
+            return Err("empty domain_allowlist would allow nothing".to_string());
+        }
+        let mut rule = DomainRule {
+            exact_hosts: BTreeSet::new(),
+            wildcard_suffixes: Vec::new(),
+            addresses: Vec::new(),
+        };
+        for entry in domain_allowlist {
+            let parsed = parse_entry(entry).map_err(|problem| {
+                format!("domain_allowlist entry {}: {problem}", excerpt(entry))
+            })?;
+            match parsed {
+                Entry::Host(host) => {
+                    rule.exact_hosts.insert(host);
+                }
+                Entry::Wildcard(suffix) => {
+                    if !rule.wildcard_suffixes.contains(&suffix) {
+                        rule.wildcard_suffixes.push(suffix);
+                    }
+                }
+                Entry::Address(address) => {
+                    if !rule.addresses.contains(&address) {
+                        rule.addresses.push(address);
+                    }
+                }
+            }
+        }
+        Ok(rule)
+    }
+
+    /// Checks every URL-valued argument of one call.
+    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
+        for key in URL_ARGUMENTS {
+            match arguments.get(*key) {
+                None => {}
+                Some(Value::String(url)) => self
+                    .check_one(url)
+                    .map_err(|problem| format!("argument {key:?}: {} {problem}", excerpt(url)))?,
+                Some(Value::Array(items)) => {
+                    for (index, item) in items.iter().enumerate() {
+                        match item {
+                            Value::String(url) => self.check_one(url).map_err(|problem| {
+                                format!("argument {key:?}[{index}]: {} {problem}", excerpt(url))
+                            })?,
+                            other => {
+                                return Err(format!(
+                                    "argument {key:?}[{index}]: expected a URL string, got {}",
+                                    json_type(other)
+                                ))
+                            }
+                        }
+                    }
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "argument {key:?}: expected a URL string or an array of them, got {}",
+                        json_type(other)
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_one(&self, value: &str) -> Result<(), String> {
+        if value.chars().any(char::is_control) {
+            return Err("contains a control character".to_string());
+        }
+        if value.starts_with(char::is_whitespace) || value.ends_with(char::is_whitespace) {
+            return Err("has leading or trailing whitespace".to_string());
+        }
+        if value.contains('\\') {
+            return Err("contains a backslash".to_string());
+        }
+        let url =
+            Url::parse(value).map_err(|problem| format!("is not an absolute URL ({problem})"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "has scheme {} (only http and https)",
+                excerpt(url.scheme())
+            ));
+        }
+        // WHATWG percent-encodes every `@` but the last; a client splitting at the first `@`
+        // would connect to a different host than the one checked here.
+        if url.username().contains("%40") || url.password().is_some_and(|p| p.contains("%40")) {
+            return Err("has an '@' inside its userinfo".to_string());
+        }
+        let allowed = match url.host() {
+            None => return Err("has no host".to_string()),
+            Some(Host::Ipv4(address)) => self.addresses.contains(&IpAddr::V4(address)),
+            Some(Host::Ipv6(address)) => self.addresses.contains(&IpAddr::V6(address)),
+            Some(Host::Domain(host)) => {
+                let host = host.strip_suffix('.').unwrap_or(host);
+                if !is_plain_host_name(host) {
+                    return Err(
+                        "has an empty label or an unusual character in its host".to_string()
+                    );
+                }
+                self.allows_host(host)
+            }
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "has host {} which is not in domain_allowlist",
+                excerpt(url.host_str().unwrap_or_default())
+            ))
+        }
+    }
+
+    /// `host`: ASCII, lower case, no trailing dot.
+    fn allows_host(&self, host: &str) -> bool {
+        self.exact_hosts.contains(host)
+            || self
+                .wildcard_suffixes
+                .iter()
+                .any(|suffix| host.len() > suffix.len() && host.ends_with(suffix.as_str()))
+    }
+}
+
+fn parse_entry(entry: &str) -> Result<Entry, String> {
+    if entry.is_empty() {
+        return Err("is empty".to_string());
+    }
+    if entry.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace or a control character".to_string());
+    }
+    if entry == "*" {
+        return Err("'*' would allow every host".to_string());
+    }
+    if let Ok(address) = entry.parse::<IpAddr>() {
+        return Ok(Entry::Address(address));
+    }
+    if let Some(inner) = entry.strip_prefix('[').and_then(|e| e.strip_suffix(']')) {
+        return inner
+            .parse::<Ipv6Addr>()
+            .map(|address| Entry::Address(IpAddr::V6(address)))
+            .map_err(|_| "is not an IPv6 address".to_string());
+    }
+    if entry.contains(['/', '\\', ':', '@', '?', '#', '%', '[', ']']) {
+        return Err("must be a bare host name (no scheme, port, path or userinfo)".to_string());
+    }
+    if let Some(suffix) = entry.strip_prefix("*.") {
+        if suffix.contains('*') {
+            return Err("may hold '*' only as its first label".to_string());
+        }
+        return match parse_host(suffix)? {
+            // `*.internal` is a legitimate entry, so a single-label suffix is allowed (SPEC 6.3 forms).
+            Entry::Host(name) => Ok(Entry::Wildcard(format!(".{name}"))),
+            _ => Err("wildcard over an IP address".to_string()),
+        };
+    }
+    if entry.contains('*') {
+        return Err("may hold '*' only as a leading '*.'".to_string());
+    }
+    parse_host(entry)
+}
+
+/// Normalises a host the way URL parsing does (IDNA to ASCII, lower case, IPv4 forms), then drops
+/// one trailing dot.
+fn parse_host(input: &str) -> Result<Entry, String> {
+    match Host::parse(input).map_err(|problem| format!("is not a valid host ({problem})"))? {
+        Host::Domain(name) => {
+            let name = name.strip_suffix('.').unwrap_or(&name);
+            if is_plain_host_name(name) {
+                Ok(Entry::Host(name.to_string()))
+            } else {
+                Err(
+                    "has an empty label or a character other than letters, digits, '-' and '_'"
+                        .to_string(),
+                )
+            }
+        }
+        Host::Ipv4(address) => Ok(Entry::Address(IpAddr::V4(address))),
+        Host::Ipv6(address) => Ok(Entry::Address(IpAddr::V6(address))),
+    }
+}
+
+/// Host names after IDNA: non-empty labels of letters, digits, `-` and `_`. WHATWG lets through
+/// characters such as `,` `;` `*` `!` that other URL parsers may take as the end of the host.
+fn is_plain_host_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(entries: &[&str]) -> DomainRule {
+        let entries: Vec<String> = entries.iter().map(|entry| entry.to_string()).collect();
+        match DomainRule::new(&entries) {
+            Ok(rule) => rule,
+            Err(problem) => panic!("test allowlist {entries:?} refused: {problem}"),
+        }
+    }
+
+    fn args(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("test arguments must be an object, got {other}"),
+        }
+    }
+
+    fn url_allowed(rule: &DomainRule, url: &str) -> bool {
+        rule.check(&args(json!({ "url": url }))).is_ok()
+    }
+
+    #[test]
+    fn exact_hosts() {
+        let example = rule(&["example.com"]);
+        for allowed in [
+            "https://example.com",
+            "https://example.com/",
+            "http://example.com/a?b=c#d",
+            "HTTPS://EXAMPLE.COM/Path",
+            "https://example.com./",
+            "https://example.com:8443/",
+            "https://user:pass@example.com/",
+            "https://evil.test@example.com/",
+            "https://example.com#@evil.test",
+            "https://example.com?@evil.test",
+            "https://exa%6Dple.com/",
+            "https://example\u{3002}com/",
+            "https:example.com",
+            "http:///example.com",
+        ] {
+            assert!(url_allowed(&example, allowed), "{allowed:?} refused");
+        }
+        for refused in [
+            "https://evilexample.com/",
+            "https://example.com.evil.test/",
+            "https://www.example.com/",
+            "https://example.co/",
+            "https://example.com@evil.test/",
+            "https://example.com:443@evil.test/",
+            "https://a@evil.test@example.com/",
+            "https://example.com\\@evil.test/",
+            "https://evil.test\\@example.com/",
+            "https://exаmple.com/",
+            "https://example.com../",
+            "ftp://example.com/",
+            "file:///etc/passwd",
+            "javascript:alert(1)",
+            "data:text/html,hi",
+            "ws://example.com/",
+            "//example.com/x",
+            "example.com",
+            "/path",
+            "",
+            " https://example.com",
+            "https://example.com ",
+            "https://exa\tmple.com/",
+            "https://example.com/\n",
+            "\u{0}https://example.com",
+            "https://",
+            "https:///",
+            "https://:443/",
+            "https://[::1]/",
+            "http://127.0.0.1/",
+        ] {
+            assert!(!url_allowed(&example, refused), "{refused:?} allowed");
+        }
+    }
+
+    #[test]
+    fn wildcards_match_subdomains_only() {
+        let github = rule(&["*.github.com"]);
+        for allowed in [
+            "https://api.github.com/",
+            "https://a.b.github.com/",
+            "https://API.GitHub.com./x",
+            "https://my_service.github.com/",
+            "https://x-1.github.com/",
+        ] {
+            assert!(url_allowed(&github, allowed), "{allowed:?} refused");
+        }
+        for refused in [
+            "https://github.com/",
+            "https://evilgithub.com/",
+            "https://github.com.evil.test/",
+            "https://api.github.com.evil.test/",
+            "https://.github.com/",
+            "https://a..github.com/",
+            "https://*.github.com/",
+            "https://evil.test,api.github.com/",
+            "https://evil.test;api.github.com/",
+            "https://evil.test!.github.com/",
+        ] {
+            assert!(!url_allowed(&github, refused), "{refused:?} allowed");
+        }
+    }
+
+    #[test]
+    fn internationalised_names_compare_in_ascii() {
+        let unicode_entry = rule(&["bücher.example"]);
+        let ascii_entry = rule(&["xn--bcher-kva.example"]);
+        for check in [&unicode_entry, &ascii_entry] {
+            assert!(url_allowed(check, "https://bücher.example/"));
+            assert!(url_allowed(check, "https://BÜCHER.example/"));
+            assert!(url_allowed(check, "https://xn--bcher-kva.example/"));
+            assert!(!url_allowed(check, "https://bucher.example/"));
+        }
+    }
+
+    #[test]
+    fn ip_hosts_match_equal_addresses_only() {
+        let loopback = rule(&["127.0.0.1", "::1"]);
+        for allowed in [
+            "http://127.0.0.1/",
+            "http://127.0.0.1:8080/",
+            "http://0x7f.1/",
+            "http://2130706433/",
+            "http://127.1/",
+            "http://[::1]/",
+            "http://[0:0:0:0:0:0:0:1]/",
+        ] {
+            assert!(url_allowed(&loopback, allowed), "{allowed:?} refused");
+        }
+        for refused in [
+            "http://127.0.0.2/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://localhost/",
+            "http://127.0.0.1.nip.io/",
+        ] {
+            assert!(!url_allowed(&loopback, refused), "{refused:?} allowed");
+        }
+        let bracketed = rule(&["[2001:db8::1]"]);
+        assert!(url_allowed(&bracketed, "https://[2001:DB8:0::1]/"));
+        let by_name = rule(&["example.com"]);
+        assert!(!url_allowed(&by_name, "http://93.184.216.34/"));
+    }
+
+    #[test]
+    fn entries_are_normalised() {
+        let upper = rule(&["EXAMPLE.com.", "*.Example.ORG", "0x7f.1"]);
+        assert!(url_allowed(&upper, "https://example.com/"));
+        assert!(url_allowed(&upper, "https://a.example.org/"));
+        assert!(url_allowed(&upper, "http://127.0.0.1/"));
+    }
+
+    #[test]
+    fn refuses_bad_entries() {
+        assert_eq!(
+            DomainRule::new(&[]),
+            Err("empty domain_allowlist would allow nothing".to_string())
+        );
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "*.*.example.com",
+            "**.example.com",
+            "*example.com",
+            "a.*.example.com",
+            "example.*",
+            "*.127.0.0.1",
+            "https://example.com",
+            "example.com/path",
+            "example.com:443",
+            "user@example.com",
+            "example.com?x",
+            "example.com#x",
+            "exa%6dple.com",
+            "example..com",
+            ".example.com",
+            "example.com..",
+            " example.com",
+            "exa mple.com",
+            "example.com\n",
+            "[example.com]",
+            "[::1",
+            "example\\com",
+            "exa,mple.com",
+            "example.com;",
+            "*.exa!mple.com",
+        ] {
+            assert!(
+                DomainRule::new(&[bad.to_string()]).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn argument_shapes() {
+        let example = rule(&["example.com"]);
+        let allowed = [
+            json!({}),
+            json!({ "href": "https://evil.test/" }),
+            json!({ "urls": [] }),
+            json!({ "urls": ["https://example.com/a", "http://example.com/b"] }),
+            json!({ "url": "https://example.com/", "uri": "https://example.com/x" }),
+        ];
+        for call in allowed {
+            assert!(example.check(&args(call.clone())).is_ok(), "{call} refused");
+        }
+        let refused = [
+            json!({ "uri": "https://evil.test/" }),
+            json!({ "urls": ["https://example.com/", "https://evil.test/"] }),
+            json!({ "url": "https://example.com/", "urls": "https://evil.test/" }),
+            json!({ "url": null }),
+            json!({ "url": 1 }),
+            json!({ "url": { "host": "example.com" } }),
+            json!({ "urls": ["https://example.com/", 1] }),
+            json!({ "urls": [["https://example.com/"]] }),
+        ];
+        for call in refused {
+            assert!(
+                example.check(&args(call.clone())).is_err(),
+                "{call} allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn error_messages() {
+        let example = rule(&["example.com"]);
+        let check = |call: Value| example.check(&args(call));
+        assert_eq!(
+            check(json!({ "url": "https://example.com@evil.test/" })),
+            Err(
+                "argument \"url\": \"https://example.com@evil.test/\" has host \"evil.test\" \
+                 which is not in domain_allowlist"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            check(json!({ "urls": ["ftp://example.com/"] })),
+            Err(
+                "argument \"urls\"[0]: \"ftp://example.com/\" has scheme \"ftp\" (only http and https)"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            check(json!({ "uri": "//example.com/" })),
+            Err(
+                "argument \"uri\": \"//example.com/\" is not an absolute URL \
+                 (relative URL without a base)"
+                    .to_string()
+            )
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! Security contexts and the policy decision (SPEC 6): the file model and its validation, loading
+//! and hot reload, tool patterns, the path/command/domain argument checks, and `decide()`, which
+//! returns a decision together with the rule that made it. Knows nothing about the store or HTTP.
+
+pub mod cli;
+pub mod commands;
+pub mod decide;
+pub mod domains;
+pub mod load;
+pub mod model;
+pub mod paths;
+pub mod pattern;
+pub mod rate;
+pub mod registry;
+
+pub use decide::{could_allow, decide, Decision, Rule, RuleKind};
+pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
+pub use model::{
+    Capability, CapabilitySpec, ClaimMode, ContextSource, RateLimit, SecurityContext,
+    SecurityContextSpec,
+};
+pub use pattern::{is_valid_tool_name, Pattern};
+pub use registry::{ContextRegistry, RegistryError, ReloadEvent, Snapshot, WatcherHandle};

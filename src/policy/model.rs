@@ -1,0 +1,661 @@
+//! The security-context model of SPEC 6.1: the file schema (`SecurityContextSpec`, what operators
+//! write and what the API returns) and its compiled, validated form (`SecurityContext`, what
+//! `decide` reads).
+//!
+//! Validation fails closed: unknown keys, bad patterns, explicit `null`s and empty allowlists are
+//! errors that name the field. A context with an empty `capabilities` list is valid (it allows
+//! nothing, which is a legitimate choice); an empty allowlist *inside* a capability is not, because
+//! it reads as "no restriction" or "nothing" depending on who reads it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::commands::CommandRule;
+use super::domains::DomainRule;
+use super::paths::PathRule;
+use super::pattern::Pattern;
+
+/// Longest context name, in bytes.
+pub const MAX_CONTEXT_NAME_BYTES: usize = 128;
+
+/// One security context as written in a policy file (and as returned by the API).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(
+    title = "sealgate security context",
+    description = "One security context per file in the policies folder (SPEC 6.1)."
+)]
+pub struct SecurityContextSpec {
+    /// Unique name; sessions refer to it. Letters, digits, '_', '-', '.', starting with a letter or digit.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    )]
+    pub name: String,
+    /// Free text for reviewers.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "String")]
+    pub description: Option<String>,
+    /// Tool patterns that are always refused (code 2001), checked before any capability.
+    #[serde(default)]
+    #[schemars(inner(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$")))]
+    pub deny_list: Vec<String>,
+    /// What the context allows; the first capability whose pattern matches decides. May be empty.
+    pub capabilities: Vec<CapabilitySpec>,
+}
+
+/// One capability: a tool pattern plus the checks that apply to the calls it matches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySpec {
+    /// `*`, `family.*` or an exact tool name.
+    #[schemars(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$"))]
+    pub tool_pattern: String,
+    /// Directories that path arguments must lie at or below (absolute).
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub path_allowlist: Option<Vec<String>>,
+    /// Argument keys that hold paths (default: path, paths, source, destination, file, directory, cwd).
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub path_arguments: Option<Vec<String>>,
+    /// Base commands that the `command` argument may start with.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub command_allowlist: Option<Vec<String>>,
+    /// Per base command, the subcommands allowed.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "BTreeMap<String, Vec<String>>", length(min = 1))]
+    pub subcommand_allowlist: Option<BTreeMap<String, Vec<String>>>,
+    /// Hosts that `url`/`uri`/`urls` arguments may name (`*.example.com` for subdomains).
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub domain_allowlist: Option<Vec<String>>,
+    /// At most `calls` allowed calls per `per_seconds`, per session.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "RateLimit")]
+    pub rate_limit: Option<RateLimit>,
+    /// Largest tool answer passed on, in bytes; larger answers get 2007.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "NonZeroU64")]
+    pub max_response_size: Option<NonZeroU64>,
+    /// Whether allowed calls take an exactly-once claim (SPEC 7.1).
+    #[serde(default)]
+    pub claim: ClaimMode,
+}
+
+/// `rate_limit: {calls, per_seconds}`; both at least 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub calls: NonZeroU32,
+    pub per_seconds: NonZeroU32,
+}
+
+/// SPEC 7.1: when a claim is taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimMode {
+    /// With the caller's idempotency key, or else one derived from the call.
+    #[default]
+    Auto,
+    /// Only when the caller gives an idempotency key.
+    Explicit,
+    /// Never.
+    Off,
+}
+
+impl ClaimMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimMode::Auto => "auto",
+            ClaimMode::Explicit => "explicit",
+            ClaimMode::Off => "off",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ClaimMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ClaimVisitor;
+        const EXPECTED: &str = "one of auto, explicit, off";
+
+        impl serde::de::Visitor<'_> for ClaimVisitor {
+            type Value = ClaimMode;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ClaimMode, E> {
+                match text {
+                    "auto" => Ok(ClaimMode::Auto),
+                    "explicit" => Ok(ClaimMode::Explicit),
+                    "off" => Ok(ClaimMode::Off),
+                    _ => Err(E::invalid_value(
+                        serde::de::Unexpected::Str(text),
+                        &EXPECTED,
+                    )),
+                }
+            }
+
+            // YAML 1.1 readers turn a bare `off` into false (SPEC 6.1); true has no meaning.
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<ClaimMode, E> {
+                if value {
+                    Err(E::invalid_value(
+                        serde::de::Unexpected::Bool(true),
+                        &EXPECTED,
+                    ))
+                } else {
+                    Ok(ClaimMode::Off)
+                }
+            }
+        }
+
+        deserializer.deserialize_any(ClaimVisitor)
+    }
+}
+
+impl JsonSchema for ClaimMode {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ClaimMode".into()
+    }
+
+    fn json_schema(_generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "auto (default), explicit or off; the boolean false (a YAML 1.1 reading of a bare off) means off",
+            "oneOf": [
+                { "type": "string", "enum": ["auto", "explicit", "off"] },
+                { "const": false }
+            ]
+        })
+    }
+}
+
+/// A key that is written must carry a value: `path_allowlist:` with nothing after it is a
+/// mistake, not "no restriction".
+fn present_not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+/// Where a compiled context came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContextSource {
+    /// A policy file (read-only through the API).
+    File(PathBuf),
+    /// The store (managed through the API).
+    Store,
+}
+
+impl Serialize for ContextSource {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        match self {
+            ContextSource::File(path) => {
+                map.serialize_entry("kind", "file")?;
+                map.serialize_entry("path", &path.to_string_lossy())?;
+            }
+            ContextSource::Store => map.serialize_entry("kind", "store")?,
+        }
+        map.end()
+    }
+}
+
+/// One step of a field path such as `capabilities[1].path_allowlist`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// Where in a context document a problem lies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldPath(pub Vec<FieldSegment>);
+
+impl FieldPath {
+    pub fn root() -> FieldPath {
+        FieldPath(Vec::new())
+    }
+
+    pub fn key(mut self, key: &str) -> FieldPath {
+        self.0.push(FieldSegment::Key(key.to_owned()));
+        self
+    }
+
+    pub fn index(mut self, index: usize) -> FieldPath {
+        self.0.push(FieldSegment::Index(index));
+        self
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (position, segment) in self.0.iter().enumerate() {
+            match segment {
+                FieldSegment::Index(index) => write!(f, "[{index}]")?,
+                FieldSegment::Key(key) if position == 0 => f.write_str(key)?,
+                FieldSegment::Key(key) => write!(f, ".{key}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A valid document that breaks a rule, with the field that breaks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    pub path: FieldPath,
+    pub message: String,
+}
+
+fn spec_error(path: FieldPath, message: impl Into<String>) -> SpecError {
+    SpecError {
+        path,
+        message: message.into(),
+    }
+}
+
+/// A compiled capability: the parsed pattern and the argument checks, ready for `decide`.
+pub struct Capability {
+    pub pattern: Pattern,
+    pub paths: Option<PathRule>,
+    pub commands: Option<CommandRule>,
+    pub domains: Option<DomainRule>,
+    pub rate_limit: Option<RateLimit>,
+    pub max_response_size: Option<u64>,
+    pub claim: ClaimMode,
+}
+
+impl fmt::Debug for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Capability")
+            .field("pattern", &self.pattern.as_str())
+            .field("paths", &self.paths.is_some())
+            .field("commands", &self.commands.is_some())
+            .field("domains", &self.domains.is_some())
+            .field("rate_limit", &self.rate_limit)
+            .field("max_response_size", &self.max_response_size)
+            .field("claim", &self.claim)
+            .finish()
+    }
+}
+
+/// A validated security context. Immutable once built: a change builds a new one.
+pub struct SecurityContext {
+    pub spec: SecurityContextSpec,
+    pub deny: Vec<Pattern>,
+    pub capabilities: Vec<Capability>,
+    /// hex(SHA-256(JCS(spec as JSON))): equal specs have equal versions, however the file is laid out.
+    pub version: String,
+    pub source: ContextSource,
+}
+
+impl fmt::Debug for SecurityContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecurityContext")
+            .field("name", &self.spec.name)
+            .field("version", &self.version)
+            .field("source", &self.source)
+            .field("capabilities", &self.capabilities)
+            .finish()
+    }
+}
+
+impl SecurityContext {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Validates `spec` and builds its checks. Errors name the offending field.
+    pub fn compile(
+        spec: SecurityContextSpec,
+        source: ContextSource,
+    ) -> Result<SecurityContext, SpecError> {
+        validate_context_name(&spec.name)
+            .map_err(|message| spec_error(FieldPath::root().key("name"), message))?;
+
+        let mut deny = Vec::with_capacity(spec.deny_list.len());
+        for (index, text) in spec.deny_list.iter().enumerate() {
+            let pattern = Pattern::parse(text).map_err(|message| {
+                spec_error(FieldPath::root().key("deny_list").index(index), message)
+            })?;
+            deny.push(pattern);
+        }
+
+        let mut capabilities = Vec::with_capacity(spec.capabilities.len());
+        for (index, capability) in spec.capabilities.iter().enumerate() {
+            let at = FieldPath::root().key("capabilities").index(index);
+            capabilities.push(compile_capability(capability, &at)?);
+        }
+
+        let as_json = serde_json::to_value(&spec).map_err(|error| {
+            spec_error(
+                FieldPath::root(),
+                format!("cannot canonicalise the context: {error}"),
+            )
+        })?;
+        let version = crate::envelope::jcs_sha256_hex(&as_json);
+
+        Ok(SecurityContext {
+            spec,
+            deny,
+            capabilities,
+            version,
+            source,
+        })
+    }
+
+    /// The API view (SPEC 6.4): the spec in the file schema plus `version` and `source`.
+    pub fn api_view(&self) -> serde_json::Value {
+        let mut view = match serde_json::to_value(&self.spec) {
+            Ok(serde_json::Value::Object(map)) => map,
+            // The spec is plain data: it always serialises to an object.
+            _ => serde_json::Map::new(),
+        };
+        view.insert(
+            "version".into(),
+            serde_json::Value::String(self.version.clone()),
+        );
+        if let Ok(source) = serde_json::to_value(&self.source) {
+            view.insert("source".into(), source);
+        }
+        serde_json::Value::Object(view)
+    }
+}
+
+/// Context names travel in URLs and tokens (`scp`), so they keep to a small URL-safe alphabet.
+fn validate_context_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_CONTEXT_NAME_BYTES {
+        return Err(format!(
+            "context name must be 1 to {MAX_CONTEXT_NAME_BYTES} bytes"
+        ));
+    }
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    let rest_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if first_ok && rest_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid context name {name:?}: letters, digits, '_', '-', '.', starting with a letter or digit"
+        ))
+    }
+}
+
+/// An allowlist that is written must list something.
+fn require_entries(list: &[String], at: &FieldPath) -> Result<(), SpecError> {
+    if list.is_empty() {
+        return Err(spec_error(
+            at.clone(),
+            "empty allowlist would allow nothing",
+        ));
+    }
+    if let Some(index) = list.iter().position(|entry| entry.is_empty()) {
+        return Err(spec_error(at.clone().index(index), "empty entry"));
+    }
+    Ok(())
+}
+
+fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capability, SpecError> {
+    let pattern = Pattern::parse(&spec.tool_pattern)
+        .map_err(|message| spec_error(at.clone().key("tool_pattern"), message))?;
+
+    let paths = match (&spec.path_allowlist, &spec.path_arguments) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(spec_error(
+                at.clone().key("path_arguments"),
+                "path_arguments without path_allowlist would check nothing",
+            ))
+        }
+        (Some(allowlist), arguments) => {
+            let allow_at = at.clone().key("path_allowlist");
+            require_entries(allowlist, &allow_at)?;
+            if let Some(arguments) = arguments {
+                // An empty key list would switch the path check off without saying so.
+                require_entries(arguments, &at.clone().key("path_arguments"))?;
+            }
+            Some(
+                PathRule::new(allowlist, arguments.as_deref())
+                    .map_err(|message| spec_error(allow_at, message))?,
+            )
+        }
+    };
+
+    let commands = match (&spec.command_allowlist, &spec.subcommand_allowlist) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(spec_error(
+                at.clone().key("subcommand_allowlist"),
+                "subcommand_allowlist without command_allowlist",
+            ))
+        }
+        (Some(commands), subcommands) => {
+            let commands_at = at.clone().key("command_allowlist");
+            require_entries(commands, &commands_at)?;
+            if let Some(subcommands) = subcommands {
+                let sub_at = at.clone().key("subcommand_allowlist");
+                if subcommands.is_empty() {
+                    return Err(spec_error(sub_at, "empty allowlist would allow nothing"));
+                }
+                for (command, allowed) in subcommands {
+                    let entry_at = sub_at.clone().key(command);
+                    if !commands.contains(command) {
+                        return Err(spec_error(
+                            entry_at,
+                            format!("{command:?} is not in command_allowlist"),
+                        ));
+                    }
+                    require_entries(allowed, &entry_at)?;
+                }
+            }
+            Some(
+                CommandRule::new(Some(commands), subcommands.as_ref())
+                    .map_err(|message| spec_error(commands_at, message))?,
+            )
+        }
+    };
+
+    let domains = match &spec.domain_allowlist {
+        None => None,
+        Some(allowlist) => {
+            let domains_at = at.clone().key("domain_allowlist");
+            require_entries(allowlist, &domains_at)?;
+            Some(DomainRule::new(allowlist).map_err(|message| spec_error(domains_at, message))?)
+        }
+    };
+
+    Ok(Capability {
+        pattern,
+        paths,
+        commands,
+        domains,
+        rate_limit: spec.rate_limit,
+        max_response_size: spec.max_response_size.map(NonZeroU64::get),
+        claim: spec.claim,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_from_json(value: serde_json::Value) -> SecurityContextSpec {
+        match serde_json::from_value(value) {
+            Ok(spec) => spec,
+            Err(error) => panic!("spec should deserialize: {error}"),
+        }
+    }
+
+    #[test]
+    fn field_path_display() {
+        let path = FieldPath::root()
+            .key("capabilities")
+            .index(1)
+            .key("path_allowlist")
+            .index(0);
+        assert_eq!(path.to_string(), "capabilities[1].path_allowlist[0]");
+        assert_eq!(FieldPath::root().to_string(), "");
+    }
+
+    #[test]
+    fn claim_mode_accepts_false_and_refuses_true() {
+        let off: Result<ClaimMode, _> = serde_json::from_value(serde_json::json!(false));
+        assert_eq!(off.ok(), Some(ClaimMode::Off));
+        let on: Result<ClaimMode, _> = serde_json::from_value(serde_json::json!(true));
+        assert!(on.is_err());
+        let explicit: Result<ClaimMode, _> = serde_json::from_value(serde_json::json!("explicit"));
+        assert_eq!(explicit.ok(), Some(ClaimMode::Explicit));
+        let upper: Result<ClaimMode, _> = serde_json::from_value(serde_json::json!("OFF"));
+        assert!(upper.is_err());
+    }
+
+    #[test]
+    fn serialises_back_without_absent_optionals() {
+        let spec = spec_from_json(serde_json::json!({
+            "name": "c", "capabilities": [{"tool_pattern": "fs.*", "path_allowlist": ["/w"]}]
+        }));
+        let json = serde_json::to_value(&spec).ok();
+        assert_eq!(
+            json,
+            Some(serde_json::json!({
+                "name": "c", "deny_list": [],
+                "capabilities": [{"tool_pattern": "fs.*", "path_allowlist": ["/w"], "claim": "auto"}]
+            }))
+        );
+    }
+
+    #[test]
+    fn explicit_defaults_give_the_same_version() {
+        let short = spec_from_json(
+            serde_json::json!({"name": "c", "capabilities": [{"tool_pattern": "x"}]}),
+        );
+        let long = spec_from_json(serde_json::json!({
+            "name": "c", "deny_list": [], "capabilities": [{"tool_pattern": "x", "claim": "auto"}]
+        }));
+        let short = SecurityContext::compile(short, ContextSource::Store).map(|c| c.version);
+        let long = SecurityContext::compile(long, ContextSource::Store).map(|c| c.version);
+        assert!(short.is_ok());
+        assert_eq!(short, long);
+    }
+
+    #[test]
+    fn context_names_are_url_safe() {
+        for good in ["agent-runtime", "a", "coding_agent.v2"] {
+            assert!(validate_context_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "..", "-x", "a/b", "a b", "é", &"a".repeat(129)] {
+            assert!(validate_context_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn structural_rules_name_the_field() {
+        let cases = [
+            (
+                serde_json::json!({"tool_pattern": "fs.*", "path_arguments": ["p"]}),
+                "capabilities[0].path_arguments",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "fs.*", "path_allowlist": ["/w"], "path_arguments": []}),
+                "capabilities[0].path_arguments",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "subcommand_allowlist": {"git": ["log"]}}),
+                "capabilities[0].subcommand_allowlist",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["ls"], "subcommand_allowlist": {"git": ["log"]}}),
+                "capabilities[0].subcommand_allowlist.git",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git"], "subcommand_allowlist": {"git": []}}),
+                "capabilities[0].subcommand_allowlist.git",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git"], "subcommand_allowlist": {}}),
+                "capabilities[0].subcommand_allowlist",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git", ""]}),
+                "capabilities[0].command_allowlist[1]",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "w", "domain_allowlist": []}),
+                "capabilities[0].domain_allowlist",
+            ),
+        ];
+        for (capability, field) in cases {
+            let spec =
+                spec_from_json(serde_json::json!({"name": "c", "capabilities": [capability]}));
+            match SecurityContext::compile(spec, ContextSource::Store) {
+                Ok(_) => panic!("{field} case should be refused"),
+                Err(error) => assert_eq!(error.path.to_string(), field),
+            }
+        }
+    }
+
+    #[test]
+    fn api_view_has_version_and_source() {
+        let spec = spec_from_json(serde_json::json!({"name": "c", "capabilities": []}));
+        let context = SecurityContext::compile(spec, ContextSource::File("policies/c.yaml".into()));
+        let view = context.map(|c| c.api_view()).ok();
+        let view = view.unwrap_or_default();
+        assert_eq!(view["name"], "c");
+        assert_eq!(
+            view["source"],
+            serde_json::json!({"kind": "file", "path": "policies/c.yaml"})
+        );
+        assert_eq!(view["version"].as_str().map(str::len), Some(64));
+    }
+}

@@ -1,0 +1,302 @@
+//! Sessions (SPEC section 5): the registration request and its validation, idempotent re-registration,
+//! revocation with key erasure, and the status rules (active, revoked, expired, exhausted).
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::clock;
+use crate::envelope::SessionKey;
+use crate::policy::Pattern;
+use crate::store::SessionRecord;
+
+/// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5).
+#[derive(Debug, Deserialize)]
+pub struct CreateSessionRequest {
+    #[serde(alias = "execution_id")]
+    pub session_id: Option<Value>,
+    #[serde(alias = "public_key_b64")]
+    pub public_key: Option<Value>,
+    #[serde(alias = "security_context_name")]
+    pub security_context: Option<Value>,
+    pub expires_at: Option<Value>,
+    pub agent_id: Option<Value>,
+    pub workload_id: Option<Value>,
+    pub allowed_tool_patterns: Option<Value>,
+    pub budget: Option<Value>,
+}
+
+/// A validated registration; the field that failed is named in the error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSession {
+    pub session_id: String,
+    pub key: [u8; 32],
+    pub security_context: String,
+    pub expires_at: i64,
+    pub agent_id: Option<String>,
+    pub workload_id: Option<String>,
+    pub allowed_tool_patterns: Vec<String>,
+    pub max_calls: Option<u64>,
+}
+
+/// Ids and names are printable, bounded strings: they end up in audit events and store keys.
+fn identifier(field: &str, value: Option<&Value>, required: bool) -> Result<Option<String>, String> {
+    match value {
+        None | Some(Value::Null) if !required => Ok(None),
+        None | Some(Value::Null) => Err(format!("{field} is required")),
+        Some(Value::String(s)) if s.is_empty() => Err(format!("{field} must not be empty")),
+        Some(Value::String(s)) if s.len() > 256 => Err(format!("{field} is longer than 256 bytes")),
+        Some(Value::String(s)) if s.chars().any(|c| c.is_control()) => {
+            Err(format!("{field} contains a control character"))
+        }
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("{field} must be a string")),
+    }
+}
+
+impl CreateSessionRequest {
+    /// Checks everything that does not need the store: types, key, expiry window, patterns, budget.
+    pub fn validate(&self, now: i64, max_lifetime_secs: i64) -> Result<NewSession, String> {
+        let session_id = identifier("session_id", self.session_id.as_ref(), true)?.unwrap_or_default();
+        let security_context =
+            identifier("security_context", self.security_context.as_ref(), true)?.unwrap_or_default();
+        let key = match &self.public_key {
+            Some(Value::String(text)) => SessionKey::parse(text)
+                .map_err(|e| format!("public_key: {e}"))?
+                .to_bytes(),
+            Some(_) => return Err("public_key must be a string".into()),
+            None => return Err("public_key is required".into()),
+        };
+        let expires_at = match &self.expires_at {
+            Some(Value::String(text)) => clock::parse_rfc3339_secs(text)
+                .ok_or_else(|| format!("expires_at {text:?} is not an RFC 3339 instant"))?,
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .ok_or_else(|| "expires_at must be whole Unix seconds".to_string())?,
+            Some(_) => return Err("expires_at must be an RFC 3339 string or Unix seconds".into()),
+            None => return Err("expires_at is required".into()),
+        };
+        if expires_at <= now {
+            return Err("expires_at must lie in the future".into());
+        }
+        if expires_at > now.saturating_add(max_lifetime_secs) {
+            return Err(format!(
+                "expires_at lies more than sessions.max_lifetime_secs ({max_lifetime_secs} s) ahead"
+            ));
+        }
+        let allowed_tool_patterns = match &self.allowed_tool_patterns {
+            None | Some(Value::Null) => vec!["*".to_string()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let text = item
+                        .as_str()
+                        .ok_or_else(|| format!("allowed_tool_patterns[{i}] must be a string"))?;
+                    Pattern::parse(text).map_err(|e| format!("allowed_tool_patterns[{i}]: {e}"))?;
+                    Ok(text.to_string())
+                })
+                .collect::<Result<_, String>>()?,
+            Some(_) => return Err("allowed_tool_patterns must be an array of patterns".into()),
+        };
+        let max_calls = match &self.budget {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(budget)) => {
+                if let Some(unknown) = budget.keys().find(|k| k.as_str() != "max_calls") {
+                    return Err(format!("budget.{unknown} is not a budget key"));
+                }
+                match budget.get("max_calls") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v.as_u64().ok_or("budget.max_calls must be a non-negative integer")?),
+                }
+            }
+            Some(_) => return Err("budget must be an object".into()),
+        };
+        Ok(NewSession {
+            session_id,
+            key,
+            security_context,
+            expires_at,
+            agent_id: identifier("agent_id", self.agent_id.as_ref(), false)?,
+            workload_id: identifier("workload_id", self.workload_id.as_ref(), false)?,
+            allowed_tool_patterns,
+            max_calls,
+        })
+    }
+}
+
+pub fn encode_key(key: &[u8; 32]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(key)
+}
+
+impl NewSession {
+    pub fn into_record(self, security_token: Option<String>, now_ms: i64) -> SessionRecord {
+        SessionRecord {
+            public_key: Some(encode_key(&self.key)),
+            session_id: self.session_id,
+            security_context: self.security_context,
+            expires_at: self.expires_at,
+            agent_id: self.agent_id,
+            workload_id: self.workload_id,
+            allowed_tool_patterns: self.allowed_tool_patterns,
+            max_calls: self.max_calls,
+            security_token,
+            created_at_ms: now_ms,
+            revoked_at_ms: None,
+        }
+    }
+
+    /// An identical re-registration: same key bytes, context, agent, workload, patterns, budget, expiry.
+    pub fn same_as(&self, record: &SessionRecord) -> bool {
+        record.revoked_at_ms.is_none()
+            && record.public_key.as_deref() == Some(encode_key(&self.key).as_str())
+            && record.security_context == self.security_context
+            && record.expires_at == self.expires_at
+            && record.agent_id == self.agent_id
+            && record.workload_id == self.workload_id
+            && record.allowed_tool_patterns == self.allowed_tool_patterns
+            && record.max_calls == self.max_calls
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionStatus {
+    Active,
+    Revoked,
+    Expired,
+    Exhausted,
+}
+
+impl SessionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "active",
+            SessionStatus::Revoked => "revoked",
+            SessionStatus::Expired => "expired",
+            SessionStatus::Exhausted => "exhausted",
+        }
+    }
+}
+
+/// Revoked and expired sessions refuse envelopes (1006); an exhausted one is still active for check 5.
+pub fn status(record: &SessionRecord, now: i64, calls_allowed: u64) -> SessionStatus {
+    if record.revoked_at_ms.is_some() {
+        SessionStatus::Revoked
+    } else if now >= record.expires_at {
+        SessionStatus::Expired
+    } else if record.max_calls.is_some_and(|max| calls_allowed >= max) {
+        SessionStatus::Exhausted
+    } else {
+        SessionStatus::Active
+    }
+}
+
+/// The counter key of a session's call budget.
+pub fn budget_key(session_id: &str) -> String {
+    format!("budget\0{session_id}")
+}
+
+/// The 201/200 body of a registration.
+pub fn created_body(record: &SessionRecord) -> Value {
+    let mut body = json!({
+        "session_id": record.session_id,
+        "status": "active",
+        "security_context": record.security_context,
+        "expires_at": clock::rfc3339_secs(record.expires_at),
+    });
+    if let (Some(token), Some(obj)) = (&record.security_token, body.as_object_mut()) {
+        obj.insert("security_token".into(), Value::String(token.clone()));
+    }
+    body
+}
+
+/// The `GET /v1/seal/sessions/{id}` body: never a key or a token.
+pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Value {
+    json!({
+        "session_id": record.session_id,
+        "status": status(record, now, calls_allowed).as_str(),
+        "security_context": record.security_context,
+        "expires_at": clock::rfc3339_secs(record.expires_at),
+        "agent_id": record.agent_id,
+        "workload_id": record.workload_id,
+        "allowed_tool_patterns": record.allowed_tool_patterns,
+        "budget": {"max_calls": record.max_calls},
+        "calls": {"allowed": calls_allowed},
+        "created_at": clock::rfc3339_millis(record.created_at_ms),
+        "revoked_at": record.revoked_at_ms.map(clock::rfc3339_millis),
+    })
+}
+
+/// The revoked form of a record: key and token erased.
+pub fn revoked(record: &SessionRecord, now_ms: i64) -> SessionRecord {
+    SessionRecord {
+        public_key: None,
+        security_token: None,
+        revoked_at_ms: Some(now_ms),
+        ..record.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+
+    fn request(body: Value) -> CreateSessionRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    fn valid() -> Value {
+        json!({"session_id": "exec-1", "public_key": KEY, "security_context": "demo",
+               "expires_at": 2_000_000_000i64, "unknown_field": true})
+    }
+
+    #[test]
+    fn validates_a_registration_and_applies_defaults() {
+        let s = request(valid()).validate(1_999_999_000, 86_400).unwrap();
+        assert_eq!(s.allowed_tool_patterns, ["*"]);
+        assert_eq!(s.max_calls, None);
+        let aliased = request(json!({"execution_id": "exec-1", "public_key_b64": KEY,
+            "security_context_name": "demo", "expires_at": "2033-05-18T03:33:20Z"}));
+        assert_eq!(aliased.validate(1_999_999_000, 86_400).unwrap(), s);
+    }
+
+    #[test]
+    fn names_the_field_that_is_wrong() {
+        let cases = [
+            ("session_id", json!(5)),
+            ("public_key", json!("not a key")),
+            ("expires_at", json!(1_000)),
+            ("expires_at", json!(2_100_000_000i64)),
+            ("expires_at", json!("tomorrow")),
+            ("allowed_tool_patterns", json!(["fs*"])),
+            ("budget", json!({"max_calls": -1})),
+            ("budget", json!({"max_cals": 1})),
+            ("agent_id", json!("")),
+        ];
+        for (field, value) in cases {
+            let mut body = valid();
+            body[field] = value.clone();
+            let err = request(body).validate(1_999_999_000, 86_400).unwrap_err();
+            assert!(err.contains(field), "{field}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn status_rules() {
+        let mut record = request(valid())
+            .validate(1_999_999_000, 86_400)
+            .unwrap()
+            .into_record(None, 0);
+        assert_eq!(status(&record, 1_999_999_000, 0), SessionStatus::Active);
+        assert_eq!(status(&record, 2_000_000_000, 0), SessionStatus::Expired);
+        record.max_calls = Some(2);
+        assert_eq!(status(&record, 1_999_999_000, 2), SessionStatus::Exhausted);
+        let gone = revoked(&record, 5);
+        assert_eq!(status(&gone, 1_999_999_000, 0), SessionStatus::Revoked);
+        assert_eq!(gone.public_key, None);
+        let described = describe(&gone, 1_999_999_000, 0).to_string();
+        assert!(!described.contains(KEY));
+    }
+}
