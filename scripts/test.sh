@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The one test command (README and CI): installs what the tests need, then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Real MCP servers for the integration tests, pinned by tests/mcp-servers/package-lock.json.
+if [ -f tests/mcp-servers/package-lock.json ]; then
+  npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error
+fi
+cargo test --locked "$@"

@@ -1,0 +1,318 @@
+//! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
+//! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{json_body, limit_param, query_params, Operator, State};
+use crate::audit::{AuditEvent, EventType};
+use crate::claim::{self, ManualOutcome, SettleError, Taken};
+use crate::error::{ApiError, Code};
+use crate::store::{ClaimOutcome, ClaimRecord, ClaimStatus};
+
+/// A claim as the API shows it.
+fn claim_json(record: &ClaimRecord) -> Value {
+    let mut view = Map::new();
+    view.insert("request_id".into(), json!(record.request_id));
+    view.insert("action".into(), json!(record.action));
+    view.insert("agent_id".into(), json!(record.agent_id));
+    if let Some(session_id) = &record.session_id {
+        view.insert("session_id".into(), json!(session_id));
+    }
+    view.insert("status".into(), json!(record.status.as_str()));
+    view.insert("claimed_at".into(), json!(record.claimed_at));
+    view.insert("action_ref".into(), json!(record.action_ref));
+    if let Some(at) = &record.committed_at {
+        view.insert("committed_at".into(), json!(at));
+    }
+    match &record.outcome {
+        Some(ClaimOutcome::Answer { response }) => {
+            view.insert("result".into(), response.clone());
+        }
+        Some(ClaimOutcome::Settled { result }) => {
+            view.insert("result".into(), result.clone());
+        }
+        Some(ClaimOutcome::ResponseTooLarge { limit }) => {
+            view.insert("result".into(), json!({"withheld": "response_too_large", "limit": limit}));
+        }
+        None => {}
+    }
+    if let Some(resolution) = &record.resolution {
+        view.insert("resolution".into(), serde_json::to_value(resolution).unwrap_or(Value::Null));
+    }
+    Value::Object(view)
+}
+
+fn status_param(raw: Option<&String>) -> Result<Option<ClaimStatus>, ApiError> {
+    match raw.map(String::as_str) {
+        None => Ok(None),
+        Some("PENDING") => Ok(Some(ClaimStatus::Pending)),
+        Some("COMMITTED") => Ok(Some(ClaimStatus::Committed)),
+        Some(other) => Err(ApiError::new(Code::InvalidRequest, format!("status must be PENDING or COMMITTED, not {other:?}"))),
+    }
+}
+
+/// Cursor of the claim listing: "<claimed_at_ms>.<request_id>" of the last item shown.
+fn parse_cursor(raw: Option<&String>) -> Result<Option<(i64, String)>, ApiError> {
+    raw.map(|c| {
+        c.split_once('.')
+            .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
+            .ok_or_else(|| ApiError::new(Code::InvalidRequest, "cursor is not one this API gave out"))
+    })
+    .transpose()
+}
+
+pub async fn list(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.read")?;
+    let params = query_params(raw.as_deref(), &["status", "agent_id", "tool", "limit", "cursor"])?;
+    let status = status_param(params.get("status"))?;
+    let limit = limit_param(&params, 100)?;
+    let cursor = parse_cursor(params.get("cursor"))?;
+    let agent = params.get("agent_id").cloned();
+    let tool = params.get("tool").cloned();
+    let (items, more) = gw
+        .with_store(move |s| {
+            let mut items = Vec::new();
+            let mut more = false;
+            s.claim_scan_newest_first(cursor.as_ref().map(|(ms, id)| (*ms, id.as_str())), &mut |c| {
+                let keep = status.is_none_or(|st| c.status == st)
+                    && agent.as_ref().is_none_or(|a| *a == c.agent_id)
+                    && tool.as_ref().is_none_or(|t| *t == c.action);
+                if !keep {
+                    return true;
+                }
+                if items.len() == limit {
+                    more = true;
+                    return false;
+                }
+                items.push(c.clone());
+                true
+            })?;
+            Ok((items, more))
+        })
+        .await?;
+    let next_cursor = more
+        .then(|| items.last().map(|c| format!("{}.{}", c.claimed_at_ms, c.request_id)))
+        .flatten();
+    Ok(axum::Json(json!({"items": items.iter().map(claim_json).collect::<Vec<_>>(), "next_cursor": next_cursor})).into_response())
+}
+
+async fn get_claim(gw: &crate::gateway::Gateway, request_id: &str) -> Result<ClaimRecord, ApiError> {
+    let id = request_id.to_string();
+    gw.with_store(move |s| s.claim_get(&id))
+        .await?
+        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no claim {request_id:?}")))
+}
+
+pub async fn read(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(request_id): Path<String>,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.read")?;
+    Ok(axum::Json(claim_json(&get_claim(&gw, &request_id).await?)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveRequest {
+    outcome: String,
+    result: Option<Value>,
+    evidence: Option<String>,
+}
+
+/// A stored answer must be a JSON-RPC response object: `result` or `error`, not both.
+fn check_jsonrpc_response(result: &Value) -> Result<Value, ApiError> {
+    let obj = result
+        .as_object()
+        .ok_or_else(|| ApiError::new(Code::InvalidRequest, "result must be a JSON-RPC response object"))?;
+    if obj.contains_key("result") == obj.contains_key("error") {
+        return Err(ApiError::new(Code::InvalidRequest, "result must hold exactly one of `result` or `error`"));
+    }
+    let mut response = obj.clone();
+    response.insert("jsonrpc".into(), json!("2.0"));
+    response.entry("id").or_insert(Value::Null);
+    Ok(Value::Object(response))
+}
+
+fn settle_error(err: SettleError, request_id: &str) -> ApiError {
+    match err {
+        SettleError::NotFound => ApiError::new(Code::NotFound, format!("no claim {request_id:?}")),
+        SettleError::NotPending(record) => ApiError::new(
+            Code::Conflict,
+            format!("claim {request_id:?} is {}, only a PENDING claim can be resolved", record.status.as_str()),
+        ),
+        SettleError::Store(e) => ApiError::store(e),
+    }
+}
+
+pub async fn resolve(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(request_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.resolve")?;
+    let request: ResolveRequest = json_body(&body)?;
+    let outcome = match (request.outcome.as_str(), request.result) {
+        ("committed", Some(result)) => ManualOutcome::Committed(check_jsonrpc_response(&result)?),
+        ("committed", None) => return Err(ApiError::new(Code::InvalidRequest, "result is required to commit")),
+        ("released", None) => ManualOutcome::Released,
+        ("released", Some(_)) => return Err(ApiError::new(Code::InvalidRequest, "result is not taken when releasing")),
+        (other, _) => {
+            return Err(ApiError::new(Code::InvalidRequest, format!("outcome must be committed or released, not {other:?}")))
+        }
+    };
+    let label = match outcome {
+        ManualOutcome::Committed(_) => "committed",
+        ManualOutcome::Released => "released",
+    };
+    let actor = operator.name().to_string();
+    let (id, who, evidence) = (request_id.clone(), actor.clone(), request.evidence.clone());
+    let resolved = gw
+        .with_store(move |s| Ok(claim::resolve(s, &id, outcome, &who, evidence)))
+        .await?
+        .map_err(|e| settle_error(e, &request_id))?;
+    let (next, previous) = resolved;
+    let mut event = AuditEvent::new(EventType::ClaimResolved)
+        .request_id(&request_id)
+        .tool(&previous.action)
+        .sub(&previous.agent_id)
+        .claim(label)
+        .action_ref(&previous.action_ref)
+        .actor(&actor);
+    if let Some(session_id) = &previous.session_id {
+        event = event.session_id(session_id);
+    }
+    if let Some(evidence) = &request.evidence {
+        event = event.detail(evidence);
+    }
+    gw.record(event).await?;
+    let body = match next {
+        Some(record) => claim_json(&record),
+        None => json!({"request_id": request_id, "status": "RELEASED"}),
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StandaloneClaim {
+    request_id: String,
+    action: String,
+    agent_id: Option<String>,
+}
+
+fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.is_empty() || value.len() > 256 || value.chars().any(char::is_control) {
+        return Err(ApiError::new(Code::InvalidRequest, format!("{field} must be 1–256 bytes without control characters")));
+    }
+    Ok(())
+}
+
+pub async fn standalone_claim(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.resolve")?;
+    let request: StandaloneClaim = json_body(&body)?;
+    bounded("request_id", &request.request_id)?;
+    bounded("action", &request.action)?;
+    let agent = request.agent_id.unwrap_or_else(|| operator.name().to_string());
+    bounded("agent_id", &agent)?;
+    let record = claim::new_pending(&request.request_id, &request.action, &agent, None);
+    let taken = gw.with_store(move |s| claim::take(s, record)).await?;
+    let (status, existing) = match &taken {
+        Taken::Proceed(_) => ("PROCEED", None),
+        Taken::Skip(record) => ("SKIP", Some(claim_json(record))),
+        Taken::Pending(record) => ("PENDING", Some(claim_json(record))),
+    };
+    let mut body = json!({"status": status, "request_id": request.request_id});
+    if let (Some(existing), Some(obj)) = (existing, body.as_object_mut()) {
+        obj.insert("existing".into(), existing);
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleRequest {
+    result: Value,
+}
+
+pub async fn settle(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(request_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.resolve")?;
+    let request: SettleRequest = json_body(&body)?;
+    let id = request_id.clone();
+    let already = gw
+        .with_store(move |s| Ok(claim::settle(s, &id, request.result)))
+        .await?
+        .map_err(|e| settle_error(e, &request_id))?;
+    let status = if already { "already_committed" } else { "committed" };
+    Ok(axum::Json(json!({"status": status, "request_id": request_id})).into_response())
+}
+
+/// `GET /audit`: claim records, newest first, with offset paging and a total.
+pub async fn standalone_audit(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.claim.resolve")?;
+    let params = query_params(raw.as_deref(), &["agent_id", "action", "status", "from_ts", "to_ts", "limit", "offset"])?;
+    let limit = limit_param(&params, 100)?;
+    let number = |name: &str| -> Result<Option<i64>, ApiError> {
+        params
+            .get(name)
+            .map(|v| v.parse::<i64>().map_err(|_| ApiError::new(Code::InvalidRequest, format!("{name} must be an integer"))))
+            .transpose()
+    };
+    let offset = number("offset")?.unwrap_or(0);
+    if offset < 0 {
+        return Err(ApiError::new(Code::InvalidRequest, "offset must not be negative"));
+    }
+    let (from, to) = (number("from_ts")?, number("to_ts")?);
+    let status = match params.get("status").map(|s| s.to_ascii_uppercase()) {
+        None => None,
+        Some(s) => status_param(Some(&s))?,
+    };
+    let agent = params.get("agent_id").cloned();
+    let action = params.get("action").cloned();
+    let offset = offset as usize;
+    let (items, total) = gw
+        .with_store(move |s| {
+            let mut items = Vec::new();
+            let mut total = 0usize;
+            s.claim_scan_newest_first(None, &mut |c| {
+                let secs = c.claimed_at_ms.div_euclid(1000);
+                let keep = status.is_none_or(|st| c.status == st)
+                    && agent.as_ref().is_none_or(|a| *a == c.agent_id)
+                    && action.as_ref().is_none_or(|a| *a == c.action)
+                    && from.is_none_or(|f| secs >= f)
+                    && to.is_none_or(|t| secs <= t);
+                if keep {
+                    if total >= offset && items.len() < limit {
+                        items.push(claim_json(c));
+                    }
+                    total += 1;
+                }
+                true
+            })?;
+            Ok((items, total))
+        })
+        .await?;
+    Ok(axum::Json(json!({"items": items, "total": total, "limit": limit, "offset": offset})).into_response())
+}

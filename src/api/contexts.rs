@@ -1,0 +1,141 @@
+//! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
+
+use axum::body::Bytes;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{json_body, Operator, State};
+use crate::audit::{AuditEvent, EventType};
+use crate::error::{ApiError, Code};
+use crate::policy::{self, ContextSource, SecurityContext};
+use crate::store::StoredContext;
+
+pub async fn list(axum::extract::State(gw): State, operator: Operator) -> Result<Response, ApiError> {
+    operator.require("seal.context.read")?;
+    let mut contexts = gw.contexts.list();
+    contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+    let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
+    Ok(axum::Json(json!({"items": items})).into_response())
+}
+
+fn find(gw: &crate::gateway::Gateway, name: &str) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
+    gw.contexts
+        .get(name)
+        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no security context {name:?}")))
+}
+
+pub async fn read(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    operator.require("seal.context.read")?;
+    Ok(axum::Json(find(&gw, &name)?.api_view()).into_response())
+}
+
+fn file_backed(context: &SecurityContext) -> Option<ApiError> {
+    matches!(context.source, ContextSource::File(_)).then(|| {
+        ApiError::new(Code::Conflict, format!("security context {:?} comes from a file and is read-only here", context.spec.name))
+    })
+}
+
+pub async fn put(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    operator.require("seal.context.write")?;
+    let mut spec: Value = json_body(&body)?;
+    let obj = spec
+        .as_object_mut()
+        .ok_or_else(|| ApiError::new(Code::InvalidRequest, "the body must be a security context object"))?;
+    match obj.get("name") {
+        None => {
+            obj.insert("name".into(), json!(name));
+        }
+        Some(Value::String(given)) if *given == name => {}
+        Some(_) => {
+            return Err(ApiError::new(Code::InvalidRequest, format!("name: must equal the path's name {name:?}")));
+        }
+    }
+    let context = policy::parse_context_json(&spec).map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))?;
+    let existed = match gw.contexts.get(&name) {
+        Some(current) => {
+            if let Some(conflict) = file_backed(&current) {
+                return Err(conflict);
+            }
+            true
+        }
+        None => false,
+    };
+    let stored = StoredContext { name: name.clone(), spec: spec.clone() };
+    gw.with_store(move |s| s.context_put(&stored)).await?;
+    let version = context.version.clone();
+    let contexts = gw.contexts.clone();
+    tokio::task::spawn_blocking(move || contexts.put_store_context(context))
+        .await
+        .map_err(ApiError::store)?
+        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+    gw.record(
+        AuditEvent::new(EventType::SecurityContextChanged)
+            .scp(&name)
+            .context_version(&version)
+            .actor(operator.name()),
+    )
+    .await?;
+    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, axum::Json(find(&gw, &name)?.api_view())).into_response())
+}
+
+pub async fn delete(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    operator.require("seal.context.write")?;
+    let current = find(&gw, &name)?;
+    if let Some(conflict) = file_backed(&current) {
+        return Err(conflict);
+    }
+    let key = name.clone();
+    gw.with_store(move |s| s.context_delete(&key)).await?;
+    let (contexts, key) = (gw.contexts.clone(), name.clone());
+    tokio::task::spawn_blocking(move || contexts.remove_store_context(&key))
+        .await
+        .map_err(ApiError::store)?
+        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+    gw.record(
+        AuditEvent::new(EventType::SecurityContextChanged)
+            .scp(&name)
+            .detail("removed")
+            .actor(operator.name()),
+    )
+    .await?;
+    Ok(axum::Json(json!({"name": name, "status": "deleted"})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvaluateRequest {
+    tool: String,
+    #[serde(default)]
+    arguments: Map<String, Value>,
+}
+
+pub async fn evaluate(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    operator.require("seal.context.read")?;
+    let context = find(&gw, &name)?;
+    let request: EvaluateRequest = json_body(&body)?;
+    crate::envelope::ToolName::parse(&request.tool)
+        .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;
+    Ok(axum::Json(policy::cli::explain(&context, &request.tool, &request.arguments)).into_response())
+}

@@ -1,0 +1,248 @@
+//! The running gateway: everything a request needs, built once from the configuration at start-up, and
+//! the server loop with readiness, background upkeep and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+use crate::audit::{AuditEvent, AuditLog, EventType};
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::policy::{ContextRegistry, ReloadEvent, WatcherHandle};
+use crate::store::{SledStore, Store, StoreResult};
+use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
+use crate::upstream::Upstreams;
+
+pub struct Gateway {
+    pub config: Config,
+    pub store: Arc<dyn Store>,
+    pub contexts: Arc<ContextRegistry>,
+    pub agent_tokens: AgentTokenVerifier,
+    pub operators: OperatorVerifier,
+    pub minter: Option<TokenMinter>,
+    pub upstreams: Upstreams,
+    pub audit: AuditLog,
+    pub metrics: PrometheusHandle,
+    /// Keeps the policy folder watched for as long as the gateway lives.
+    _policy_watcher: WatcherHandle,
+}
+
+/// The process-wide Prometheus recorder (installing it twice fails, and tests build several gateways).
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (e.g. by an embedding program): keep ours local then.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+impl Gateway {
+    /// Builds every part from the configuration; any invalid part stops start-up with a precise message.
+    pub async fn build(config: Config) -> Result<Arc<Gateway>, String> {
+        if config.store != "embedded" {
+            return Err(format!(
+                "store {:?}: only the embedded store is available in this build (PostgreSQL is planned)",
+                config.store
+            ));
+        }
+        let data_dir = config.resolve(&config.data_dir);
+        let store: Arc<dyn Store> = {
+            let dir = data_dir.clone();
+            let opened = tokio::task::spawn_blocking(move || SledStore::open(&dir))
+                .await
+                .map_err(|e| e.to_string())?;
+            Arc::new(opened.map_err(|e| e.to_string())?)
+        };
+        let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
+            .map_err(|e| format!("agent_tokens: {e}"))?;
+        let operators = OperatorVerifier::new(&config.operator_auth, &config.base_dir)
+            .map_err(|e| format!("operator_auth: {e}"))?;
+        let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
+            .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
+        let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
+
+        let policies_dir = config.resolve(&config.policies_dir);
+        let contexts = Arc::new(
+            ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?,
+        );
+        let stored = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || store.context_list())
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+        };
+        for context in stored {
+            let loaded = crate::policy::parse_context_json(&context.spec)
+                .map_err(|e| e.to_string())
+                .and_then(|ctx| contexts.put_store_context(ctx).map_err(|e| e.to_string()));
+            if let Err(e) = loaded {
+                tracing::error!(context = %context.name, error = %e, "stored security context no longer loads; skipped");
+            }
+        }
+
+        let audit_cfg = crate::audit::AuditConfig {
+            file: config.audit.file.as_ref().map(|f| config.resolve(f)),
+            ..config.audit.clone()
+        };
+        let audit = AuditLog::start(store.clone(), &audit_cfg).map_err(|e| format!("audit: {e}"))?;
+
+        let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
+        let gateway = Arc::new(Gateway {
+            config,
+            store,
+            contexts,
+            agent_tokens,
+            operators,
+            minter,
+            upstreams,
+            audit,
+            metrics: metrics_handle(),
+            _policy_watcher: policy_watcher,
+        });
+        gateway.spawn_upkeep();
+        Ok(gateway)
+    }
+
+}
+
+/// Hot reload: applied changes and refused files both leave an audit event.
+fn watch_policies(
+    contexts: &Arc<ContextRegistry>,
+    audit: &AuditLog,
+    dir: std::path::PathBuf,
+) -> Result<WatcherHandle, String> {
+        let audit = audit.clone();
+        let handle = tokio::runtime::Handle::current();
+        contexts.clone().spawn_watcher(dir, move |event| {
+            let record = match event {
+                ReloadEvent::Changed { name, version, .. } => {
+                    tracing::info!(context = %name, %version, "security context reloaded");
+                    AuditEvent::new(EventType::SecurityContextChanged)
+                        .scp(&name)
+                        .context_version(&version)
+                }
+                ReloadEvent::Removed { name } => {
+                    tracing::info!(context = %name, "security context removed");
+                    AuditEvent::new(EventType::SecurityContextChanged)
+                        .scp(&name)
+                        .detail("removed")
+                }
+                ReloadEvent::Rejected { file, error } => {
+                    tracing::error!(file = %file.display(), %error, "policy file refused; the last good version stays in force");
+                    AuditEvent::new(EventType::SecurityContextRejected)
+                        .detail(format!("{}: {error}", file.display()))
+                }
+            };
+            let audit = audit.clone();
+            handle.spawn(async move {
+                if let Err(e) = audit.record(record).await {
+                    tracing::error!(error = %e, "could not record a policy reload event");
+                }
+            });
+        })
+}
+
+impl Gateway {
+
+    /// Forgets replay records whose window has passed, so the store never grows without bound.
+    fn spawn_upkeep(self: &Arc<Self>) {
+        let store = Arc::downgrade(&self.store);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                let Some(store) = store.upgrade() else { break };
+                let now = crate::clock::now_millis();
+                let purged = tokio::task::spawn_blocking(move || store.purge_signatures(now)).await;
+                if let Ok(Err(e)) = purged {
+                    tracing::warn!(error = %e, "could not purge expired replay records");
+                }
+            }
+        });
+    }
+
+    /// Runs a blocking store operation off the async runtime; a failure is a 5005 (fail closed).
+    pub async fn with_store<T, F>(&self, op: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
+    {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || op(store.as_ref())).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(ApiError::store(e)),
+            Err(e) => Err(ApiError::store(e)),
+        }
+    }
+
+    /// Records an event durably; an audit trail that cannot be written refuses the request (5005).
+    pub async fn record(&self, event: AuditEvent) -> Result<crate::audit::Recorded, ApiError> {
+        self.audit.record(event).await.map_err(ApiError::store)
+    }
+}
+
+/// Binds, logs one ready line, serves until SIGTERM/SIGINT, then drains calls in flight.
+pub async fn serve(config: Config) -> Result<(), String> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let gateway = Gateway::build(config).await?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    serve_on(gateway, listener, local, shutdown_signal()).await
+}
+
+pub async fn serve_on(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    local: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let app = crate::api::router(gateway.clone());
+    tracing::info!(listen = %local, "sealgate ready");
+    // The ready line is also printed plainly so scripts and tests can wait for it and learn the port.
+    println!("sealgate ready on http://{local}");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(|e| e.to_string())?;
+    gateway.audit.shutdown().await;
+    gateway.upstreams.shutdown().await;
+    let store = gateway.store.clone();
+    let _ = tokio::task::spawn_blocking(move || store.flush()).await;
+    tracing::info!("sealgate stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: draining calls in flight");
+}

@@ -1,0 +1,225 @@
+//! The `sealgate` command: the gateway (`serve`), a guided tour (`demo`), agent-side helpers (`keygen`,
+//! `sign`, `invoke`), offline policy and audit tools, and a benchmark.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sealgate", version, about = "A security gateway for AI agent tool calls (seal/v1).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// YAML configuration (every key has a default).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start a gateway in-process with a demo tool and walk through the whole flow.
+    Demo,
+    /// Make an Ed25519 key pair for an execution (JSON on stdout).
+    Keygen,
+    /// Print a signed seal/v1 envelope for a JSON-RPC payload.
+    Sign(SignArgs),
+    /// Sign a payload and POST it to a gateway; prints the answer.
+    Invoke {
+        #[command(flatten)]
+        sign: SignArgs,
+        /// The gateway's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:8089")]
+        url: String,
+    },
+    /// Check or explain security contexts offline.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Audit trail tools.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Measure the gateway's throughput and latency in-process (prints numbers).
+    Bench {
+        /// Calls to make per scenario.
+        #[arg(long, default_value_t = 2000)]
+        calls: usize,
+        /// Calls in flight at once.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+    },
+}
+
+#[derive(clap::Args)]
+struct SignArgs {
+    /// The execution's private key: base64 or hex of the 32-byte seed, a PKCS#8 PEM, or @FILE holding one.
+    #[arg(long)]
+    key: String,
+    /// The session's JWT (or @FILE).
+    #[arg(long)]
+    token: String,
+    /// The JSON-RPC payload (or @FILE).
+    #[arg(long)]
+    payload: String,
+    /// Unix seconds to sign (default: now).
+    #[arg(long)]
+    timestamp: Option<i64>,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate every context file in DIR (default ./policies); exit 1 on the first invalid one.
+    Check { dir: Option<PathBuf> },
+    /// Print the decision a call would get, its code and the rule that decided.
+    Explain {
+        #[arg(long)]
+        context: String,
+        #[arg(long)]
+        tool: String,
+        #[arg(long, default_value = "{}")]
+        args: String,
+        #[arg(long, default_value = "policies")]
+        policies: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Verify the hash chain of a JSON-lines audit export; names the first broken event.
+    Verify { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(matches!(cli.command, Command::Serve { .. }));
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli.command));
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("sealgate: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(serving: bool) {
+    let default = if serving { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// `@FILE` reads the argument from a file.
+fn arg_text(value: &str) -> Result<String, String> {
+    match value.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| format!("cannot read {path}: {e}")),
+        None => Ok(value.to_string()),
+    }
+}
+
+fn signed_envelope(args: &SignArgs) -> Result<serde_json::Value, String> {
+    let key = sealgate::envelope::signing_key_from_text(&arg_text(&args.key)?)?;
+    let token = arg_text(&args.token)?;
+    let payload: serde_json::Value =
+        serde_json::from_str(&arg_text(&args.payload)?).map_err(|e| format!("--payload is not JSON: {e}"))?;
+    let timestamp = args.timestamp.unwrap_or_else(sealgate::clock::now_secs);
+    Ok(sealgate::envelope::sign_envelope(&key, payload, &token, timestamp))
+}
+
+async fn run(command: Command) -> Result<ExitCode, String> {
+    match command {
+        Command::Serve { config } => {
+            let config = sealgate::config::Config::load(config.as_deref())?;
+            sealgate::gateway::serve(config).await?;
+        }
+        Command::Demo => sealgate::demo::run().await?,
+        Command::Keygen => println!("{}", keygen()?),
+        Command::Sign(args) => println!("{}", signed_envelope(&args)?),
+        Command::Invoke { sign, url } => {
+            let envelope = signed_envelope(&sign)?;
+            let response = reqwest::Client::new()
+                .post(format!("{}/v1/invoke", url.trim_end_matches('/')))
+                .json(&envelope)
+                .send()
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+            let status = response.status();
+            let body = response.text().await.map_err(|e| e.to_string())?;
+            println!("{body}");
+            if !status.is_success() {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::Policy { command } => return Ok(sealgate::policy::cli::run(command_to_policy(command))),
+        Command::Audit { command: AuditCommand::Verify { file } } => return Ok(audit_verify(&file)),
+        Command::Bench { calls, concurrency } => sealgate::demo::bench(calls, concurrency).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A new execution key pair: the seed and PKCS#8 PEM for the agent, the public key for registration.
+fn keygen() -> Result<String, String> {
+    use base64::Engine;
+    let key = sealgate::envelope::generate_signing_key()?;
+    let public = key.verifying_key();
+    let described = serde_json::json!({
+        "private_key": base64::engine::general_purpose::STANDARD.encode(key.to_bytes()),
+        "private_key_pem": sealgate::envelope::signing_key_to_pkcs8_pem(&key)?,
+        "public_key": sealgate::envelope::public_key_b64(&public),
+        "public_key_pem": sealgate::envelope::public_key_pem(&public)?,
+    });
+    serde_json::to_string_pretty(&described).map_err(|e| e.to_string())
+}
+
+/// `sealgate audit verify FILE`: exit 0 with a summary, or 1 naming the first broken event.
+fn audit_verify(file: &std::path::Path) -> ExitCode {
+    let opened = match std::fs::File::open(file) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot open {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match sealgate::audit::verify_chain(std::io::BufReader::new(opened)) {
+        Ok(report) => {
+            println!(
+                "ok: {} events, seq {}..{}, chain intact (first prev_hash {}, last hash {})",
+                report.events, report.first_seq, report.last_seq, report.first_prev_hash, report.last_hash
+            );
+            ExitCode::SUCCESS
+        }
+        Err(broken) => {
+            eprintln!("broken: {broken}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn command_to_policy(command: PolicyCommand) -> sealgate::policy::cli::PolicyCommand {
+    match command {
+        PolicyCommand::Check { dir } => sealgate::policy::cli::PolicyCommand::Check {
+            dir: dir.unwrap_or_else(|| PathBuf::from("policies")),
+        },
+        PolicyCommand::Explain { context, tool, args, policies } => {
+            sealgate::policy::cli::PolicyCommand::Explain { context, tool, args, policies }
+        }
+    }
+}

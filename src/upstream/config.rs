@@ -1,0 +1,286 @@
+//! The `upstreams` section of the gateway configuration (SPEC section 11) and its validation.
+//!
+//! Deserialisation only checks the shape; [`validate`] turns one entry into a [`ValidatedUpstream`]
+//! whose target can only be one of the supported kinds, so the clients never see a half-valid entry.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use url::Url;
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+/// One entry of `upstreams:`; exactly one of `http` and `mcp` must be set.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// A plain JSON-RPC endpoint: the call is POSTed as is.
+    pub http: Option<HttpUpstreamConfig>,
+    /// An MCP server, over Streamable HTTP (`url`) or stdio (`command`).
+    pub mcp: Option<McpUpstreamConfig>,
+    /// Budget for one call, from the first byte sent to the last byte of the answer.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Extra HTTP headers sent on every request (credentials). `env:NAME` values are resolved by
+    /// the config loader before they reach this module.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// `http: {url}`.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct HttpUpstreamConfig {
+    pub url: String,
+}
+
+/// `mcp: {url}` or `mcp: {command, args, env, cwd}`.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct McpUpstreamConfig {
+    pub url: Option<String>,
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// Where the calls of one upstream go, after validation.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// Plain JSON-RPC over HTTP.
+    Http { url: Url },
+    /// MCP over Streamable HTTP.
+    McpHttp { url: Url },
+    /// MCP over the stdio of a child process.
+    McpStdio(StdioCommand),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct StdioCommand {
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ValidatedUpstream {
+    pub target: Target,
+    pub timeout: Duration,
+    pub headers: HeaderMap,
+}
+
+/// Headers that the HTTP clients set themselves; letting the configuration override them would
+/// break the protocol (or, for `host`, send credentials somewhere unexpected).
+const RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "last-event-id",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// An upstream name is the first segment of a tool name, so it must be one (SPEC section 2).
+fn is_valid_upstream_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpstream, String> {
+    let fail = |problem: String| format!("upstream `{name}`: {problem}");
+    if !is_valid_upstream_name(name) {
+        return Err(fail(
+            "the name must be 1-128 characters of A-Z a-z 0-9 _ - (it is the first segment of \
+             the tool names routed to it)"
+                .into(),
+        ));
+    }
+    if cfg.timeout_ms == 0 {
+        return Err(fail("timeout_ms must be at least 1".into()));
+    }
+    let target = match (&cfg.http, &cfg.mcp) {
+        (Some(_), Some(_)) => return Err(fail("set exactly one of `http` and `mcp`, not both".into())),
+        (None, None) => return Err(fail("set exactly one of `http` and `mcp`".into())),
+        (Some(http), None) => Target::Http {
+            url: parse_url(&http.url).map_err(|e| fail(format!("http.url: {e}")))?,
+        },
+        (None, Some(mcp)) => match (&mcp.url, &mcp.command) {
+            (Some(_), Some(_)) => {
+                return Err(fail("mcp: set exactly one of `url` and `command`, not both".into()))
+            }
+            (None, None) => return Err(fail("mcp: set exactly one of `url` and `command`".into())),
+            (Some(url), None) => {
+                if !mcp.args.is_empty() || !mcp.env.is_empty() || mcp.cwd.is_some() {
+                    return Err(fail(
+                        "mcp: `args`, `env` and `cwd` apply only to a stdio upstream (`command`)"
+                            .into(),
+                    ));
+                }
+                Target::McpHttp {
+                    url: parse_url(url).map_err(|e| fail(format!("mcp.url: {e}")))?,
+                }
+            }
+            (None, Some(command)) => {
+                Target::McpStdio(validate_command(command, mcp).map_err(|e| fail(format!("mcp: {e}")))?)
+            }
+        },
+    };
+    if matches!(target, Target::McpStdio(_)) && !cfg.headers.is_empty() {
+        return Err(fail(
+            "`headers` apply only to HTTP upstreams; pass credentials to a stdio tool through \
+             mcp.env"
+                .into(),
+        ));
+    }
+    let headers = build_headers(&cfg.headers).map_err(fail)?;
+    Ok(ValidatedUpstream {
+        target,
+        timeout: Duration::from_millis(cfg.timeout_ms),
+        headers,
+    })
+}
+
+fn parse_url(raw: &str) -> Result<Url, String> {
+    let url = Url::parse(raw).map_err(|e| format!("`{raw}` is not a valid URL: {e}"))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(format!("`{raw}` must be an http:// or https:// URL"));
+    }
+    if url.host_str().is_none() {
+        return Err(format!("`{raw}` has no host"));
+    }
+    // Credentials in the URL would be sent as Basic auth and show up in logs; they belong in
+    // `headers` with an `env:` value.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("the URL must not carry a user name or password; use `headers`".into());
+    }
+    Ok(url)
+}
+
+fn validate_command(command: &str, mcp: &McpUpstreamConfig) -> Result<StdioCommand, String> {
+    if command.trim().is_empty() {
+        return Err("`command` is empty".into());
+    }
+    if command.contains('\0') || mcp.args.iter().any(|a| a.contains('\0')) {
+        return Err("`command` and `args` must not contain NUL characters".into());
+    }
+    for (key, value) in &mcp.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(format!(
+                "env `{key}`: names must be non-empty without `=` or NUL, values without NUL"
+            ));
+        }
+    }
+    Ok(StdioCommand {
+        command: command.to_owned(),
+        args: mcp.args.clone(),
+        env: mcp.env.clone(),
+        cwd: mcp.cwd.clone(),
+    })
+}
+
+fn build_headers(raw: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in raw {
+        let header_name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header `{name}` is not a valid HTTP header name"))?;
+        if RESERVED_HEADERS.contains(&header_name.as_str()) {
+            return Err(format!("header `{name}` is set by the gateway and cannot be configured"));
+        }
+        let mut header_value = HeaderValue::from_str(value)
+            .map_err(|_| format!("header `{name}` has a value that is not a valid HTTP header value"))?;
+        // Header values are credentials: keep them out of Debug output.
+        header_value.set_sensitive(true);
+        // Names differ only in case in a BTreeMap but are the same header on the wire.
+        if headers.insert(header_name, header_value).is_some() {
+            return Err(format!("header `{name}` is given twice (names are case-insensitive)"));
+        }
+    }
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml_json: serde_json::Value) -> Result<UpstreamConfig, serde_json::Error> {
+        serde_json::from_value(yaml_json)
+    }
+
+    #[test]
+    fn http_upstream_validates_with_default_timeout() {
+        let cfg = parse(serde_json::json!({"http": {"url": "http://127.0.0.1:9000/rpc"}})).unwrap();
+        let v = validate("echo", &cfg).unwrap();
+        assert!(matches!(v.target, Target::Http { .. }));
+        assert_eq!(v.timeout, Duration::from_millis(30_000));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(parse(serde_json::json!({"http": {"url": "http://x"}, "timeout": 5})).is_err());
+        assert!(parse(serde_json::json!({"http": {"url": "http://x", "method": "GET"}})).is_err());
+        assert!(parse(serde_json::json!({"mcp": {"command": "x", "argv": []}})).is_err());
+    }
+
+    #[test]
+    fn exactly_one_kind_and_one_mcp_transport() {
+        let both = parse(serde_json::json!({"http": {"url": "http://a"}, "mcp": {"url": "http://b"}})).unwrap();
+        let err = validate("up", &both).unwrap_err();
+        assert!(err.contains("upstream `up`") && err.contains("not both"), "{err}");
+        let none = parse(serde_json::json!({})).unwrap();
+        assert!(validate("up", &none).is_err());
+        let mcp_both = parse(serde_json::json!({"mcp": {"url": "http://b", "command": "x"}})).unwrap();
+        assert!(validate("up", &mcp_both).is_err());
+        let mcp_none = parse(serde_json::json!({"mcp": {"args": ["a"]}})).unwrap();
+        assert!(validate("up", &mcp_none).is_err());
+        let url_with_args = parse(serde_json::json!({"mcp": {"url": "http://b", "args": ["a"]}})).unwrap();
+        assert!(validate("up", &url_with_args).is_err());
+    }
+
+    #[test]
+    fn bad_names_urls_timeouts_and_headers_are_refused() {
+        let ok = parse(serde_json::json!({"http": {"url": "http://a/rpc"}})).unwrap();
+        assert!(validate("has.dot", &ok).is_err());
+        assert!(validate("", &ok).is_err());
+        for url in ["ftp://a/", "not a url", "http://user:pw@a/"] {
+            let cfg = parse(serde_json::json!({"http": {"url": url}})).unwrap();
+            assert!(validate("up", &cfg).is_err(), "{url}");
+        }
+        let zero = parse(serde_json::json!({"http": {"url": "http://a"}, "timeout_ms": 0})).unwrap();
+        assert!(validate("up", &zero).is_err());
+        for (name, value) in [("Content-Type", "x"), ("bad name", "x"), ("x-key", "a\nb"), ("Mcp-Session-Id", "s")] {
+            let cfg = parse(serde_json::json!({"http": {"url": "http://a"}, "headers": {name: value}})).unwrap();
+            assert!(validate("up", &cfg).is_err(), "{name}");
+        }
+        let dup = parse(serde_json::json!({"http": {"url": "http://a"}, "headers": {"X-Key": "1", "x-key": "2"}})).unwrap();
+        assert!(validate("up", &dup).is_err());
+    }
+
+    #[test]
+    fn stdio_upstreams_take_no_headers_and_no_nul() {
+        let with_headers = parse(serde_json::json!({"mcp": {"command": "node"}, "headers": {"x-key": "1"}})).unwrap();
+        assert!(validate("fs", &with_headers).is_err());
+        let nul = parse(serde_json::json!({"mcp": {"command": "node", "args": ["a\u{0}b"]}})).unwrap();
+        assert!(validate("fs", &nul).is_err());
+        let bad_env = parse(serde_json::json!({"mcp": {"command": "node", "env": {"A=B": "1"}}})).unwrap();
+        assert!(validate("fs", &bad_env).is_err());
+        let good = parse(serde_json::json!({"mcp": {"command": "node", "args": ["x.js"], "env": {"A": "1"}}})).unwrap();
+        assert!(matches!(validate("fs", &good).unwrap().target, Target::McpStdio(_)));
+    }
+}

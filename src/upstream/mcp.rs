@@ -1,0 +1,597 @@
+//! The `mcp` upstream kind: the gateway as an MCP client (rmcp), over Streamable HTTP or over the
+//! stdio of a child process.
+//!
+//! One connection per upstream is shared by all concurrent calls (rmcp's peer is a cheap handle).
+//! It is opened on first use; when it has died (the child exited, the transport closed) the next
+//! call opens a new one, with a growing pause between failed starts. Only one start runs at a time.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use reqwest::header::HeaderMap;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
+    ClientRequest, Implementation, RequestId, ServerJsonRpcMessage, ServerResult,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Map, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::ChildStderr;
+use url::Url;
+
+use super::config::StdioCommand;
+use super::http::build_client;
+use super::jsonrpc::{error_object, ToolAnswer};
+use super::mcp_http_client::SessionAwareClient;
+use super::{UpstreamError, HARD_MAX_RESPONSE_BYTES};
+
+/// Variables a stdio tool inherits from the gateway. Everything else is left out on purpose: the
+/// gateway's environment holds the credentials of other upstreams (`env:` header values).
+const INHERITED_ENV: &[&str] = &[
+    "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ", "USER",
+];
+
+const FIRST_RESTART_DELAY: Duration = Duration::from_millis(500);
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+const MAX_STDERR_LINE: u64 = 8 * 1024;
+
+pub(crate) enum McpTarget {
+    Stdio(StdioCommand),
+    Http { url: Url, headers: HeaderMap },
+}
+
+/// The rmcp client handler: it offers the server no capabilities (no sampling, no roots) and only
+/// listens for tool list changes.
+#[derive(Clone)]
+struct GatewayClient {
+    tools_changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for GatewayClient {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + Send + '_ {
+        self.tools_changed.store(true, Ordering::Release);
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("sealgate", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// What the gateway needs to know about a transport and rmcp does not say: whether the server's
+/// side has closed, and which `tools/call` requests were handed to the transport at all. A call
+/// whose session ends before its request was handed over certainly did not reach the tool.
+#[derive(Default)]
+struct TransportWatch {
+    closed: AtomicBool,
+    calls_handed_over: Mutex<HashSet<RequestId>>,
+}
+
+impl TransportWatch {
+    /// Whether the request was handed to the transport; forgets it either way.
+    fn take_handed_over(&self, id: &RequestId) -> bool {
+        self.calls_handed_over
+            .lock()
+            .map(|mut ids| ids.remove(id))
+            // A poisoned set cannot tell: assume the request went out (outcome unknown).
+            .unwrap_or(true)
+    }
+}
+
+struct WatchedTransport<T> {
+    inner: T,
+    watch: Arc<TransportWatch>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for WatchedTransport<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let ClientJsonRpcMessage::Request(request) = &item {
+            if matches!(request.request, ClientRequest::CallToolRequest(_)) {
+                // Marked before the first byte can leave: from here on the call may reach the tool.
+                if let Ok(mut ids) = self.watch.calls_handed_over.lock() {
+                    ids.insert(request.id.clone());
+                }
+            }
+        }
+        self.inner.send(item)
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
+        async move {
+            let message = self.inner.receive().await;
+            if message.is_none() {
+                // rmcp notices the end only after draining and closing; calls must not wait.
+                self.watch.closed.store(true, Ordering::Release);
+            }
+            message
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.watch.closed.store(true, Ordering::Release);
+        self.inner.close()
+    }
+}
+
+/// An initialised MCP session (and, for stdio, the child process that serves it).
+struct Connection {
+    service: RunningService<RoleClient, GatewayClient>,
+    watch: Arc<TransportWatch>,
+}
+
+impl Connection {
+    fn is_alive(&self) -> bool {
+        !self.watch.closed.load(Ordering::Acquire)
+            && !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+    }
+}
+
+/// Pause between failed starts: 0.5 s, doubling, at most 30 s; reset by a successful start.
+#[derive(Default)]
+struct RestartBackoff {
+    failed_starts: u32,
+    next_attempt: Option<Instant>,
+}
+
+impl RestartBackoff {
+    fn record_failure(&mut self) {
+        self.failed_starts = self.failed_starts.saturating_add(1);
+        self.next_attempt = Some(Instant::now() + Self::delay_after(self.failed_starts));
+    }
+
+    fn delay_after(failed_starts: u32) -> Duration {
+        let doublings = failed_starts.saturating_sub(1).min(16);
+        FIRST_RESTART_DELAY
+            .saturating_mul(1u32 << doublings)
+            .min(MAX_RESTART_DELAY)
+    }
+}
+
+/// How a call failed, sorted by whether the tool can have seen it.
+enum CallFailure {
+    /// Nothing of the call reached the tool: safe to try again on a new connection.
+    NotDelivered(String),
+    /// The call may have reached the tool, or the tool answered: final.
+    Final(UpstreamError),
+}
+
+pub(crate) struct McpUpstream {
+    name: Arc<str>,
+    target: McpTarget,
+    timeout: Duration,
+    tools_changed: Arc<AtomicBool>,
+    /// The live connection; only read and swapped, never held across an await.
+    current: Mutex<Option<Arc<Connection>>>,
+    /// Serialises starts, and remembers how long to wait after a failed one.
+    start_guard: tokio::sync::Mutex<RestartBackoff>,
+    shut_down: AtomicBool,
+}
+
+impl McpUpstream {
+    pub(crate) fn new(
+        name: &str,
+        target: McpTarget,
+        timeout: Duration,
+        tools_changed: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            name: Arc::from(name),
+            target,
+            timeout,
+            tools_changed,
+            current: Mutex::new(None),
+            start_guard: tokio::sync::Mutex::new(RestartBackoff::default()),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Calls `tool` (its own name on the server). The cap applies to the decoded result (or error)
+    /// serialized as JSON: rmcp reads the HTTP body or stdio line, so its raw bytes are not at hand.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        arguments: &Map<String, Value>,
+        cap: u64,
+    ) -> Result<ToolAnswer, UpstreamError> {
+        let connection = self.connection().await?;
+        match self.call_on(&connection, tool, arguments, cap).await {
+            Ok(answer) => Ok(answer),
+            Err(CallFailure::Final(e)) => Err(e),
+            Err(CallFailure::NotDelivered(reason)) => {
+                // Nothing reached the tool, so one more try on a new connection cannot run it
+                // twice. This covers a child that exited since the last call, and a server that
+                // lost the session; when the server is down the new start fails fast.
+                tracing::info!(upstream = %self.name, %reason, "call not delivered; reconnecting once");
+                self.discard(&connection);
+                let connection = self.connection().await?;
+                match self.call_on(&connection, tool, arguments, cap).await {
+                    Ok(answer) => Ok(answer),
+                    Err(CallFailure::Final(e)) => Err(e),
+                    Err(CallFailure::NotDelivered(reason)) => {
+                        self.discard(&connection);
+                        Err(UpstreamError::Unavailable(reason))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets `connection` if it is still the current one; dropping it ends the session.
+    fn discard(&self, connection: &Arc<Connection>) {
+        let stale = self.current.lock().ok().and_then(|mut current| {
+            match current.as_ref() {
+                Some(live) if Arc::ptr_eq(live, connection) => current.take(),
+                _ => None,
+            }
+        });
+        drop(stale);
+    }
+
+    /// The server's tools (all pages), as JSON objects with their own names.
+    pub(crate) async fn list_tools(&self) -> Result<Vec<Value>, UpstreamError> {
+        let connection = self.connection().await?;
+        let peer = connection.service.peer().clone();
+        let tools = tokio::time::timeout(self.timeout, peer.list_all_tools())
+            .await
+            .map_err(|_| UpstreamError::Timeout("tools/list did not finish in time".into()))?
+            .map_err(|e| UpstreamError::BadResponse(format!("tools/list failed: {e}")))?;
+        tools
+            .into_iter()
+            .map(|tool| {
+                serde_json::to_value(tool)
+                    .map_err(|e| UpstreamError::BadResponse(format!("unreadable tool: {e}")))
+            })
+            .collect()
+    }
+
+    /// Closes the session; for stdio this ends the child (stdin closed, then SIGTERM, then SIGKILL
+    /// to its process group).
+    pub(crate) async fn shutdown(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        // Wait for a start in progress, so that it cannot leave a child behind.
+        let _start = self.start_guard.lock().await;
+        let taken = self.current.lock().map(|mut c| c.take()).unwrap_or(None);
+        if let Some(connection) = taken {
+            match Arc::try_unwrap(connection) {
+                Ok(mut connection) => {
+                    let _ = connection
+                        .service
+                        .close_with_timeout(Duration::from_secs(10))
+                        .await;
+                }
+                // A call still holds it; dropping our handle cancels the session when it finishes,
+                // and the child is killed when its transport is dropped.
+                Err(shared) => drop(shared),
+            }
+        }
+    }
+
+    fn live_connection(&self) -> Option<Arc<Connection>> {
+        let guard = self.current.lock().ok()?;
+        guard.as_ref().filter(|c| c.is_alive()).cloned()
+    }
+
+    async fn connection(&self) -> Result<Arc<Connection>, UpstreamError> {
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        let mut backoff = self.start_guard.lock().await;
+        // Another call may have started it while this one waited.
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(UpstreamError::Unavailable("the gateway is shutting down".into()));
+        }
+        if let Some(next_attempt) = backoff.next_attempt {
+            let now = Instant::now();
+            if now < next_attempt {
+                return Err(UpstreamError::Unavailable(format!(
+                    "{} failed start(s); next attempt in {} ms",
+                    backoff.failed_starts,
+                    (next_attempt - now).as_millis()
+                )));
+            }
+        }
+        let started = match tokio::time::timeout(self.timeout, self.start()).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "initialisation did not finish within {} ms",
+                self.timeout.as_millis()
+            )),
+        };
+        match started {
+            Ok((service, watch)) => {
+                *backoff = RestartBackoff::default();
+                let connection = Arc::new(Connection { service, watch });
+                if let Ok(mut current) = self.current.lock() {
+                    *current = Some(connection.clone());
+                }
+                // A new session may serve another tool list.
+                self.tools_changed.store(true, Ordering::Release);
+                tracing::info!(upstream = %self.name, "MCP session initialised");
+                Ok(connection)
+            }
+            Err(reason) => {
+                backoff.record_failure();
+                tracing::warn!(upstream = %self.name, %reason, "cannot start the MCP upstream");
+                Err(UpstreamError::Unavailable(reason))
+            }
+        }
+    }
+
+    async fn start(
+        &self,
+    ) -> Result<(RunningService<RoleClient, GatewayClient>, Arc<TransportWatch>), String> {
+        let handler = GatewayClient {
+            tools_changed: self.tools_changed.clone(),
+        };
+        let watch = Arc::new(TransportWatch::default());
+        let service = match &self.target {
+            McpTarget::Stdio(command) => {
+                let mut process = tokio::process::Command::new(&command.command);
+                process.args(&command.args).env_clear();
+                for key in INHERITED_ENV {
+                    if let Some(value) = std::env::var_os(key) {
+                        process.env(key, value);
+                    }
+                }
+                process.envs(&command.env);
+                if let Some(cwd) = &command.cwd {
+                    process.current_dir(cwd);
+                }
+                let mut wrapped = CommandWrap::from(process);
+                // Its own process group, so that a wrapper (npx, sh) dies with the server it runs.
+                wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+                let (transport, stderr) = TokioChildProcess::builder(wrapped)
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .map_err(|e| format!("cannot start `{}`: {e}", command.command))?;
+                if let Some(stderr) = stderr {
+                    tokio::spawn(forward_stderr(self.name.clone(), stderr));
+                }
+                let transport = WatchedTransport {
+                    inner: transport,
+                    watch: watch.clone(),
+                };
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("MCP initialisation over stdio failed: {e}"))?
+            }
+            McpTarget::Http { url, headers } => {
+                let http = build_client(self.timeout)?;
+                let custom_headers: HashMap<_, _> = headers
+                    .iter()
+                    .map(|(name, value)| (name.clone(), value.clone()))
+                    .collect();
+                let max = usize::try_from(HARD_MAX_RESPONSE_BYTES).unwrap_or(usize::MAX);
+                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(custom_headers)
+                    .reinit_on_expired_session(true)
+                    .max_json_response_size(max)
+                    .max_sse_event_size(max)
+                    .control_request_timeout(self.timeout.min(Duration::from_secs(5)))
+                    .session_recovery_timeout(self.timeout);
+                let transport = WatchedTransport {
+                    inner: StreamableHttpClientTransport::with_client(
+                        SessionAwareClient::new(http),
+                        config,
+                    ),
+                    watch: watch.clone(),
+                };
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("MCP initialisation at {url} failed: {e}"))?
+            }
+        };
+        Ok((service, watch))
+    }
+
+    async fn call_on(
+        &self,
+        connection: &Connection,
+        tool: &str,
+        arguments: &Map<String, Value>,
+        cap: u64,
+    ) -> Result<ToolAnswer, CallFailure> {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        // The peer is a handle onto the shared session: no lock is held while the call runs.
+        let peer = connection.service.peer().clone();
+        let handle = peer
+            .send_request_with_option(request, PeerRequestOptions::with_timeout(self.timeout))
+            .await
+            .map_err(|e| CallFailure::NotDelivered(format!("the session closed: {e}")))?;
+        let request_id = handle.id.clone();
+        // On timeout rmcp sends notifications/cancelled for the request and forgets it, so a late
+        // answer is dropped on purpose rather than lost unnoticed.
+        let outcome = handle.await_response().await;
+        let handed_over = connection.watch.take_handed_over(&request_id);
+        let answer = match outcome {
+            Ok(ServerResult::CallToolResult(result)) => serde_json::to_value(result)
+                .map(ToolAnswer::Result)
+                .map_err(|e| CallFailure::Final(UpstreamError::BadResponse(e.to_string())))?,
+            Ok(ServerResult::EmptyResult(_)) => ToolAnswer::Result(Value::Object(Map::new())),
+            Ok(ServerResult::CustomResult(custom)) => ToolAnswer::Result(custom.0),
+            Ok(_) => {
+                // A task or an input request: the tool has not finished, and the gateway cannot
+                // carry the follow-up rounds, so the outcome is unknown.
+                return Err(CallFailure::Final(UpstreamError::BadResponse(
+                    "the tool answered with something other than a tool result".into(),
+                )));
+            }
+            Err(ServiceError::McpError(error)) => ToolAnswer::Error(error_object(
+                i64::from(error.code.0),
+                &error.message,
+                error.data,
+            )),
+            Err(error) => return Err(self.classify(error, handed_over, cap)),
+        };
+        if answer.payload_len() as u64 > cap {
+            return Err(CallFailure::Final(UpstreamError::TooLarge { limit: cap }));
+        }
+        Ok(answer)
+    }
+
+    fn classify(&self, error: ServiceError, handed_over: bool, cap: u64) -> CallFailure {
+        let final_failure = CallFailure::Final;
+        match error {
+            // The session ended while the request still waited in rmcp's queue.
+            ServiceError::TransportClosed | ServiceError::Cancelled { .. } if !handed_over => {
+                CallFailure::NotDelivered(format!("the session ended before the call was sent: {error}"))
+            }
+            ServiceError::Timeout { timeout } => {
+                tracing::warn!(upstream = %self.name, "tools/call timed out; cancellation sent");
+                final_failure(UpstreamError::Timeout(format!(
+                    "no answer within {} ms",
+                    timeout.as_millis()
+                )))
+            }
+            ServiceError::TransportSend(send_error) => {
+                classify_transport_error(send_error.error.as_ref(), cap)
+            }
+            ServiceError::UnexpectedResponse => final_failure(UpstreamError::BadResponse(
+                "the answer is not a tools/call result".into(),
+            )),
+            // TransportClosed, Cancelled and anything newer: the request may have been delivered.
+            other => final_failure(UpstreamError::Timeout(format!(
+                "the session ended before the answer came: {other}"
+            ))),
+        }
+    }
+}
+
+/// A transport's send error, sorted by whether the call can have reached the tool.
+fn classify_transport_error(error: &(dyn std::error::Error + Send + Sync + 'static), cap: u64) -> CallFailure {
+    if let Some(io) = error.downcast_ref::<std::io::Error>() {
+        // Writing to the child's stdin failed: the child closed it (or exited), so it cannot have
+        // read the whole request line.
+        return CallFailure::NotDelivered(format!("cannot write to the tool's stdin: {io}"));
+    }
+    let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() else {
+        return CallFailure::Final(UpstreamError::Timeout(format!("transport failure: {error}")));
+    };
+    match http {
+        StreamableHttpError::Client(e) if e.is_connect() || e.is_builder() => {
+            CallFailure::NotDelivered(format!("cannot reach the MCP server: {e}"))
+        }
+        StreamableHttpError::SessionExpired
+        | StreamableHttpError::ReinitializationFailed(_)
+        | StreamableHttpError::ReservedHeaderConflict(_)
+        | StreamableHttpError::AuthRequired(_)
+        | StreamableHttpError::InsufficientScope(_) => {
+            CallFailure::NotDelivered(format!("the MCP server refused the request: {http}"))
+        }
+        StreamableHttpError::ResponseBodyTooLarge { max_size } => {
+            CallFailure::Final(UpstreamError::TooLarge {
+                limit: cap.min(*max_size as u64),
+            })
+        }
+        StreamableHttpError::HttpStatus(_)
+        | StreamableHttpError::UnexpectedServerResponse(_)
+        | StreamableHttpError::UnexpectedContentType(_)
+        | StreamableHttpError::Deserialize(_)
+        | StreamableHttpError::Sse(_) => {
+            CallFailure::Final(UpstreamError::BadResponse(http.to_string()))
+        }
+        // Timeouts, resets, broken streams, an unfinished recovery: the request may have run.
+        other => CallFailure::Final(UpstreamError::Timeout(other.to_string())),
+    }
+}
+
+/// Copies the child's stderr into the log, line by line, so that it never mixes with the
+/// gateway's own stdout. Over-long lines are logged in pieces.
+async fn forward_stderr(upstream: Arc<str>, stderr: ChildStderr) {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(MAX_STDERR_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if !text.is_empty() {
+                    tracing::info!(upstream = %upstream, "tool stderr: {text}");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(upstream = %upstream, error = %e, "tool stderr closed");
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_delay_doubles_up_to_thirty_seconds() {
+        let delays: Vec<Duration> = (1..=10).map(RestartBackoff::delay_after).collect();
+        assert_eq!(delays[0], Duration::from_millis(500));
+        assert_eq!(delays[1], Duration::from_secs(1));
+        assert_eq!(delays[2], Duration::from_secs(2));
+        assert_eq!(delays[6], Duration::from_secs(30));
+        assert_eq!(delays[9], Duration::from_secs(30));
+        assert_eq!(RestartBackoff::delay_after(u32::MAX), Duration::from_secs(30));
+        let mut backoff = RestartBackoff::default();
+        backoff.record_failure();
+        assert_eq!(backoff.failed_starts, 1);
+        assert!(backoff.next_attempt.is_some_and(|at| at > Instant::now()));
+    }
+
+    #[test]
+    fn transport_errors_are_sorted_by_delivery() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone");
+        assert!(matches!(classify_transport_error(&io, 10), CallFailure::NotDelivered(_)));
+        let expired: StreamableHttpError<reqwest::Error> = StreamableHttpError::SessionExpired;
+        assert!(matches!(classify_transport_error(&expired, 10), CallFailure::NotDelivered(_)));
+        let big: StreamableHttpError<reqwest::Error> =
+            StreamableHttpError::ResponseBodyTooLarge { max_size: 100 };
+        assert!(matches!(
+            classify_transport_error(&big, 10),
+            CallFailure::Final(UpstreamError::TooLarge { limit: 10 })
+        ));
+        let ended: StreamableHttpError<reqwest::Error> = StreamableHttpError::UnexpectedEndOfStream;
+        assert!(matches!(
+            classify_transport_error(&ended, 10),
+            CallFailure::Final(UpstreamError::Timeout(_))
+        ));
+        let garbled: StreamableHttpError<reqwest::Error> =
+            StreamableHttpError::UnexpectedContentType(Some("text/html".into()));
+        assert!(matches!(
+            classify_transport_error(&garbled, 10),
+            CallFailure::Final(UpstreamError::BadResponse(_))
+        ));
+    }
+}

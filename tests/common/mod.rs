@@ -1,0 +1,328 @@
+//! Shared black-box harness: starts the real `sealgate` binary on port 0 with a temporary configuration,
+//! a counting JSON-RPC tool on loopback, and the keys that orchestrators, operators and agents hold.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use ed25519_dalek::SigningKey;
+use serde_json::{json, Value};
+
+pub const TEST_POLICY: &str = r#"
+name: test
+description: The black-box tests' context.
+deny_list: ["tool.forbidden", "secrets.*"]
+capabilities:
+  - tool_pattern: "tool.off"
+    claim: off
+  - tool_pattern: "tool.explicit"
+    claim: explicit
+  - tool_pattern: "tool.*"
+    path_allowlist: ["/workspace"]
+  - tool_pattern: "limited.*"
+    rate_limit: { calls: 2, per_seconds: 60 }
+    claim: off
+  - tool_pattern: "big.*"
+    max_response_size: 64
+  - tool_pattern: "slow.*"
+  - tool_pattern: "bad.*"
+  - tool_pattern: "down.*"
+  - tool_pattern: "noroute.*"
+"#;
+
+pub const OTHER_POLICY: &str = r#"
+name: other
+capabilities:
+  - tool_pattern: "*"
+"#;
+
+/// The counting tool: every upstream of the test config points at one of its routes.
+#[derive(Default)]
+pub struct Tool {
+    pub executions: AtomicU64,
+    pub last_request: std::sync::Mutex<Option<Value>>,
+    pub last_auth: std::sync::Mutex<Option<String>>,
+    /// Executions per `op` argument, for exactly-once checks.
+    pub ops: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl Tool {
+    pub fn count(&self) -> u64 {
+        self.executions.load(Ordering::SeqCst)
+    }
+}
+
+async fn tool_rpc(
+    axum::extract::State(tool): axum::extract::State<Arc<Tool>>,
+    headers: axum::http::HeaderMap,
+    axum::Json(request): axum::Json<Value>,
+) -> axum::Json<Value> {
+    tool.executions.fetch_add(1, Ordering::SeqCst);
+    *tool.last_auth.lock().unwrap() = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    *tool.last_request.lock().unwrap() = Some(request.clone());
+    if let Some(op) = request["params"]["arguments"]["op"].as_str() {
+        *tool.ops.lock().unwrap().entry(op.to_string()).or_default() += 1;
+    }
+    let id = request["id"].clone();
+    if request["params"]["name"] == "fail" {
+        return axum::Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "tool failed"}}));
+    }
+    axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
+        "content": [{"type": "text", "text": format!("ran {}", request["params"]["name"].as_str().unwrap_or(""))}],
+        "echo": request["params"]["arguments"].clone(),
+        "execution": tool.executions.load(Ordering::SeqCst),
+    }}))
+}
+
+async fn tool_slow(axum::extract::State(tool): axum::extract::State<Arc<Tool>>) -> axum::Json<Value> {
+    tool.executions.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    axum::Json(json!({"jsonrpc": "2.0", "id": 1, "result": {}}))
+}
+
+async fn tool_bad(axum::extract::State(tool): axum::extract::State<Arc<Tool>>) -> &'static str {
+    tool.executions.fetch_add(1, Ordering::SeqCst);
+    "this is not JSON-RPC"
+}
+
+async fn tool_big(axum::extract::State(tool): axum::extract::State<Arc<Tool>>, axum::Json(request): axum::Json<Value>) -> axum::Json<Value> {
+    tool.executions.fetch_add(1, Ordering::SeqCst);
+    axum::Json(json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "x".repeat(4096)}]}}))
+}
+
+/// Starts the counting tool on a free loopback port.
+pub async fn start_tool() -> (Arc<Tool>, String) {
+    let tool = Arc::new(Tool::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/rpc", post(tool_rpc))
+        .route("/slow", post(tool_slow))
+        .route("/bad", post(tool_bad))
+        .route("/big", post(tool_big))
+        .with_state(tool.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (tool, format!("http://{addr}"))
+}
+
+pub struct Keys {
+    pub operator_private: String,
+    pub operator_public: String,
+    pub agent_private: String,
+    pub agent_public: String,
+}
+
+impl Keys {
+    pub fn new() -> Keys {
+        let (operator_private, operator_public) = sealgate::token::ed25519_keypair_pem().unwrap();
+        let (agent_private, agent_public) = sealgate::token::ed25519_keypair_pem().unwrap();
+        Keys { operator_private, operator_public, agent_private, agent_public }
+    }
+
+    pub fn operator_token(&self, scope: &str) -> String {
+        let now = sealgate::clock::now_secs();
+        sealgate::token::sign_eddsa_for_tests_and_cli(
+            &self.operator_private,
+            &json!({"sub": "test-operator", "aud": "sealgate-operators", "scope": scope,
+                    "iat": now, "exp": now + 600, "jti": uuid::Uuid::new_v4().to_string()}),
+            None,
+        )
+        .unwrap()
+    }
+
+    pub fn agent_claims(&self, session: &str, scp: &str) -> Value {
+        let now = sealgate::clock::now_secs();
+        json!({"sub": "agent-1", "scp": scp, "exec_id": session, "jti": uuid::Uuid::new_v4().to_string(),
+               "iat": now, "exp": now + 600, "iss": "orchestrator", "aud": "sealgate-agents"})
+    }
+
+    pub fn agent_token_from(&self, claims: &Value) -> String {
+        sealgate::token::sign_eddsa_for_tests_and_cli(&self.agent_private, claims, None).unwrap()
+    }
+
+    pub fn agent_token(&self, session: &str) -> String {
+        self.agent_token_from(&self.agent_claims(session, "test"))
+    }
+}
+
+/// The running binary; killed when dropped.
+pub struct Gateway {
+    pub child: Child,
+    pub base: String,
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+    pub keys: Arc<Keys>,
+    pub client: reqwest::Client,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn write_config(dir: &Path, keys: &Keys, tool_base: &str, extra: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
+    std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
+    let config = format!(
+        r#"listen: "127.0.0.1:0"
+data_dir: data
+policies_dir: policies
+agent_tokens:
+  issuer: orchestrator
+  audience: sealgate-agents
+  keys: [ {{ alg: EdDSA, public_key_pem: {agent:?} }} ]
+operator_auth:
+  keys: [ {{ alg: EdDSA, public_key_pem: {operator:?} }} ]
+upstreams:
+  tool: {{ http: {{ url: "{tool_base}/rpc" }}, timeout_ms: 2000, headers: {{ Authorization: "env:TEST_TOOL_CREDENTIAL" }} }}
+  limited: {{ http: {{ url: "{tool_base}/rpc" }} }}
+  slow: {{ http: {{ url: "{tool_base}/slow" }}, timeout_ms: 300 }}
+  bad: {{ http: {{ url: "{tool_base}/bad" }} }}
+  big: {{ http: {{ url: "{tool_base}/big" }} }}
+  down: {{ http: {{ url: "http://127.0.0.1:1/rpc" }}, timeout_ms: 1000 }}
+audit: {{ file: audit.jsonl }}
+{extra}"#,
+        agent = keys.agent_public,
+        operator = keys.operator_public,
+    );
+    let path = dir.join("sealgate.yaml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// Starts the binary on `config_path` and waits for its ready line; returns the child and its base URL.
+pub fn launch(config_path: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(["serve", "--config"])
+        .arg(config_path)
+        .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
+        .env("SEALGATE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sealgate");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let base = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(url) = line.strip_prefix("sealgate ready on ") {
+                    break url.trim().to_string();
+                }
+            }
+            other => panic!("sealgate exited before it was ready: {other:?}"),
+        }
+    };
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, base)
+}
+
+impl Gateway {
+    pub fn spawn(dir: &Path, config_path: &Path, keys: Arc<Keys>) -> Gateway {
+        let (child, base) = launch(config_path);
+        Gateway {
+            child,
+            base,
+            dir: dir.to_path_buf(),
+            config_path: config_path.to_path_buf(),
+            keys,
+            client: reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap(),
+        }
+    }
+
+    pub async fn start(dir: &Path, extra_config: &str) -> (Gateway, Arc<Tool>) {
+        let (tool, tool_base) = start_tool().await;
+        let keys = Arc::new(Keys::new());
+        let config = write_config(dir, &keys, &tool_base, extra_config);
+        (Gateway::spawn(dir, &config, keys), tool)
+    }
+
+    /// Stops the process with SIGKILL and starts it again on the same data.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, base) = launch(&self.config_path);
+        self.child = child;
+        self.base = base;
+    }
+
+    pub async fn operator(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let token = self.keys.operator_token("seal.admin");
+        self.operator(method, path, Some(&token), body).await
+    }
+
+    /// Registers a session on the `test` context; returns the agent's signing key and token.
+    pub async fn session(&self, id: &str) -> (SigningKey, String) {
+        self.session_with(id, json!({})).await
+    }
+
+    pub async fn session_with(&self, id: &str, extra: Value) -> (SigningKey, String) {
+        let key = sealgate::envelope::generate_signing_key().unwrap();
+        let mut body = json!({"session_id": id, "public_key": sealgate::envelope::public_key_b64(&key.verifying_key()),
+                              "security_context": "test", "expires_at": sealgate::clock::now_secs() + 600});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, answer) = self.admin(reqwest::Method::POST, "/v1/seal/sessions", Some(body)).await;
+        assert_eq!(status, 201, "session registration: {answer}");
+        (key, self.keys.agent_token(id))
+    }
+
+    pub async fn post_raw(&self, body: Vec<u8>) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}/v1/invoke", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn post(&self, envelope: &Value) -> (u16, Value) {
+        self.post_raw(serde_json::to_vec(envelope).unwrap()).await
+    }
+
+    /// Signs `payload` now and posts it.
+    pub async fn call(&self, key: &SigningKey, token: &str, payload: Value) -> (u16, Value) {
+        let envelope = sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
+        self.post(&envelope).await
+    }
+}
+
+pub fn tool_call(id: u64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+}
+
+/// The error code of a refusal body (panics with the body when there is none).
+pub fn code(body: &Value) -> u64 {
+    body["error"]["code"].as_u64().unwrap_or_else(|| panic!("no error code in {body}"))
+}
