@@ -16,7 +16,12 @@ pub fn request_id_for_key(agent: &str, idempotency_key: &str) -> String {
 }
 
 /// hex(SHA-256(JCS({"agent", "session", "tool", "arguments"}))): catches retries inside one execution.
-pub fn request_id_for_call(agent: &str, session: &str, tool: &str, arguments: &Map<String, Value>) -> String {
+pub fn request_id_for_call(
+    agent: &str,
+    session: &str,
+    tool: &str,
+    arguments: &Map<String, Value>,
+) -> String {
     jcs_sha256_hex(&json!({
         "agent": agent, "session": session, "tool": tool, "arguments": arguments,
     }))
@@ -58,7 +63,12 @@ pub enum Taken {
 }
 
 /// A new PENDING record with claim time, receipt fields fixed now.
-pub fn new_pending(request_id: &str, action: &str, agent_id: &str, session_id: Option<&str>) -> ClaimRecord {
+pub fn new_pending(
+    request_id: &str,
+    action: &str,
+    agent_id: &str,
+    session_id: Option<&str>,
+) -> ClaimRecord {
     let claimed_at_ms = clock::now_millis();
     let claimed_at = clock::rfc3339_millis(claimed_at_ms);
     ClaimRecord {
@@ -87,7 +97,11 @@ pub fn take(store: &dyn Store, pending: ClaimRecord) -> StoreResult<Taken> {
 
 /// PENDING → COMMITTED with the outcome, durably. If someone else settled it first (an operator's
 /// resolution), their record stands and is returned.
-pub fn commit(store: &dyn Store, pending: &ClaimRecord, outcome: ClaimOutcome) -> StoreResult<ClaimRecord> {
+pub fn commit(
+    store: &dyn Store,
+    pending: &ClaimRecord,
+    outcome: ClaimOutcome,
+) -> StoreResult<ClaimRecord> {
     let mut committed = pending.clone();
     committed.status = ClaimStatus::Committed;
     committed.committed_at = Some(clock::rfc3339_millis(clock::now_millis()));
@@ -95,9 +109,12 @@ pub fn commit(store: &dyn Store, pending: &ClaimRecord, outcome: ClaimOutcome) -
     if store.claim_replace(pending, Some(&committed))? {
         return Ok(committed);
     }
-    store
-        .claim_get(&pending.request_id)?
-        .ok_or_else(|| StoreError(format!("claim {} vanished while settling", pending.request_id)))
+    store.claim_get(&pending.request_id)?.ok_or_else(|| {
+        StoreError(format!(
+            "claim {} vanished while settling",
+            pending.request_id
+        ))
+    })
 }
 
 /// PENDING → CLAIMABLE: nothing of the call reached the tool. False when it was no longer that PENDING record.
@@ -204,7 +221,12 @@ mod tests {
     #[test]
     fn action_ref_matches_the_public_safeagent_vector() {
         assert_eq!(
-            action_ref("safeagent-prod", "erc20_transfer", "req-001", "2026-06-28T10:00:00.000Z"),
+            action_ref(
+                "safeagent-prod",
+                "erc20_transfer",
+                "req-001",
+                "2026-06-28T10:00:00.000Z"
+            ),
             "bd9d4d341695bba61c5c04f7fc3c16869dfe1fc33e09f21728ae6b19e522e99b"
         );
     }
@@ -214,43 +236,85 @@ mod tests {
         let args = Map::new();
         let auto = request_id(ClaimMode::Auto, "a", "s", "t", &args, None).unwrap();
         assert_eq!(auto, request_id_for_call("a", "s", "t", &args));
-        assert_ne!(auto, request_id_for_call("a", "s2", "t", &args), "auto ids are per session");
+        assert_ne!(
+            auto,
+            request_id_for_call("a", "s2", "t", &args),
+            "auto ids are per session"
+        );
         let keyed = request_id(ClaimMode::Auto, "a", "s", "t", &args, Some("k")).unwrap();
-        assert_eq!(keyed, request_id(ClaimMode::Explicit, "a", "other", "u", &args, Some("k")).unwrap());
-        assert_ne!(keyed, request_id_for_key("b", "k"), "explicit keys are scoped to the agent");
-        assert_eq!(request_id(ClaimMode::Explicit, "a", "s", "t", &args, None), None);
-        assert_eq!(request_id(ClaimMode::Off, "a", "s", "t", &args, Some("k")), None);
+        assert_eq!(
+            keyed,
+            request_id(ClaimMode::Explicit, "a", "other", "u", &args, Some("k")).unwrap()
+        );
+        assert_ne!(
+            keyed,
+            request_id_for_key("b", "k"),
+            "explicit keys are scoped to the agent"
+        );
+        assert_eq!(
+            request_id(ClaimMode::Explicit, "a", "s", "t", &args, None),
+            None
+        );
+        assert_eq!(
+            request_id(ClaimMode::Off, "a", "s", "t", &args, Some("k")),
+            None
+        );
         assert_eq!(auto.len(), 64);
     }
 
     #[test]
     fn proceed_then_pending_then_skip_after_commit() {
         let (_dir, store) = store();
-        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", Some("s"))).unwrap() else {
+        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", Some("s"))).unwrap()
+        else {
             panic!("first take must proceed")
         };
-        assert!(matches!(take(&store, new_pending("r", "t", "a", Some("s"))).unwrap(), Taken::Pending(p) if p == pending));
+        assert!(
+            matches!(take(&store, new_pending("r", "t", "a", Some("s"))).unwrap(), Taken::Pending(p) if p == pending)
+        );
         let answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"ok": true}});
-        let committed = commit(&store, &pending, ClaimOutcome::Answer { response: answer.clone() }).unwrap();
+        let committed = commit(
+            &store,
+            &pending,
+            ClaimOutcome::Answer {
+                response: answer.clone(),
+            },
+        )
+        .unwrap();
         assert_eq!(committed.status, ClaimStatus::Committed);
         let Taken::Skip(skip) = take(&store, new_pending("r", "t", "a", Some("s"))).unwrap() else {
             panic!("committed claim must skip")
         };
-        assert_eq!(skip.outcome, Some(ClaimOutcome::Answer { response: answer }));
-        assert_eq!(skip.action_ref, pending.action_ref, "receipt fields are fixed at claim time");
+        assert_eq!(
+            skip.outcome,
+            Some(ClaimOutcome::Answer { response: answer })
+        );
+        assert_eq!(
+            skip.action_ref, pending.action_ref,
+            "receipt fields are fixed at claim time"
+        );
         assert_eq!(skip.claimed_at, pending.claimed_at);
     }
 
     #[test]
     fn release_reopens_and_a_released_claim_cannot_be_committed() {
         let (_dir, store) = store();
-        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", None)).unwrap() else {
+        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", None)).unwrap()
+        else {
             panic!()
         };
         assert!(release(&store, &pending).unwrap());
         assert!(!release(&store, &pending).unwrap());
-        assert!(commit(&store, &pending, ClaimOutcome::ResponseTooLarge { limit: 1 }).is_err());
-        assert!(matches!(take(&store, new_pending("r", "t", "a", None)).unwrap(), Taken::Proceed(_)));
+        assert!(commit(
+            &store,
+            &pending,
+            ClaimOutcome::ResponseTooLarge { limit: 1 }
+        )
+        .is_err());
+        assert!(matches!(
+            take(&store, new_pending("r", "t", "a", None)).unwrap(),
+            Taken::Proceed(_)
+        ));
     }
 
     #[test]
@@ -262,7 +326,14 @@ mod tests {
         );
         take(&store, new_pending("r", "t", "a", None)).unwrap();
         let answer = json!({"jsonrpc": "2.0", "id": 0, "result": {"done": 1}});
-        let (next, _) = resolve(&store, "r", ManualOutcome::Committed(answer), "op", Some("checked the ledger".into())).unwrap();
+        let (next, _) = resolve(
+            &store,
+            "r",
+            ManualOutcome::Committed(answer),
+            "op",
+            Some("checked the ledger".into()),
+        )
+        .unwrap();
         let next = next.unwrap();
         assert_eq!(next.status, ClaimStatus::Committed);
         assert_eq!(next.resolution.as_ref().unwrap().actor, "op");
@@ -279,11 +350,19 @@ mod tests {
     #[test]
     fn settle_commits_once() {
         let (_dir, store) = store();
-        assert_eq!(settle(&store, "none", json!(1)).unwrap_err(), SettleError::NotFound);
+        assert_eq!(
+            settle(&store, "none", json!(1)).unwrap_err(),
+            SettleError::NotFound
+        );
         take(&store, new_pending("s", "transfer", "a", None)).unwrap();
         assert!(!settle(&store, "s", json!({"tx": 1})).unwrap());
         assert!(settle(&store, "s", json!({"tx": 2})).unwrap());
         let record = store.claim_get("s").unwrap().unwrap();
-        assert_eq!(record.outcome, Some(ClaimOutcome::Settled { result: json!({"tx": 1}) }));
+        assert_eq!(
+            record.outcome,
+            Some(ClaimOutcome::Settled {
+                result: json!({"tx": 1})
+            })
+        );
     }
 }

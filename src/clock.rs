@@ -40,14 +40,23 @@ mod tests {
 
     #[test]
     fn formats_with_exactly_three_fraction_digits() {
-        assert_eq!(rfc3339_millis(1_782_640_800_000), "2026-06-28T10:00:00.000Z");
-        assert_eq!(rfc3339_millis(1_782_640_800_007), "2026-06-28T10:00:00.007Z");
+        assert_eq!(
+            rfc3339_millis(1_782_640_800_000),
+            "2026-06-28T10:00:00.000Z"
+        );
+        assert_eq!(
+            rfc3339_millis(1_782_640_800_007),
+            "2026-06-28T10:00:00.007Z"
+        );
         assert_eq!(rfc3339_secs(1_782_640_800), "2026-06-28T10:00:00Z");
     }
 
     #[test]
     fn parses_and_rounds_down() {
-        assert_eq!(parse_rfc3339_secs("2026-02-17T14:32:01.583Z"), Some(1_771_338_721));
+        assert_eq!(
+            parse_rfc3339_secs("2026-02-17T14:32:01.583Z"),
+            Some(1_771_338_721)
+        );
         assert_eq!(parse_rfc3339_secs("1969-12-31T23:59:59.500Z"), Some(-1));
         assert_eq!(parse_rfc3339_secs("yesterday"), None);
     }

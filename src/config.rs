@@ -121,7 +121,11 @@ impl Config {
     }
 
     /// Parses YAML text with the given environment (kept explicit so tests need not touch the process env).
-    pub fn from_yaml(text: &str, base_dir: &Path, env: &[(String, String)]) -> Result<Config, String> {
+    pub fn from_yaml(
+        text: &str,
+        base_dir: &Path,
+        env: &[(String, String)],
+    ) -> Result<Config, String> {
         let mut tree: Value = if text.trim().is_empty() {
             Value::Object(Default::default())
         } else {
@@ -155,8 +159,14 @@ impl Config {
         if self.sessions.max_lifetime_secs <= 0 {
             return Err("sessions.max_lifetime_secs must be positive".into());
         }
-        if self.store != "embedded" && !self.store.starts_with("postgres://") && !self.store.starts_with("postgresql://") {
-            return Err(format!("store must be \"embedded\" or a postgres:// URL, not {:?}", self.store));
+        if self.store != "embedded"
+            && !self.store.starts_with("postgres://")
+            && !self.store.starts_with("postgresql://")
+        {
+            return Err(format!(
+                "store must be \"embedded\" or a postgres:// URL, not {:?}",
+                self.store
+            ));
         }
         Ok(())
     }
@@ -176,7 +186,10 @@ impl Config {
 fn apply_overrides(tree: &mut Value, env: &[(String, String)]) {
     for (name, raw) in env {
         // SEALGATE_LOG is the log filter, not a configuration key.
-        let Some(rest) = name.strip_prefix("SEALGATE_").filter(|_| name != "SEALGATE_LOG") else {
+        let Some(rest) = name
+            .strip_prefix("SEALGATE_")
+            .filter(|_| name != "SEALGATE_LOG")
+        else {
             continue;
         };
         let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
@@ -208,12 +221,18 @@ fn resolve_env_values(value: &mut Value, env: &[(String, String)]) -> Result<(),
         Value::String(s) => {
             if let Some(name) = s.strip_prefix("env:") {
                 let found = env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-                *s = found.ok_or_else(|| format!("environment variable {name} (named by \"env:{name}\") is not set"))?;
+                *s = found.ok_or_else(|| {
+                    format!("environment variable {name} (named by \"env:{name}\") is not set")
+                })?;
             }
             Ok(())
         }
-        Value::Array(items) => items.iter_mut().try_for_each(|v| resolve_env_values(v, env)),
-        Value::Object(map) => map.values_mut().try_for_each(|v| resolve_env_values(v, env)),
+        Value::Array(items) => items
+            .iter_mut()
+            .try_for_each(|v| resolve_env_values(v, env)),
+        Value::Object(map) => map
+            .values_mut()
+            .try_for_each(|v| resolve_env_values(v, env)),
         _ => Ok(()),
     }
 }
@@ -223,7 +242,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -254,15 +276,25 @@ mod tests {
         .unwrap();
         assert_eq!(config.listen, "127.0.0.1:0");
         assert_eq!(config.limits.max_clock_skew_secs, 5);
-        assert_eq!(config.upstreams["echo"].headers["Authorization"], "Bearer secret");
-        assert_eq!(config.resolve(Path::new("data")), PathBuf::from("/etc/sealgate/data"));
+        assert_eq!(
+            config.upstreams["echo"].headers["Authorization"],
+            "Bearer secret"
+        );
+        assert_eq!(
+            config.resolve(Path::new("data")),
+            PathBuf::from("/etc/sealgate/data")
+        );
     }
 
     #[test]
     fn refuses_unknown_keys_missing_env_and_bad_values() {
-        assert!(Config::from_yaml("listn: x", Path::new(""), &[]).unwrap_err().contains("listn"));
+        assert!(Config::from_yaml("listn: x", Path::new(""), &[])
+            .unwrap_err()
+            .contains("listn"));
         assert!(Config::from_yaml("limits: { max_body_bites: 1 }", Path::new(""), &[]).is_err());
-        assert!(Config::from_yaml("store: \"env:NOPE\"", Path::new(""), &[]).unwrap_err().contains("NOPE"));
+        assert!(Config::from_yaml("store: \"env:NOPE\"", Path::new(""), &[])
+            .unwrap_err()
+            .contains("NOPE"));
         assert!(Config::from_yaml("store: mysql://x", Path::new(""), &[]).is_err());
         assert!(Config::from_yaml("- a list", Path::new(""), &[]).is_err());
     }

@@ -46,7 +46,11 @@ async fn demo_tool_rpc(
         }
         "read_file" => {
             tool.executions.fetch_add(1, Ordering::SeqCst);
-            let notes = tool.notes.lock().map(|n| n.get(&path).cloned()).unwrap_or_default();
+            let notes = tool
+                .notes
+                .lock()
+                .map(|n| n.get(&path).cloned())
+                .unwrap_or_default();
             notes.unwrap_or_else(|| format!("{path}: no such file"))
         }
         "echo" => args["text"].as_str().unwrap_or_default().to_string(),
@@ -55,7 +59,9 @@ async fn demo_tool_rpc(
                 "error": {"code": -32601, "message": format!("unknown tool {other}")}}))
         }
     };
-    axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}}))
+    axum::Json(
+        json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}}),
+    )
 }
 
 /// A gateway, its tool and the keys to talk to it, all on loopback.
@@ -79,9 +85,13 @@ impl Harness {
         let (operator_private, operator_public) = token::ed25519_keypair_pem()?;
 
         let tool = Arc::new(DemoTool::default());
-        let tool_listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let tool_listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
         let tool_addr = tool_listener.local_addr().map_err(|e| e.to_string())?;
-        let tool_app = axum::Router::new().route("/rpc", post(demo_tool_rpc)).with_state(tool.clone());
+        let tool_app = axum::Router::new()
+            .route("/rpc", post(demo_tool_rpc))
+            .with_state(tool.clone());
         tokio::spawn(async move { axum::serve(tool_listener, tool_app).await });
 
         let yaml = format!(
@@ -93,7 +103,9 @@ impl Harness {
         );
         let config = Config::from_yaml(&yaml, dir, &[])?;
         let gateway = Gateway::build(config).await?;
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(gateway::serve_on(gateway.clone(), listener, local, async {
@@ -118,7 +130,12 @@ impl Harness {
         })
     }
 
-    async fn operator(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+    async fn operator(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), String> {
         let mut request = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -144,7 +161,9 @@ impl Harness {
                             "expires_at": expires_at, "agent_id": "demo-agent"})),
             )
             .await?;
-        let token = body["security_token"].as_str().ok_or(format!("registration failed ({status}): {body}"))?;
+        let token = body["security_token"]
+            .as_str()
+            .ok_or(format!("registration failed ({status}): {body}"))?;
         Ok((key, token.to_string()))
     }
 
@@ -177,7 +196,9 @@ fn outcome(status: u16, body: &Value) -> String {
         format!(
             "HTTP {status}, claim {}, tool said: {}",
             body["receipt"]["claim"].as_str().unwrap_or("?"),
-            body["payload"]["result"]["content"][0]["text"].as_str().unwrap_or("?")
+            body["payload"]["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or("?")
         )
     } else {
         format!(
@@ -192,33 +213,62 @@ fn outcome(status: u16, body: &Value) -> String {
 pub async fn run() -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("sealgate-demo-{}", std::process::id()));
     let h = Harness::start(&dir).await?;
-    println!("sealgate demo: a real gateway on {} (embedded store in {})", h.base, dir.join("data").display());
+    println!(
+        "sealgate demo: a real gateway on {} (embedded store in {})",
+        h.base,
+        dir.join("data").display()
+    );
     println!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only\n");
 
     let (key, token) = h.register("exec-demo-1").await?;
-    println!("1. orchestrator registered session exec-demo-1 and received a gateway-minted agent token");
+    println!(
+        "1. orchestrator registered session exec-demo-1 and received a gateway-minted agent token"
+    );
 
-    let write = call(1, "demo.write_file", json!({"path": "/workspace/notes.txt", "content": "hello"}));
+    let write = call(
+        1,
+        "demo.write_file",
+        json!({"path": "/workspace/notes.txt", "content": "hello"}),
+    );
     let first = envelope::sign_envelope(&key, write.clone(), &token, crate::clock::now_secs());
     let (status, body) = h.post_envelope(&first).await?;
-    println!("2. allowed write inside /workspace      → {}", outcome(status, &body));
-    println!("   receipt request_id {}", body["receipt"]["request_id"].as_str().unwrap_or("-"));
+    println!(
+        "2. allowed write inside /workspace      → {}",
+        outcome(status, &body)
+    );
+    println!(
+        "   receipt request_id {}",
+        body["receipt"]["request_id"].as_str().unwrap_or("-")
+    );
 
     let mut retry_payload = write.clone();
     retry_payload["id"] = json!(2);
     let retry = envelope::sign_envelope(&key, retry_payload, &token, crate::clock::now_secs());
     let (status, body) = h.post_envelope(&retry).await?;
-    println!("3. the agent retries the same write      → {}", outcome(status, &body));
-    println!("   the tool really ran {} time(s)", h.tool.executions.load(Ordering::SeqCst));
+    println!(
+        "3. the agent retries the same write      → {}",
+        outcome(status, &body)
+    );
+    println!(
+        "   the tool really ran {} time(s)",
+        h.tool.executions.load(Ordering::SeqCst)
+    );
 
     let outside = envelope::sign_envelope(
         &key,
-        call(3, "demo.read_file", json!({"path": "/workspace/../etc/passwd"})),
+        call(
+            3,
+            "demo.read_file",
+            json!({"path": "/workspace/../etc/passwd"}),
+        ),
         &token,
         crate::clock::now_secs(),
     );
     let (status, body) = h.post_envelope(&outside).await?;
-    println!("4. read of /workspace/../etc/passwd      → {}", outcome(status, &body));
+    println!(
+        "4. read of /workspace/../etc/passwd      → {}",
+        outcome(status, &body)
+    );
 
     let mut tampered = envelope::sign_envelope(
         &key,
@@ -228,12 +278,24 @@ pub async fn run() -> Result<(), String> {
     );
     tampered["payload"]["params"]["arguments"]["path"] = json!("/workspace/secret.txt");
     let (status, body) = h.post_envelope(&tampered).await?;
-    println!("5. envelope altered after signing        → {}", outcome(status, &body));
+    println!(
+        "5. envelope altered after signing        → {}",
+        outcome(status, &body)
+    );
 
     let (status, body) = h.post_envelope(&first).await?;
-    println!("6. the first envelope sent again          → {}", outcome(status, &body));
+    println!(
+        "6. the first envelope sent again          → {}",
+        outcome(status, &body)
+    );
 
-    let (status, _) = h.operator(reqwest::Method::DELETE, "/v1/seal/sessions/exec-demo-1", None).await?;
+    let (status, _) = h
+        .operator(
+            reqwest::Method::DELETE,
+            "/v1/seal/sessions/exec-demo-1",
+            None,
+        )
+        .await?;
     let after = envelope::sign_envelope(
         &key,
         call(5, "demo.read_file", json!({"path": "/workspace/notes.txt"})),
@@ -241,17 +303,31 @@ pub async fn run() -> Result<(), String> {
         crate::clock::now_secs(),
     );
     let (call_status, body) = h.post_envelope(&after).await?;
-    println!("7. orchestrator revoked the session (HTTP {status}); next call → {}", outcome(call_status, &body));
+    println!(
+        "7. orchestrator revoked the session (HTTP {status}); next call → {}",
+        outcome(call_status, &body)
+    );
 
-    let (_, trail) = h.operator(reqwest::Method::GET, "/v1/audit?limit=100", None).await?;
+    let (_, trail) = h
+        .operator(reqwest::Method::GET, "/v1/audit?limit=100", None)
+        .await?;
     let events = trail["items"].as_array().map(Vec::len).unwrap_or(0);
     let audit_file = h.dir.join("audit.jsonl");
     let verified = std::fs::File::open(&audit_file)
         .map_err(|e| e.to_string())
-        .and_then(|f| crate::audit::verify_chain(std::io::BufReader::new(f)).map_err(|b| format!("{b:?}")));
-    println!("\n8. audit trail: {events} hash-chained events (GET /v1/audit), also in {}", audit_file.display());
+        .and_then(|f| {
+            crate::audit::verify_chain(std::io::BufReader::new(f)).map_err(|b| format!("{b:?}"))
+        });
+    println!(
+        "\n8. audit trail: {events} hash-chained events (GET /v1/audit), also in {}",
+        audit_file.display()
+    );
     match verified {
-        Ok(report) => println!("   `sealgate audit verify {}` → chain intact ({} events)", audit_file.display(), report.events),
+        Ok(report) => println!(
+            "   `sealgate audit verify {}` → chain intact ({} events)",
+            audit_file.display(),
+            report.events
+        ),
         Err(e) => println!("   chain verification FAILED: {e}"),
     }
     h.stop().await?;
@@ -263,10 +339,21 @@ pub async fn bench(calls: usize, concurrency: usize) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("sealgate-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let h = Arc::new(Harness::start(&dir).await?);
-    println!("sealgate bench: {calls} calls per scenario, {concurrency} in flight, gateway {}", h.base);
+    println!(
+        "sealgate bench: {calls} calls per scenario, {concurrency} in flight, gateway {}",
+        h.base
+    );
     for (label, tool, claimed) in [
-        ("echo (claim off: verify + policy + forward + audit)", "demo.echo", false),
-        ("write (claim auto: + durable PENDING and COMMIT)", "demo.write_file", true),
+        (
+            "echo (claim off: verify + policy + forward + audit)",
+            "demo.echo",
+            false,
+        ),
+        (
+            "write (claim auto: + durable PENDING and COMMIT)",
+            "demo.write_file",
+            true,
+        ),
     ] {
         let session = format!("bench-{}", uuid::Uuid::new_v4().simple());
         let (key, token) = h.register(&session).await?;
@@ -289,7 +376,12 @@ pub async fn bench(calls: usize, concurrency: usize) -> Result<(), String> {
                     } else {
                         json!({"text": n.to_string()})
                     };
-                    let env = envelope::sign_envelope(&key, call(n, &tool, args), &token, crate::clock::now_secs());
+                    let env = envelope::sign_envelope(
+                        &key,
+                        call(n, &tool, args),
+                        &token,
+                        crate::clock::now_secs(),
+                    );
                     let t = Instant::now();
                     let (status, _) = h.post_envelope(&env).await?;
                     if status != 200 {
@@ -305,7 +397,10 @@ pub async fn bench(calls: usize, concurrency: usize) -> Result<(), String> {
         }
         let elapsed = started.elapsed();
         latencies.sort();
-        let pct = |p: f64| latencies.get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)));
+        let pct = |p: f64| {
+            latencies
+                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+        };
         println!(
             "{label}\n  {:.0} calls/s, p50 {:?}, p99 {:?}, max {:?}",
             latencies.len() as f64 / elapsed.as_secs_f64(),

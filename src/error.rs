@@ -190,7 +190,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.code.number(), self.code.name(), self.message)
+        write!(
+            f,
+            "{} {}: {}",
+            self.code.number(),
+            self.code.name(),
+            self.message
+        )
     }
 }
 
@@ -224,11 +230,20 @@ mod tests {
     #[test]
     fn statuses_follow_the_spec_table() {
         assert_eq!(Code::MalformedEnvelope.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(Code::RateLimitExceeded.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            Code::RateLimitExceeded.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
         assert_eq!(Code::ResponseTooLarge.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(Code::UpstreamTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(Code::StoreUnavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(Code::InvalidRequest.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            Code::StoreUnavailable.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            Code::InvalidRequest.status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
         assert_eq!(Code::ClaimPending.status(), StatusCode::CONFLICT);
     }
 

@@ -70,9 +70,8 @@ impl Gateway {
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
 
         let policies_dir = config.resolve(&config.policies_dir);
-        let contexts = Arc::new(
-            ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?,
-        );
+        let contexts =
+            Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
         let stored = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || store.context_list())
@@ -93,7 +92,8 @@ impl Gateway {
             file: config.audit.file.as_ref().map(|f| config.resolve(f)),
             ..config.audit.clone()
         };
-        let audit = AuditLog::start(store.clone(), &audit_cfg).map_err(|e| format!("audit: {e}"))?;
+        let audit =
+            AuditLog::start(store.clone(), &audit_cfg).map_err(|e| format!("audit: {e}"))?;
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
@@ -111,7 +111,6 @@ impl Gateway {
         gateway.spawn_upkeep();
         Ok(gateway)
     }
-
 }
 
 /// Hot reload: applied changes and refused files both leave an audit event.
@@ -120,9 +119,9 @@ fn watch_policies(
     audit: &AuditLog,
     dir: std::path::PathBuf,
 ) -> Result<WatcherHandle, String> {
-        let audit = audit.clone();
-        let handle = tokio::runtime::Handle::current();
-        contexts.clone().spawn_watcher(dir, move |event| {
+    let audit = audit.clone();
+    let handle = tokio::runtime::Handle::current();
+    contexts.clone().spawn_watcher(dir, move |event| {
             let record = match event {
                 ReloadEvent::Changed { name, version, .. } => {
                     tracing::info!(context = %name, %version, "security context reloaded");
@@ -152,7 +151,6 @@ fn watch_policies(
 }
 
 impl Gateway {
-
     /// Forgets replay records whose window has passed, so the store never grows without bound.
     fn spawn_upkeep(self: &Arc<Self>) {
         let store = Arc::downgrade(&self.store);

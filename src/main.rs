@@ -7,7 +7,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "sealgate", version, about = "A security gateway for AI agent tool calls (seal/v1).")]
+#[command(
+    name = "sealgate",
+    version,
+    about = "A security gateway for AI agent tool calls (seal/v1)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -98,7 +102,10 @@ enum AuditCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve { .. }));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");
@@ -138,10 +145,12 @@ fn arg_text(value: &str) -> Result<String, String> {
 fn signed_envelope(args: &SignArgs) -> Result<serde_json::Value, String> {
     let key = sealgate::envelope::signing_key_from_text(&arg_text(&args.key)?)?;
     let token = arg_text(&args.token)?;
-    let payload: serde_json::Value =
-        serde_json::from_str(&arg_text(&args.payload)?).map_err(|e| format!("--payload is not JSON: {e}"))?;
+    let payload: serde_json::Value = serde_json::from_str(&arg_text(&args.payload)?)
+        .map_err(|e| format!("--payload is not JSON: {e}"))?;
     let timestamp = args.timestamp.unwrap_or_else(sealgate::clock::now_secs);
-    Ok(sealgate::envelope::sign_envelope(&key, payload, &token, timestamp))
+    Ok(sealgate::envelope::sign_envelope(
+        &key, payload, &token, timestamp,
+    ))
 }
 
 async fn run(command: Command) -> Result<ExitCode, String> {
@@ -168,8 +177,12 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Policy { command } => return Ok(sealgate::policy::cli::run(command_to_policy(command))),
-        Command::Audit { command: AuditCommand::Verify { file } } => return Ok(audit_verify(&file)),
+        Command::Policy { command } => {
+            return Ok(sealgate::policy::cli::run(command_to_policy(command)))
+        }
+        Command::Audit {
+            command: AuditCommand::Verify { file },
+        } => return Ok(audit_verify(&file)),
         Command::Bench { calls, concurrency } => sealgate::demo::bench(calls, concurrency).await?,
     }
     Ok(ExitCode::SUCCESS)
@@ -202,7 +215,11 @@ fn audit_verify(file: &std::path::Path) -> ExitCode {
         Ok(report) => {
             println!(
                 "ok: {} events, seq {}..{}, chain intact (first prev_hash {}, last hash {})",
-                report.events, report.first_seq, report.last_seq, report.first_prev_hash, report.last_hash
+                report.events,
+                report.first_seq,
+                report.last_seq,
+                report.first_prev_hash,
+                report.last_hash
             );
             ExitCode::SUCCESS
         }
@@ -218,8 +235,16 @@ fn command_to_policy(command: PolicyCommand) -> sealgate::policy::cli::PolicyCom
         PolicyCommand::Check { dir } => sealgate::policy::cli::PolicyCommand::Check {
             dir: dir.unwrap_or_else(|| PathBuf::from("policies")),
         },
-        PolicyCommand::Explain { context, tool, args, policies } => {
-            sealgate::policy::cli::PolicyCommand::Explain { context, tool, args, policies }
-        }
+        PolicyCommand::Explain {
+            context,
+            tool,
+            args,
+            policies,
+        } => sealgate::policy::cli::PolicyCommand::Explain {
+            context,
+            tool,
+            args,
+            policies,
+        },
     }
 }

@@ -28,8 +28,11 @@ struct Refusal {
     rule: Option<policy::Rule>,
 }
 
+/// Refusals travel boxed: the happy path's `Result` stays small.
+type Refused = Box<Refusal>;
+
 impl Refusal {
-    fn new(code: Code, message: impl Into<String>) -> Refusal {
+    fn new(code: Code, message: impl Into<String>) -> Refused {
         let event = match code.number() {
             1001 | 1002 => EventType::SignatureVerificationFailed,
             1003 => EventType::SecurityTokenExpired,
@@ -38,11 +41,11 @@ impl Refusal {
             2007 | 5001..=5005 => EventType::ToolCallFailed,
             _ => EventType::EnvelopeRejected,
         };
-        Refusal {
+        Box::new(Refusal {
             error: ApiError::new(code, message),
             event,
             rule: None,
-        }
+        })
     }
 }
 
@@ -60,7 +63,13 @@ struct CallFacts {
 }
 
 impl CallFacts {
-    fn event(&self, gw: &Gateway, kind: EventType, env: &Envelope, payload_sha256: &str) -> AuditEvent {
+    fn event(
+        &self,
+        gw: &Gateway,
+        kind: EventType,
+        env: &Envelope,
+        payload_sha256: &str,
+    ) -> AuditEvent {
         let mut event = AuditEvent::new(kind)
             .signature(&env.signature)
             .envelope_timestamp(env.timestamp)
@@ -142,7 +151,7 @@ async fn run_checks(
     env: &Envelope,
     facts: &mut CallFacts,
     started: Instant,
-) -> Result<Response, Refusal> {
+) -> Result<Response, Refused> {
     let now = clock::now_secs();
 
     // Checks 2–4: the token decodes, verifies with a pinned key, and is current.
@@ -161,13 +170,24 @@ async fn run_checks(
         .with_store(move |s| s.session_get(&exec_id))
         .await
         .map_err(store_refusal)?
-        .ok_or_else(|| Refusal::new(Code::SessionNotFound, format!("no session {:?}", claims.exec_id)))?;
+        .ok_or_else(|| {
+            Refusal::new(
+                Code::SessionNotFound,
+                format!("no session {:?}", claims.exec_id),
+            )
+        })?;
     facts.session_id = Some(session.session_id.clone());
     if session.revoked_at_ms.is_some() {
-        return Err(Refusal::new(Code::SessionInactive, "the session has been revoked"));
+        return Err(Refusal::new(
+            Code::SessionInactive,
+            "the session has been revoked",
+        ));
     }
     if now >= session.expires_at {
-        return Err(Refusal::new(Code::SessionInactive, "the session has expired"));
+        return Err(Refusal::new(
+            Code::SessionInactive,
+            "the session has expired",
+        ));
     }
 
     // Checks 6–7: the canonical message, and the signature under the session's key.
@@ -175,13 +195,21 @@ async fn run_checks(
     let signature = envelope::decode_signature(&env.signature)
         .map_err(|e| Refusal::new(Code::InvalidSignature, e.to_string()))?;
     let key = session_key(&session)?;
-    key.verify(&message, &signature)
-        .map_err(|_| Refusal::new(Code::SignatureVerificationFailed, "the signature does not verify under the session key"))?;
+    key.verify(&message, &signature).map_err(|_| {
+        Refusal::new(
+            Code::SignatureVerificationFailed,
+            "the signature does not verify under the session key",
+        )
+    })?;
 
     // Check 8: freshness, then replay. A verified signature is remembered for as long as its timestamp
     // could still fall inside the window, whatever this envelope's outcome.
     let skew = gw.config.limits.max_clock_skew_secs;
-    let window_end_ms = env.timestamp.saturating_add(skew).saturating_add(1).saturating_mul(1000);
+    let window_end_ms = env
+        .timestamp
+        .saturating_add(skew)
+        .saturating_add(1)
+        .saturating_mul(1000);
     let first_use = if window_end_ms > clock::now_millis() {
         let sig = signature.to_bytes();
         gw.with_store(move |s| s.remember_signature(&sig, window_end_ms))
@@ -193,31 +221,51 @@ async fn run_checks(
     if now.saturating_sub(env.timestamp).abs() > skew {
         return Err(Refusal::new(
             Code::TimestampOutOfWindow,
-            format!("timestamp {} is more than {skew} s from the gateway's clock", env.timestamp),
+            format!(
+                "timestamp {} is more than {skew} s from the gateway's clock",
+                env.timestamp
+            ),
         ));
     }
     if !first_use {
-        return Err(Refusal::new(Code::EnvelopeReplayed, "this envelope's signature was seen before"));
+        return Err(Refusal::new(
+            Code::EnvelopeReplayed,
+            "this envelope's signature was seen before",
+        ));
     }
 
     // Check 9: the token is bound to this session.
     if claims.scp != session.security_context {
         return Err(Refusal::new(
             Code::AttestationScopeMismatch,
-            format!("token scope {:?} is not the session's context {:?}", claims.scp, session.security_context),
+            format!(
+                "token scope {:?} is not the session's context {:?}",
+                claims.scp, session.security_context
+            ),
         ));
     }
-    if session.agent_id.as_ref().is_some_and(|agent| *agent != claims.sub) {
-        return Err(Refusal::new(Code::TokenVerificationFailed, "token sub is not the session's agent"));
+    if session
+        .agent_id
+        .as_ref()
+        .is_some_and(|agent| *agent != claims.sub)
+    {
+        return Err(Refusal::new(
+            Code::TokenVerificationFailed,
+            "token sub is not the session's agent",
+        ));
     }
     if let Some(wid) = &claims.wid {
         let container_differs = env.container_id.as_ref().is_some_and(|c| c != wid);
         let workload_differs = session.workload_id.as_ref().is_some_and(|w| w != wid);
         if container_differs || workload_differs {
-            return Err(Refusal::new(Code::TokenVerificationFailed, "token wid does not match the workload"));
+            return Err(Refusal::new(
+                Code::TokenVerificationFailed,
+                "token wid does not match the workload",
+            ));
         }
     }
-    let call = envelope::parse_call(&env.payload).map_err(|m| Refusal::new(Code::MalformedEnvelope, m))?;
+    let call =
+        envelope::parse_call(&env.payload).map_err(|m| Refusal::new(Code::MalformedEnvelope, m))?;
 
     let context = gw.contexts.get(&session.security_context);
     facts.context_version = context.as_ref().map(|c| c.version.clone());
@@ -230,26 +278,38 @@ async fn run_checks(
         Call::ToolsList { id } => {
             return list_tools(gw, env, facts, context.as_deref(), &patterns, id, started).await;
         }
-        Call::ToolsCall { id, tool, arguments, idempotency_key } => (id, tool, arguments, idempotency_key),
+        Call::ToolsCall {
+            id,
+            tool,
+            arguments,
+            idempotency_key,
+        } => (id, tool, arguments, idempotency_key),
     };
     let tool_name = tool.as_str().to_string();
     facts.tool = Some(tool_name.clone());
 
     // The policy (SPEC 6.3): deny list, first matching capability and its argument checks.
-    let (capability_index, rule) = match policy::decide(context.as_deref(), &patterns, &tool_name, &arguments) {
-        Decision::Allow { capability, rule } => (capability, rule),
-        Decision::Deny { code, rule, message } => {
-            let code = Code::from_number(code).unwrap_or(Code::NoMatchingCapability);
-            let mut refusal = Refusal::new(code, message);
-            refusal.rule = Some(rule);
-            return Err(refusal);
-        }
-    };
+    let (capability_index, rule) =
+        match policy::decide(context.as_deref(), &patterns, &tool_name, &arguments) {
+            Decision::Allow { capability, rule } => (capability, rule),
+            Decision::Deny {
+                code,
+                rule,
+                message,
+            } => {
+                let code = Code::from_number(code).unwrap_or(Code::NoMatchingCapability);
+                let mut refusal = Refusal::new(code, message);
+                refusal.rule = Some(rule);
+                return Err(refusal);
+            }
+        };
     let Some(context) = context else {
-        return Err(Refusal::new(Code::ToolNotAllowed, "the session's security context does not exist"));
+        return Err(missing_context());
     };
     let Some(capability) = context.capabilities.get(capability_index) else {
-        return Err(Refusal::new(Code::NoMatchingCapability, "no capability matches"));
+        let mut refusal = Refusal::new(Code::NoMatchingCapability, "no capability matches");
+        refusal.rule = Some(rule);
+        return Err(refusal);
     };
 
     // Rate limit, then budget: both count only calls the policy allowed.
@@ -261,7 +321,10 @@ async fn run_checks(
         })?;
 
     if !gw.upstreams.has_route(&tool_name) {
-        return Err(Refusal::new(Code::NoRouteForTool, format!("no upstream serves {tool_name:?}")));
+        return Err(Refusal::new(
+            Code::NoRouteForTool,
+            format!("no upstream serves {tool_name:?}"),
+        ));
     }
 
     // The claim: durably PENDING before one byte goes to the tool.
@@ -279,7 +342,12 @@ async fn run_checks(
             None
         }
         Some(request_id) => {
-            let record = claim::new_pending(&request_id, &tool_name, &claims.sub, Some(&session.session_id));
+            let record = claim::new_pending(
+                &request_id,
+                &tool_name,
+                &claims.sub,
+                Some(&session.session_id),
+            );
             let taken = gw
                 .with_store(move |s| claim::take(s, record))
                 .await
@@ -291,11 +359,23 @@ async fn run_checks(
                 }
                 Taken::Pending(record) => {
                     note_claim(facts, &record, "PENDING");
-                    return Err(Refusal::new(Code::ClaimPending, "this call is already in flight or its outcome is unknown"));
+                    return Err(Refusal::new(
+                        Code::ClaimPending,
+                        "this call is already in flight or its outcome is unknown",
+                    ));
                 }
                 Taken::Skip(record) => {
                     note_claim(facts, &record, "SKIP");
-                    return skip(gw, env, facts, &context, &record, &id, capability.max_response_size).await;
+                    return skip(
+                        gw,
+                        env,
+                        facts,
+                        &context,
+                        &record,
+                        &id,
+                        capability.max_response_size,
+                    )
+                    .await;
                 }
             }
         }
@@ -330,13 +410,17 @@ async fn run_checks(
             if let Some(pending) = pending {
                 match &err {
                     UpstreamError::Unavailable(_) | UpstreamError::NoRoute => {
-                        gw.with_store(move |s| claim::release(s, &pending)).await.map_err(store_refusal)?;
+                        gw.with_store(move |s| claim::release(s, &pending))
+                            .await
+                            .map_err(store_refusal)?;
                     }
                     UpstreamError::TooLarge { limit } => {
                         let limit = *limit;
-                        gw.with_store(move |s| claim::commit(s, &pending, ClaimOutcome::ResponseTooLarge { limit }))
-                            .await
-                            .map_err(store_refusal)?;
+                        gw.with_store(move |s| {
+                            claim::commit(s, &pending, ClaimOutcome::ResponseTooLarge { limit })
+                        })
+                        .await
+                        .map_err(store_refusal)?;
                     }
                     // Sent, outcome unknown: the claim stays PENDING until an operator resolves it.
                     UpstreamError::Timeout(_) | UpstreamError::BadResponse(_) => {}
@@ -346,7 +430,9 @@ async fn run_checks(
         }
     };
     if let Some(pending) = pending {
-        let answer = ClaimOutcome::Answer { response: response.clone() };
+        let answer = ClaimOutcome::Answer {
+            response: response.clone(),
+        };
         gw.with_store(move |s| claim::commit(s, &pending, answer))
             .await
             .map_err(store_refusal)?;
@@ -366,11 +452,25 @@ async fn run_checks(
     Ok(success(response, facts, &context, &recorded.event_id))
 }
 
-fn store_refusal(error: ApiError) -> Refusal {
+/// 2000 for a session whose context is gone (deleted since registration).
+fn missing_context() -> Refused {
+    let mut refusal = Refusal::new(
+        Code::ToolNotAllowed,
+        "the session's security context does not exist",
+    );
+    refusal.rule = Some(policy::Rule {
+        kind: policy::RuleKind::NoMatch,
+        index: None,
+        pattern: None,
+    });
+    refusal
+}
+
+fn store_refusal(error: ApiError) -> Refused {
     Refusal::new(Code::StoreUnavailable, error.message)
 }
 
-fn session_key(session: &SessionRecord) -> Result<SessionKey, Refusal> {
+fn session_key(session: &SessionRecord) -> Result<SessionKey, Refused> {
     use base64::Engine;
     let encoded = session
         .public_key
@@ -398,14 +498,19 @@ async fn charge_rate_and_budget(
     context: &SecurityContext,
     capability_index: usize,
     capability: &policy::Capability,
-) -> Result<(), Refusal> {
+) -> Result<(), Refused> {
     let rate = capability.rate_limit.map(|limit| {
         (
-            format!("rate\0{}\0{}\0{}", session.session_id, context.spec.name, capability_index),
+            format!(
+                "rate\0{}\0{}\0{}",
+                session.session_id, context.spec.name, capability_index
+            ),
             policy::rate::Gcra::new(limit.calls.get(), limit.per_seconds.get()),
         )
     });
-    let budget = session.max_calls.map(|max| (session::budget_key(&session.session_id), max));
+    let budget = session
+        .max_calls
+        .map(|max| (session::budget_key(&session.session_id), max));
     let now_ms = clock::now_millis();
     let verdict = gw
         .with_store(move |s| {
@@ -475,7 +580,7 @@ async fn skip(
     record: &ClaimRecord,
     id: &Value,
     _max_response_size: Option<u64>,
-) -> Result<Response, Refusal> {
+) -> Result<Response, Refused> {
     let response = match &record.outcome {
         Some(ClaimOutcome::Answer { response }) => with_id(response.clone(), id),
         Some(ClaimOutcome::Settled { result }) => with_id(result.clone(), id),
@@ -486,12 +591,19 @@ async fn skip(
             ));
         }
         None => {
-            return Err(Refusal::new(Code::StoreUnavailable, "committed claim without an outcome"));
+            return Err(Refusal::new(
+                Code::StoreUnavailable,
+                "committed claim without an outcome",
+            ));
         }
     };
     let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
     let recorded = gw
-        .record(facts.event(gw, EventType::ClaimSkipped, env, &payload_sha256).decision(Verdict::Allow))
+        .record(
+            facts
+                .event(gw, EventType::ClaimSkipped, env, &payload_sha256)
+                .decision(Verdict::Allow),
+        )
         .await
         .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
     Ok(success(response, facts, context, &recorded.event_id))
@@ -506,7 +618,12 @@ fn with_id(mut response: Value, id: &Value) -> Value {
     response
 }
 
-fn success(payload: Value, facts: &CallFacts, context: &SecurityContext, event_id: &str) -> Response {
+fn success(
+    payload: Value,
+    facts: &CallFacts,
+    context: &SecurityContext,
+    event_id: &str,
+) -> Response {
     let mut receipt = Map::new();
     if let Some(request_id) = &facts.request_id {
         receipt.insert("request_id".into(), json!(request_id));
@@ -539,16 +656,20 @@ async fn list_tools(
     patterns: &[Pattern],
     id: Value,
     started: Instant,
-) -> Result<Response, Refusal> {
+) -> Result<Response, Refused> {
     facts.tool = Some("tools/list".into());
     facts.claim = Some("NONE");
     let Some(context) = context else {
-        return Err(Refusal::new(Code::ToolNotAllowed, "the session's security context does not exist"));
+        return Err(missing_context());
     };
     let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
-    gw.record(facts.event(gw, EventType::ToolCallAuthorized, env, &payload_sha256).decision(Verdict::Allow))
-        .await
-        .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
+    gw.record(
+        facts
+            .event(gw, EventType::ToolCallAuthorized, env, &payload_sha256)
+            .decision(Verdict::Allow),
+    )
+    .await
+    .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
     let tools: Vec<Value> = gw
         .upstreams
         .list_tools()

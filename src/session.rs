@@ -40,7 +40,11 @@ pub struct NewSession {
 }
 
 /// Ids and names are printable, bounded strings: they end up in audit events and store keys.
-fn identifier(field: &str, value: Option<&Value>, required: bool) -> Result<Option<String>, String> {
+fn identifier(
+    field: &str,
+    value: Option<&Value>,
+    required: bool,
+) -> Result<Option<String>, String> {
     match value {
         None | Some(Value::Null) if !required => Ok(None),
         None | Some(Value::Null) => Err(format!("{field} is required")),
@@ -57,9 +61,11 @@ fn identifier(field: &str, value: Option<&Value>, required: bool) -> Result<Opti
 impl CreateSessionRequest {
     /// Checks everything that does not need the store: types, key, expiry window, patterns, budget.
     pub fn validate(&self, now: i64, max_lifetime_secs: i64) -> Result<NewSession, String> {
-        let session_id = identifier("session_id", self.session_id.as_ref(), true)?.unwrap_or_default();
+        let session_id =
+            identifier("session_id", self.session_id.as_ref(), true)?.unwrap_or_default();
         let security_context =
-            identifier("security_context", self.security_context.as_ref(), true)?.unwrap_or_default();
+            identifier("security_context", self.security_context.as_ref(), true)?
+                .unwrap_or_default();
         let key = match &self.public_key {
             Some(Value::String(text)) => SessionKey::parse(text)
                 .map_err(|e| format!("public_key: {e}"))?
@@ -107,7 +113,10 @@ impl CreateSessionRequest {
                 }
                 match budget.get("max_calls") {
                     None | Some(Value::Null) => None,
-                    Some(v) => Some(v.as_u64().ok_or("budget.max_calls must be a non-negative integer")?),
+                    Some(v) => Some(
+                        v.as_u64()
+                            .ok_or("budget.max_calls must be a non-negative integer")?,
+                    ),
                 }
             }
             Some(_) => return Err("budget must be an object".into()),

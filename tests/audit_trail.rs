@@ -20,7 +20,10 @@ fn verify_independently(lines: &[Value]) {
         let digest = hex::encode(Sha256::digest(serde_jcs::to_vec(&unhashed).unwrap()));
         assert_eq!(hash, json!(digest), "line {i}: hash");
         if i > 0 {
-            assert_eq!(event["seq"].as_u64(), lines[i - 1]["seq"].as_u64().map(|s| s + 1));
+            assert_eq!(
+                event["seq"].as_u64(),
+                lines[i - 1]["seq"].as_u64().map(|s| s + 1)
+            );
         }
         prev = digest;
     }
@@ -42,21 +45,86 @@ async fn a_scripted_sequence_yields_exactly_the_expected_events() {
     let (key, token) = gw.session("exec-audit").await;
     let now = sealgate::clock::now_secs();
     // allowed, then SKIP
-    let allowed = sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.write", json!({"path": "/workspace/a", "note": marker})), &token, now);
+    let allowed = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(
+            1,
+            "tool.write",
+            json!({"path": "/workspace/a", "note": marker}),
+        ),
+        &token,
+        now,
+    );
     assert_eq!(gw.post(&allowed).await.0, 200);
-    assert_eq!(gw.call(&key, &token, tool_call(2, "tool.write", json!({"path": "/workspace/a", "note": marker}))).await.0, 200);
+    assert_eq!(
+        gw.call(
+            &key,
+            &token,
+            tool_call(
+                2,
+                "tool.write",
+                json!({"path": "/workspace/a", "note": marker})
+            )
+        )
+        .await
+        .0,
+        200
+    );
     // replay (1008), tampered (1002), denied tool (2001), path (2002)
     assert_eq!(gw.post(&allowed).await.0, 401);
-    let mut tampered = sealgate::envelope::sign_envelope(&key, tool_call(3, "tool.off", json!({"note": marker})), &token, now);
+    let mut tampered = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(3, "tool.off", json!({"note": marker})),
+        &token,
+        now,
+    );
     tampered["payload"]["id"] = json!(4);
     assert_eq!(gw.post(&tampered).await.0, 401);
-    assert_eq!(gw.call(&key, &token, tool_call(5, "tool.forbidden", json!({"note": marker}))).await.0, 403);
-    assert_eq!(gw.call(&key, &token, tool_call(6, "tool.read", json!({"path": "/etc/passwd", "note": marker}))).await.0, 403);
+    assert_eq!(
+        gw.call(
+            &key,
+            &token,
+            tool_call(5, "tool.forbidden", json!({"note": marker}))
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        gw.call(
+            &key,
+            &token,
+            tool_call(
+                6,
+                "tool.read",
+                json!({"path": "/etc/passwd", "note": marker})
+            )
+        )
+        .await
+        .0,
+        403
+    );
     // revoke, then a refused call (1006)
-    assert_eq!(gw.admin(Method::DELETE, "/v1/seal/sessions/exec-audit", None).await.0, 200);
-    assert_eq!(gw.call(&key, &token, tool_call(7, "tool.off", json!({}))).await.0, 401);
+    assert_eq!(
+        gw.admin(Method::DELETE, "/v1/seal/sessions/exec-audit", None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        gw.call(&key, &token, tool_call(7, "tool.off", json!({})))
+            .await
+            .0,
+        401
+    );
 
-    let (status, page) = gw.admin(Method::GET, "/v1/audit?session_id=exec-audit&limit=100", None).await;
+    let (status, page) = gw
+        .admin(
+            Method::GET,
+            "/v1/audit?session_id=exec-audit&limit=100",
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
     let mut items = page["items"].as_array().unwrap().clone();
     items.reverse(); // the API is newest first
@@ -83,19 +151,46 @@ async fn a_scripted_sequence_yields_exactly_the_expected_events() {
     assert_eq!(items[1]["claim"], "PROCEED");
     assert_eq!(items[3]["claim"], "SKIP");
     assert_eq!(items[1]["request_id"], items[3]["request_id"]);
-    assert_eq!(items[6]["rule"], json!({"kind": "deny_list", "index": 0, "pattern": "tool.forbidden"}));
+    assert_eq!(
+        items[6]["rule"],
+        json!({"kind": "deny_list", "index": 0, "pattern": "tool.forbidden"})
+    );
     assert_eq!(items[7]["rule"]["kind"], "capability");
     assert_eq!(items[1]["payload_sha256"].as_str().unwrap().len(), 64);
     assert_eq!(items[4]["signature"], allowed["signature"]);
     assert!(items.iter().all(|e| e["session_id"] == "exec-audit"));
     // Filters: by type and code, newest first, with a working cursor.
-    let (_, denied) = gw.admin(Method::GET, "/v1/audit?type=PolicyViolationBlocked&code=2002", None).await;
+    let (_, denied) = gw
+        .admin(
+            Method::GET,
+            "/v1/audit?type=PolicyViolationBlocked&code=2002",
+            None,
+        )
+        .await;
     assert_eq!(denied["items"].as_array().unwrap().len(), 1);
-    let (_, first) = gw.admin(Method::GET, "/v1/audit?session_id=exec-audit&limit=4", None).await;
+    let (_, first) = gw
+        .admin(Method::GET, "/v1/audit?session_id=exec-audit&limit=4", None)
+        .await;
     let cursor = first["next_cursor"].as_str().unwrap().to_string();
-    let (_, second) = gw.admin(Method::GET, &format!("/v1/audit?session_id=exec-audit&limit=4&cursor={cursor}"), None).await;
+    let (_, second) = gw
+        .admin(
+            Method::GET,
+            &format!("/v1/audit?session_id=exec-audit&limit=4&cursor={cursor}"),
+            None,
+        )
+        .await;
     assert!(first["items"][3]["seq"].as_u64() > second["items"][0]["seq"].as_u64());
-    assert_eq!(gw.operator(Method::GET, "/v1/audit", Some(&gw.keys.operator_token("seal.claim.read")), None).await.0, 403);
+    assert_eq!(
+        gw.operator(
+            Method::GET,
+            "/v1/audit",
+            Some(&gw.keys.operator_token("seal.claim.read")),
+            None
+        )
+        .await
+        .0,
+        403
+    );
 
     // The marker never reached the trail, neither the store nor the file.
     assert!(!page.to_string().contains(marker));
@@ -105,8 +200,19 @@ async fn a_scripted_sequence_yields_exactly_the_expected_events() {
 }
 
 fn audit_verify(path: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sealgate")).args(["audit", "verify"]).arg(path).output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(["audit", "verify"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 #[tokio::test]
@@ -115,7 +221,8 @@ async fn audit_verify_names_the_first_broken_event() {
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-verify").await;
     for i in 0..4 {
-        gw.call(&key, &token, tool_call(i, "tool.off", json!({}))).await;
+        gw.call(&key, &token, tool_call(i, "tool.off", json!({})))
+            .await;
     }
     drop(gw);
     let path = dir.path().join("audit.jsonl");
@@ -130,7 +237,11 @@ async fn audit_verify_names_the_first_broken_event() {
         p
     };
     let owned: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    let seq_of = |line: &str| serde_json::from_str::<Value>(line).unwrap()["seq"].as_u64().unwrap();
+    let seq_of = |line: &str| {
+        serde_json::from_str::<Value>(line).unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    };
 
     let mut edited = owned.clone();
     edited[2] = edited[2].replace("\"exec-verify\"", "\"exec-other\"");
@@ -157,9 +268,16 @@ async fn sigkill_in_a_burst_leaves_a_chain_that_verifies() {
     let client = reqwest::Client::new();
     let mut burst = Vec::new();
     for i in 0..60u64 {
-        let envelope = sealgate::envelope::sign_envelope(&key, tool_call(i, "tool.off", json!({})), &token, sealgate::clock::now_secs());
+        let envelope = sealgate::envelope::sign_envelope(
+            &key,
+            tool_call(i, "tool.off", json!({})),
+            &token,
+            sealgate::clock::now_secs(),
+        );
         let (client, url) = (client.clone(), format!("{gw_base}/v1/invoke"));
-        burst.push(tokio::spawn(async move { client.post(url).json(&envelope).send().await.is_ok() }));
+        burst.push(tokio::spawn(async move {
+            client.post(url).json(&envelope).send().await.is_ok()
+        }));
     }
     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     tokio::task::block_in_place(|| gw.restart());
@@ -167,7 +285,8 @@ async fn sigkill_in_a_burst_leaves_a_chain_that_verifies() {
         let _ = call.await;
     }
     // The chain continues after the restart without a gap or a fork.
-    gw.call(&key, &token, tool_call(1000, "tool.off", json!({}))).await;
+    gw.call(&key, &token, tool_call(1000, "tool.off", json!({})))
+        .await;
     let (status, page) = gw.admin(Method::GET, "/v1/audit?limit=1000", None).await;
     assert_eq!(status, 200);
     let mut items = page["items"].as_array().unwrap().clone();

@@ -20,7 +20,11 @@ async fn thirty_two_identical_calls_reach_the_tool_once() {
         // Different JSON-RPC ids make different signatures; the claim is on tool and arguments.
         let envelope = sealgate::envelope::sign_envelope(
             &key,
-            tool_call(i, "tool.write", json!({"path": "/workspace/once.txt", "op": "once"})),
+            tool_call(
+                i,
+                "tool.write",
+                json!({"path": "/workspace/once.txt", "op": "once"}),
+            ),
             &token,
             now,
         );
@@ -47,7 +51,10 @@ async fn thirty_two_identical_calls_reach_the_tool_once() {
     assert_eq!(proceed, 1);
     assert_eq!(proceed + skip + pending, 32);
     assert_eq!(tool.count(), 1, "the tool ran exactly once");
-    assert!(answers.windows(2).all(|w| w[0] == w[1]), "every SKIP returns the stored answer");
+    assert!(
+        answers.windows(2).all(|w| w[0] == w[1]),
+        "every SKIP returns the stored answer"
+    );
 }
 
 #[tokio::test]
@@ -55,32 +62,62 @@ async fn skip_returns_the_stored_answer_with_the_callers_id_and_same_receipt() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-skip").await;
-    let (_, first) = gw.call(&key, &token, tool_call(1, "tool.write", json!({"path": "/workspace/a"}))).await;
-    let (status, again) = gw.call(&key, &token, tool_call(2, "tool.write", json!({"path": "/workspace/a"}))).await;
+    let (_, first) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(1, "tool.write", json!({"path": "/workspace/a"})),
+        )
+        .await;
+    let (status, again) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(2, "tool.write", json!({"path": "/workspace/a"})),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(again["receipt"]["claim"], "SKIP");
     assert_eq!(again["payload"]["id"], 2);
     assert_eq!(again["payload"]["result"], first["payload"]["result"]);
     for field in ["request_id", "action_ref", "claimed_at"] {
-        assert_eq!(again["receipt"][field], first["receipt"][field], "{field} is fixed at claim time");
+        assert_eq!(
+            again["receipt"][field], first["receipt"][field],
+            "{field} is fixed at claim time"
+        );
     }
     // The receipt's action_ref can be recomputed by anyone.
     let receipt = &first["receipt"];
     assert_eq!(
         receipt["action_ref"].as_str().unwrap(),
-        sealgate::claim::action_ref("agent-1", "tool.write", receipt["request_id"].as_str().unwrap(), receipt["claimed_at"].as_str().unwrap())
+        sealgate::claim::action_ref(
+            "agent-1",
+            "tool.write",
+            receipt["request_id"].as_str().unwrap(),
+            receipt["claimed_at"].as_str().unwrap()
+        )
     );
     // An explicit idempotency key is scoped to the agent, not the session.
-    let meta = |id| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-        "params": {"name": "tool.explicit", "arguments": {"n": id}, "_meta": {"idempotency_key": "transfer-1"}}});
+    let meta = |id| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "tool.explicit", "arguments": {"n": id}, "_meta": {"idempotency_key": "transfer-1"}}})
+    };
     let (_, a) = gw.call(&key, &token, meta(10)).await;
     assert_eq!(a["receipt"]["claim"], "PROCEED");
-    assert_eq!(a["receipt"]["request_id"].as_str().unwrap(), sealgate::claim::request_id_for_key("agent-1", "transfer-1"));
+    assert_eq!(
+        a["receipt"]["request_id"].as_str().unwrap(),
+        sealgate::claim::request_id_for_key("agent-1", "transfer-1")
+    );
     let (key2, token2) = gw.session("exec-skip-2").await;
     let (_, b) = gw.call(&key2, &token2, meta(11)).await;
-    assert_eq!(b["receipt"]["claim"], "SKIP", "a new worker retrying the same logical action is caught");
+    assert_eq!(
+        b["receipt"]["claim"], "SKIP",
+        "a new worker retrying the same logical action is caught"
+    );
     // claim: explicit without a key takes no claim; a bad key is malformed.
-    let (_, c) = gw.call(&key, &token, tool_call(12, "tool.explicit", json!({}))).await;
+    let (_, c) = gw
+        .call(&key, &token, tool_call(12, "tool.explicit", json!({})))
+        .await;
     assert_eq!(c["receipt"]["claim"], "NONE");
     let bad = json!({"jsonrpc": "2.0", "id": 13, "method": "tools/call",
         "params": {"name": "tool.write", "arguments": {}, "_meta": {"idempotency_key": ""}}});
@@ -92,14 +129,29 @@ async fn skip_returns_the_stored_answer_with_the_callers_id_and_same_receipt() {
 async fn timeout_keeps_the_claim_pending_until_an_operator_resolves_it() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
-    let (key, token) = gw.session_with("exec-timeout", json!({"allowed_tool_patterns": ["slow.*", "down.*"]})).await;
-    let (status, body) = gw.call(&key, &token, tool_call(1, "slow.op", json!({"x": 1}))).await;
+    let (key, token) = gw
+        .session_with(
+            "exec-timeout",
+            json!({"allowed_tool_patterns": ["slow.*", "down.*"]}),
+        )
+        .await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "slow.op", json!({"x": 1})))
+        .await;
     assert_eq!((status, code(&body)), (504, 5002));
-    let (status, body) = gw.call(&key, &token, tool_call(2, "slow.op", json!({"x": 1}))).await;
-    assert_eq!((status, code(&body)), (409, 4001), "sent and unanswered: still PENDING");
+    let (status, body) = gw
+        .call(&key, &token, tool_call(2, "slow.op", json!({"x": 1})))
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (409, 4001),
+        "sent and unanswered: still PENDING"
+    );
     assert_eq!(tool.count(), 1);
 
-    let (status, listed) = gw.admin(Method::GET, "/v1/claims?status=PENDING", None).await;
+    let (status, listed) = gw
+        .admin(Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
     assert_eq!(status, 200);
     let items = listed["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
@@ -110,29 +162,72 @@ async fn timeout_keeps_the_claim_pending_until_an_operator_resolves_it() {
     let reader = gw.keys.operator_token("seal.claim.read");
     let path = format!("/v1/claims/{request_id}/resolve");
     let result = json!({"jsonrpc": "2.0", "id": 0, "result": {"content": [{"type": "text", "text": "done by hand"}]}});
-    let (status, _) = gw.operator(Method::POST, &path, Some(&reader), Some(json!({"outcome": "committed", "result": result}))).await;
+    let (status, _) = gw
+        .operator(
+            Method::POST,
+            &path,
+            Some(&reader),
+            Some(json!({"outcome": "committed", "result": result})),
+        )
+        .await;
     assert_eq!(status, 403);
-    let (status, bad) = gw.admin(Method::POST, &path, Some(json!({"outcome": "maybe"}))).await;
+    let (status, bad) = gw
+        .admin(Method::POST, &path, Some(json!({"outcome": "maybe"})))
+        .await;
     assert_eq!((status, code(&bad)), (422, 6005));
-    let (status, resolved) = gw.admin(Method::POST, &path, Some(json!({"outcome": "committed", "result": result, "evidence": "checked"}))).await;
+    let (status, resolved) = gw
+        .admin(
+            Method::POST,
+            &path,
+            Some(json!({"outcome": "committed", "result": result, "evidence": "checked"})),
+        )
+        .await;
     assert_eq!(status, 200, "{resolved}");
     assert_eq!(resolved["status"], "COMMITTED");
-    let (status, _) = gw.admin(Method::POST, &path, Some(json!({"outcome": "released"}))).await;
+    let (status, _) = gw
+        .admin(Method::POST, &path, Some(json!({"outcome": "released"})))
+        .await;
     assert_eq!(status, 409, "only a PENDING claim can be resolved");
-    let (status, body) = gw.call(&key, &token, tool_call(3, "slow.op", json!({"x": 1}))).await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(3, "slow.op", json!({"x": 1})))
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["receipt"]["claim"], "SKIP");
     assert_eq!(body["payload"]["id"], 3);
-    assert_eq!(body["payload"]["result"]["content"][0]["text"], "done by hand");
+    assert_eq!(
+        body["payload"]["result"]["content"][0]["text"],
+        "done by hand"
+    );
 
     // Unreachable before sending: the claim is released, so the retry is a new PROCEED attempt.
-    assert_eq!(code(&gw.call(&key, &token, tool_call(4, "down.op", json!({}))).await.1), 5001);
-    assert_eq!(code(&gw.call(&key, &token, tool_call(5, "down.op", json!({}))).await.1), 5001);
-    let (_, listed) = gw.admin(Method::GET, "/v1/claims?status=PENDING", None).await;
+    assert_eq!(
+        code(
+            &gw.call(&key, &token, tool_call(4, "down.op", json!({})))
+                .await
+                .1
+        ),
+        5001
+    );
+    assert_eq!(
+        code(
+            &gw.call(&key, &token, tool_call(5, "down.op", json!({})))
+                .await
+                .1
+        ),
+        5001
+    );
+    let (_, listed) = gw
+        .admin(Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
     assert_eq!(listed["items"].as_array().unwrap().len(), 0);
-    let (status, one) = gw.admin(Method::GET, &format!("/v1/claims/{request_id}"), None).await;
+    let (status, one) = gw
+        .admin(Method::GET, &format!("/v1/claims/{request_id}"), None)
+        .await;
     assert_eq!((status, one["status"].as_str()), (200, Some("COMMITTED")));
-    assert_eq!(gw.admin(Method::GET, "/v1/claims/unknown", None).await.0, 404);
+    assert_eq!(
+        gw.admin(Method::GET, "/v1/claims/unknown", None).await.0,
+        404
+    );
 }
 
 #[tokio::test]
@@ -140,11 +235,22 @@ async fn oversized_answer_is_withheld_and_committed_as_such() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-big").await;
-    let (status, body) = gw.call(&key, &token, tool_call(1, "big.read", json!({}))).await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "big.read", json!({})))
+        .await;
     assert_eq!((status, code(&body)), (502, 2007));
-    assert!(!body.to_string().contains("xxxx"), "the withheld answer never reaches the agent");
-    let (status, body) = gw.call(&key, &token, tool_call(2, "big.read", json!({}))).await;
-    assert_eq!((status, code(&body)), (502, 2007), "every SKIP answers 2007 again");
+    assert!(
+        !body.to_string().contains("xxxx"),
+        "the withheld answer never reaches the agent"
+    );
+    let (status, body) = gw
+        .call(&key, &token, tool_call(2, "big.read", json!({})))
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (502, 2007),
+        "every SKIP answers 2007 again"
+    );
     assert_eq!(tool.count(), 1);
 }
 
@@ -154,21 +260,48 @@ async fn standalone_claim_settle_claim_skips_with_the_result() {
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
     let reader = gw.keys.operator_token("seal.claim.read");
     let body = json!({"request_id": "req-001", "action": "erc20_transfer"});
-    assert_eq!(gw.operator(Method::POST, "/claim", Some(&reader), Some(body.clone())).await.0, 403);
+    assert_eq!(
+        gw.operator(Method::POST, "/claim", Some(&reader), Some(body.clone()))
+            .await
+            .0,
+        403
+    );
     let (status, first) = gw.admin(Method::POST, "/claim", Some(body.clone())).await;
     assert_eq!((status, first["status"].as_str()), (200, Some("PROCEED")));
     let (_, again) = gw.admin(Method::POST, "/claim", Some(body.clone())).await;
     assert_eq!(again["status"], "PENDING");
-    let (status, settled) = gw.admin(Method::POST, "/settle/req-001", Some(json!({"result": {"tx": "0xabc"}}))).await;
-    assert_eq!((status, settled["status"].as_str()), (200, Some("committed")));
-    let (_, twice) = gw.admin(Method::POST, "/settle/req-001", Some(json!({"result": {"tx": "0xdef"}}))).await;
+    let (status, settled) = gw
+        .admin(
+            Method::POST,
+            "/settle/req-001",
+            Some(json!({"result": {"tx": "0xabc"}})),
+        )
+        .await;
+    assert_eq!(
+        (status, settled["status"].as_str()),
+        (200, Some("committed"))
+    );
+    let (_, twice) = gw
+        .admin(
+            Method::POST,
+            "/settle/req-001",
+            Some(json!({"result": {"tx": "0xdef"}})),
+        )
+        .await;
     assert_eq!(twice["status"], "already_committed");
-    assert_eq!(gw.admin(Method::POST, "/settle/unknown", Some(json!({"result": 1}))).await.0, 404);
+    assert_eq!(
+        gw.admin(Method::POST, "/settle/unknown", Some(json!({"result": 1})))
+            .await
+            .0,
+        404
+    );
     let (_, skip) = gw.admin(Method::POST, "/claim", Some(body)).await;
     assert_eq!(skip["status"], "SKIP");
     assert_eq!(skip["existing"]["result"], json!({"tx": "0xabc"}));
 
-    let (status, page) = gw.admin(Method::GET, "/audit?action=erc20_transfer&limit=10", None).await;
+    let (status, page) = gw
+        .admin(Method::GET, "/audit?action=erc20_transfer&limit=10", None)
+        .await;
     assert_eq!(status, 200);
     assert_eq!(page["total"], 1);
     assert_eq!(page["items"][0]["request_id"], "req-001");

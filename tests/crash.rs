@@ -22,7 +22,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next_ms(&mut self, low: u64, high: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         low + (self.0 >> 33) % (high - low)
     }
 }
@@ -34,7 +37,10 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
     let (key, token) = gw.session("exec-crash").await;
     let key = Arc::new(key);
     let base = Arc::new(RwLock::new(gw.base.clone()));
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let next_op = Arc::new(AtomicU64::new(0));
@@ -44,8 +50,19 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
 
     let mut workers = Vec::new();
     for _ in 0..WORKERS {
-        let (key, token, base, client, stop) = (key.clone(), token.clone(), base.clone(), client.clone(), stop.clone());
-        let (sent, next_op, next_id, answered) = (sent.clone(), next_op.clone(), next_id.clone(), answered.clone());
+        let (key, token, base, client, stop) = (
+            key.clone(),
+            token.clone(),
+            base.clone(),
+            client.clone(),
+            stop.clone(),
+        );
+        let (sent, next_op, next_id, answered) = (
+            sent.clone(),
+            next_op.clone(),
+            next_id.clone(),
+            answered.clone(),
+        );
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let op = format!("op-{}", next_op.fetch_add(1, Ordering::SeqCst));
@@ -101,7 +118,9 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
     let executions = tool.ops.lock().unwrap().clone();
     let answered = answered.lock().unwrap().clone();
     let duplicates = executions.values().filter(|&&n| n > 1).count();
-    let (status, pending_page) = gw.admin(Method::GET, "/v1/claims?status=PENDING&limit=1000", None).await;
+    let (status, pending_page) = gw
+        .admin(Method::GET, "/v1/claims?status=PENDING&limit=1000", None)
+        .await;
     assert_eq!(status, 200);
     let listed: Vec<String> = pending_page["items"]
         .as_array()
@@ -117,22 +136,37 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
         answered.len()
     );
     assert_eq!(duplicates, 0, "an action ran twice: {executions:?}");
-    assert!(answered.len() > KILLS, "the load made too little progress to mean anything");
+    assert!(
+        answered.len() > KILLS,
+        "the load made too little progress to mean anything"
+    );
 
     for (op, result) in &answered {
         let request_id = sealgate::claim::request_id_for_key("agent-1", op);
-        let (status, claim) = gw.admin(Method::GET, &format!("/v1/claims/{request_id}"), None).await;
+        let (status, claim) = gw
+            .admin(Method::GET, &format!("/v1/claims/{request_id}"), None)
+            .await;
         assert_eq!(status, 200, "{op}: an acknowledged answer was lost");
         assert_eq!(claim["status"], "COMMITTED", "{op}: {claim}");
-        assert_eq!(&claim["result"]["result"], result, "{op}: stored answer differs from the one returned");
+        assert_eq!(
+            &claim["result"]["result"], result,
+            "{op}: stored answer differs from the one returned"
+        );
     }
     for op in executions.keys() {
         let request_id = sealgate::claim::request_id_for_key("agent-1", op);
-        let (status, claim) = gw.admin(Method::GET, &format!("/v1/claims/{request_id}"), None).await;
-        assert_eq!(status, 200, "{op} ran but its claim is gone: a retry could run it again");
+        let (status, claim) = gw
+            .admin(Method::GET, &format!("/v1/claims/{request_id}"), None)
+            .await;
+        assert_eq!(
+            status, 200,
+            "{op} ran but its claim is gone: a retry could run it again"
+        );
         match claim["status"].as_str() {
             Some("COMMITTED") => {}
-            Some("PENDING") => assert!(listed.contains(&request_id), "{op}: PENDING but not listed"),
+            Some("PENDING") => {
+                assert!(listed.contains(&request_id), "{op}: PENDING but not listed")
+            }
             other => panic!("{op}: unexpected claim status {other:?}"),
         }
     }

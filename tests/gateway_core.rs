@@ -4,18 +4,27 @@ mod common;
 
 use common::{code, tool_call, Gateway};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test]
 async fn happy_path_forwards_once_with_a_receipt_and_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-happy").await;
-    let (status, body) = gw.call(&key, &token, tool_call(7, "tool.write", json!({"path": "/workspace/a.txt"}))).await;
+    let (status, body) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(7, "tool.write", json!({"path": "/workspace/a.txt"})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["protocol"], "seal/v1");
     assert_eq!(body["status"], "success");
-    assert_eq!(body["payload"]["id"], 7, "the caller's JSON-RPC id comes back");
+    assert_eq!(
+        body["payload"]["id"], 7,
+        "the caller's JSON-RPC id comes back"
+    );
     assert_eq!(body["payload"]["result"]["content"][0]["text"], "ran write");
     let receipt = &body["receipt"];
     assert_eq!(receipt["claim"], "PROCEED");
@@ -28,7 +37,10 @@ async fn happy_path_forwards_once_with_a_receipt_and_credentials() {
     // The tool saw its own name and the gateway's credential, never the agent's token.
     let seen = tool.last_request.lock().unwrap().clone().unwrap();
     assert_eq!(seen["params"]["name"], "write");
-    assert_eq!(tool.last_auth.lock().unwrap().as_deref(), Some("Bearer tool-secret"));
+    assert_eq!(
+        tool.last_auth.lock().unwrap().as_deref(),
+        Some("Bearer tool-secret")
+    );
     assert!(!seen.to_string().contains(&token));
 }
 
@@ -37,12 +49,16 @@ async fn claim_off_and_tool_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-off").await;
-    let (status, body) = gw.call(&key, &token, tool_call(1, "tool.off", json!({}))).await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "tool.off", json!({})))
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["receipt"]["claim"], "NONE");
     assert!(body["receipt"].get("request_id").is_none());
     // A JSON-RPC error from the tool is an answer, returned as such.
-    let (status, body) = gw.call(&key, &token, tool_call(2, "tool.fail", json!({}))).await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(2, "tool.fail", json!({})))
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["payload"]["error"]["code"], -32000);
     assert_eq!(tool.count(), 2);
@@ -53,10 +69,17 @@ async fn rfc3339_timestamps_and_non_ascii_payloads_verify() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-formats").await;
-    let payload = tool_call(3, "tool.note", json!({"ﬁle": "café", "😀": [1.5, 1e21, -0.0, 0.1], "日本": {"z": 1, "a": 2.50}}));
+    let payload = tool_call(
+        3,
+        "tool.note",
+        json!({"ﬁle": "café", "😀": [1.5, 1e21, -0.0, 0.1], "日本": {"z": 1, "a": 2.50}}),
+    );
     let now = sealgate::clock::now_secs();
     let mut envelope = sealgate::envelope::sign_envelope(&key, payload, &token, now);
-    envelope["timestamp"] = json!(format!("{}.583Z", sealgate::clock::rfc3339_secs(now).trim_end_matches('Z')));
+    envelope["timestamp"] = json!(format!(
+        "{}.583Z",
+        sealgate::clock::rfc3339_secs(now).trim_end_matches('Z')
+    ));
     let (status, body) = gw.post(&envelope).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["payload"]["result"]["echo"]["ﬁle"], "café");
@@ -68,13 +91,22 @@ async fn replayed_envelope_never_reaches_the_tool_even_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (mut gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-replay").await;
-    let envelope = sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.off", json!({})), &token, sealgate::clock::now_secs());
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(1, "tool.off", json!({})),
+        &token,
+        sealgate::clock::now_secs(),
+    );
     assert_eq!(gw.post(&envelope).await.0, 200);
     let (status, body) = gw.post(&envelope).await;
     assert_eq!((status, code(&body)), (401, 1008));
     gw.restart();
     let (status, body) = gw.post(&envelope).await;
-    assert_eq!((status, code(&body)), (401, 1008), "replay records survive a restart");
+    assert_eq!(
+        (status, code(&body)),
+        (401, 1008),
+        "replay records survive a restart"
+    );
     assert_eq!(tool.count(), 1);
 }
 
@@ -84,7 +116,9 @@ async fn every_envelope_fault_gets_its_own_code() {
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-faults").await;
     let now = sealgate::clock::now_secs();
-    let good = || sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.off", json!({})), &token, now);
+    let good = || {
+        sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.off", json!({})), &token, now)
+    };
 
     // 1001: a signature that is not 64 bytes of base64.
     let mut env = good();
@@ -92,14 +126,20 @@ async fn every_envelope_fault_gets_its_own_code() {
     assert_eq!(code(&gw.post(&env).await.1), 1001);
     // 1002: signed by another key; and a payload changed after signing.
     let other = sealgate::envelope::generate_signing_key().unwrap();
-    let env = sealgate::envelope::sign_envelope(&other, tool_call(2, "tool.off", json!({})), &token, now);
+    let env =
+        sealgate::envelope::sign_envelope(&other, tool_call(2, "tool.off", json!({})), &token, now);
     assert_eq!(code(&gw.post(&env).await.1), 1002);
     let mut env = good();
     env["payload"]["id"] = json!(99);
     assert_eq!(code(&gw.post(&env).await.1), 1002);
     // 1007: outside the 30-second window, either way.
     for skew in [-31, 31] {
-        let env = sealgate::envelope::sign_envelope(&key, tool_call(3, "tool.off", json!({})), &token, now + skew);
+        let env = sealgate::envelope::sign_envelope(
+            &key,
+            tool_call(3, "tool.off", json!({})),
+            &token,
+            now + skew,
+        );
         let (status, body) = gw.post(&env).await;
         assert_eq!((status, code(&body)), (401, 1007));
     }
@@ -107,32 +147,76 @@ async fn every_envelope_fault_gets_its_own_code() {
     let mut claims = gw.keys.agent_claims("exec-faults", "test");
     claims["exp"] = json!(now - 1);
     let expired = gw.keys.agent_token_from(&claims);
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(4, "tool.off", json!({})), &expired, now);
+    let env =
+        sealgate::envelope::sign_envelope(&key, tool_call(4, "tool.off", json!({})), &expired, now);
     assert_eq!(code(&gw.post(&env).await.1), 1003);
     let (stranger, _) = sealgate::token::ed25519_keypair_pem().unwrap();
-    let forged = sealgate::token::sign_eddsa_for_tests_and_cli(&stranger, &gw.keys.agent_claims("exec-faults", "test"), None).unwrap();
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(5, "tool.off", json!({})), &forged, now);
+    let forged = sealgate::token::sign_eddsa_for_tests_and_cli(
+        &stranger,
+        &gw.keys.agent_claims("exec-faults", "test"),
+        None,
+    )
+    .unwrap();
+    let env =
+        sealgate::envelope::sign_envelope(&key, tool_call(5, "tool.off", json!({})), &forged, now);
     assert_eq!(code(&gw.post(&env).await.1), 1004);
     let mut claims = gw.keys.agent_claims("exec-faults", "test");
     claims["aud"] = json!("someone-else");
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(6, "tool.off", json!({})), &gw.keys.agent_token_from(&claims), now);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(6, "tool.off", json!({})),
+        &gw.keys.agent_token_from(&claims),
+        now,
+    );
     assert_eq!(code(&gw.post(&env).await.1), 1004);
-    let none = format!("{}.{}.", b64(br#"{"alg":"none"}"#), b64(gw.keys.agent_claims("exec-faults", "test").to_string().as_bytes()));
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(7, "tool.off", json!({})), &none, now);
+    let none = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none"}"#),
+        b64(gw
+            .keys
+            .agent_claims("exec-faults", "test")
+            .to_string()
+            .as_bytes())
+    );
+    let env =
+        sealgate::envelope::sign_envelope(&key, tool_call(7, "tool.off", json!({})), &none, now);
     assert_eq!(code(&gw.post(&env).await.1), 1004);
     // 1005: no such session; 3001: the token names another context.
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(8, "tool.off", json!({})), &gw.keys.agent_token("exec-unknown"), now);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(8, "tool.off", json!({})),
+        &gw.keys.agent_token("exec-unknown"),
+        now,
+    );
     assert_eq!(code(&gw.post(&env).await.1), 1005);
-    let other_scope = gw.keys.agent_token_from(&gw.keys.agent_claims("exec-faults", "other"));
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(9, "tool.off", json!({})), &other_scope, now);
+    let other_scope = gw
+        .keys
+        .agent_token_from(&gw.keys.agent_claims("exec-faults", "other"));
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(9, "tool.off", json!({})),
+        &other_scope,
+        now,
+    );
     let (status, body) = gw.post(&env).await;
     assert_eq!((status, code(&body)), (401, 3001));
     // 1000 at check 9: a payload that is not a tools/call with a valid name.
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(10, "tool..bad", json!({})), &token, now);
+    let env =
+        sealgate::envelope::sign_envelope(&key, tool_call(10, "tool..bad", json!({})), &token, now);
     assert_eq!(code(&gw.post(&env).await.1), 1000);
-    let env = sealgate::envelope::sign_envelope(&key, json!({"jsonrpc": "2.0", "id": 11, "method": "resources/read"}), &token, now);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        json!({"jsonrpc": "2.0", "id": 11, "method": "resources/read"}),
+        &token,
+        now,
+    );
     assert_eq!(code(&gw.post(&env).await.1), 1000);
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(12, &"a".repeat(129), json!({})), &token, now);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(12, &"a".repeat(129), json!({})),
+        &token,
+        now,
+    );
     assert_eq!(code(&gw.post(&env).await.1), 1000);
     assert_eq!(tool.count(), 0, "no refused envelope reached the tool");
 }
@@ -141,19 +225,31 @@ async fn every_envelope_fault_gets_its_own_code() {
 async fn session_binding_checks_agent_and_workload() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
-    let (key, _) = gw.session_with("exec-bound", json!({"agent_id": "agent-1", "workload_id": "c-1"})).await;
+    let (key, _) = gw
+        .session_with(
+            "exec-bound",
+            json!({"agent_id": "agent-1", "workload_id": "c-1"}),
+        )
+        .await;
     let now = sealgate::clock::now_secs();
     let mut claims = gw.keys.agent_claims("exec-bound", "test");
     claims["wid"] = json!("c-1");
     let token = gw.keys.agent_token_from(&claims);
-    let mut env = sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.off", json!({})), &token, now);
+    let mut env =
+        sealgate::envelope::sign_envelope(&key, tool_call(1, "tool.off", json!({})), &token, now);
     env["container_id"] = json!("c-1");
     assert_eq!(gw.post(&env).await.0, 200);
-    let mut env = sealgate::envelope::sign_envelope(&key, tool_call(2, "tool.off", json!({})), &token, now);
+    let mut env =
+        sealgate::envelope::sign_envelope(&key, tool_call(2, "tool.off", json!({})), &token, now);
     env["container_id"] = json!("c-2");
     assert_eq!(code(&gw.post(&env).await.1), 1004);
     claims["sub"] = json!("agent-2");
-    let env = sealgate::envelope::sign_envelope(&key, tool_call(3, "tool.off", json!({})), &gw.keys.agent_token_from(&claims), now);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(3, "tool.off", json!({})),
+        &gw.keys.agent_token_from(&claims),
+        now,
+    );
     assert_eq!(code(&gw.post(&env).await.1), 1004);
 }
 
@@ -174,11 +270,26 @@ async fn policy_and_upstream_codes() {
         ("big.x", 2007, 502),
     ];
     for (i, (tool_name, expected, http)) in cases.iter().enumerate() {
-        let (status, body) = gw.call(&key, &token, tool_call(i as u64, tool_name, json!({}))).await;
-        assert_eq!((code(&body), status), (*expected as u64, *http), "{tool_name}: {body}");
-        assert_eq!(body["error"]["name"].as_str().unwrap().is_empty(), false);
+        let (status, body) = gw
+            .call(&key, &token, tool_call(i as u64, tool_name, json!({})))
+            .await;
+        assert_eq!(
+            (code(&body), status),
+            (*expected as u64, *http),
+            "{tool_name}: {body}"
+        );
+        let name = sealgate::error::Code::from_number(*expected)
+            .unwrap()
+            .name();
+        assert_eq!(body["error"]["name"], name);
     }
-    let (_, body) = gw.call(&key, &token, tool_call(20, "tool.read", json!({"path": "/etc/passwd"}))).await;
+    let (_, body) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(20, "tool.read", json!({"path": "/etc/passwd"})),
+        )
+        .await;
     assert_eq!(code(&body), 2002);
     // bad, slow and big reached the tool; nothing refused by policy did.
     assert_eq!(tool.count(), 3);
@@ -206,14 +317,27 @@ async fn junk_bodies_get_1000_and_never_a_5xx() {
     ];
     for body in bodies {
         let (status, answer) = gw.post_raw(body.clone()).await;
-        assert_eq!((status, code(&answer)), (400, 1000), "{:?}", String::from_utf8_lossy(&body));
+        assert_eq!(
+            (status, code(&answer)),
+            (400, 1000),
+            "{:?}",
+            String::from_utf8_lossy(&body)
+        );
     }
     let (status, answer) = gw.post_raw(vec![b' '; 5000]).await;
     assert_eq!((status, code(&answer)), (413, 1000));
     // A well-formed envelope with a garbage token is a 1004, not a crash.
     let env = json!({"protocol": "seal/v1", "security_token": "x.y.z", "signature": "AA", "payload": {}, "timestamp": 1});
     assert_eq!(code(&gw.post(&env).await.1), 1004);
-    assert_eq!(gw.client.get(format!("{}/healthz", gw.base)).send().await.unwrap().status(), 200);
+    assert_eq!(
+        gw.client
+            .get(format!("{}/healthz", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -227,19 +351,51 @@ async fn sessions_api_with_its_auth() {
                       "expires_at": expires, "budget": {"max_calls": 5}});
 
     // 401 without a token, with a bad one, with an agent token; 403 without the scope.
-    let (status, answer) = gw.operator(Method::POST, "/v1/seal/sessions", None, Some(body.clone())).await;
+    let (status, answer) = gw
+        .operator(Method::POST, "/v1/seal/sessions", None, Some(body.clone()))
+        .await;
     assert_eq!((status, code(&answer)), (401, 6001));
-    let (status, _) = gw.operator(Method::POST, "/v1/seal/sessions", Some("nonsense"), Some(body.clone())).await;
+    let (status, _) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some("nonsense"),
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!(status, 401);
     let agent = gw.keys.agent_token("exec-api");
-    let (status, _) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&agent), Some(body.clone())).await;
+    let (status, _) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&agent),
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!(status, 401);
     let reader = gw.keys.operator_token("seal.session.read");
-    let (status, answer) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&reader), Some(body.clone())).await;
+    let (status, answer) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&reader),
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!((status, code(&answer)), (403, 6002));
 
-    let creator = gw.keys.operator_token("seal.session.create seal.session.read");
-    let (status, created) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(body.clone())).await;
+    let creator = gw
+        .keys
+        .operator_token("seal.session.create seal.session.read");
+    let (status, created) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&creator),
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["status"], "active");
     assert_eq!(created["security_context"], "test");
@@ -247,47 +403,144 @@ async fn sessions_api_with_its_auth() {
     let mut again = body.clone();
     again["public_key"] = json!(hex::encode(key.verifying_key().to_bytes()));
     again["note"] = json!("ignored");
-    let (status, repeated) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(again)).await;
+    let (status, repeated) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&creator),
+            Some(again),
+        )
+        .await;
     assert_eq!((status, &repeated), (200, &created));
     // Another key or context for the same id: 409.
     let mut hijack = body.clone();
-    hijack["public_key"] = json!(sealgate::envelope::public_key_b64(&sealgate::envelope::generate_signing_key().unwrap().verifying_key()));
-    let (status, answer) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(hijack)).await;
+    hijack["public_key"] = json!(sealgate::envelope::public_key_b64(
+        &sealgate::envelope::generate_signing_key()
+            .unwrap()
+            .verifying_key()
+    ));
+    let (status, answer) = gw
+        .operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&creator),
+            Some(hijack),
+        )
+        .await;
     assert_eq!((status, code(&answer)), (409, 6004));
     let mut other = body.clone();
     other["security_context"] = json!("other");
-    assert_eq!(gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(other)).await.0, 409);
+    assert_eq!(
+        gw.operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&creator),
+            Some(other)
+        )
+        .await
+        .0,
+        409
+    );
     // Validation: 422 for an unknown context, a bad key, a past or too distant expiry; 400 for non-JSON.
-    for (field, value) in [("security_context", json!("nope")), ("public_key", json!("abc")),
-                           ("expires_at", json!(1)), ("expires_at", json!(expires + 200_000))] {
+    for (field, value) in [
+        ("security_context", json!("nope")),
+        ("public_key", json!("abc")),
+        ("expires_at", json!(1)),
+        ("expires_at", json!(expires + 200_000)),
+    ] {
         let mut bad = body.clone();
         bad["session_id"] = json!("exec-invalid");
         bad[field] = value;
-        let (status, answer) = gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(bad)).await;
+        let (status, answer) = gw
+            .operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(bad))
+            .await;
         assert_eq!((status, code(&answer)), (422, 6005), "{field}: {answer}");
     }
-    let raw = gw.client.post(format!("{}/v1/seal/sessions", gw.base)).bearer_auth(&creator).body("{oops").send().await.unwrap();
+    let raw = gw
+        .client
+        .post(format!("{}/v1/seal/sessions", gw.base))
+        .bearer_auth(&creator)
+        .body("{oops")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(raw.status(), 400);
 
     // GET shows status and counts, never key material.
-    let (status, read) = gw.operator(Method::GET, "/v1/seal/sessions/exec-api", Some(&creator), None).await;
+    let (status, read) = gw
+        .operator(
+            Method::GET,
+            "/v1/seal/sessions/exec-api",
+            Some(&creator),
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(read["status"], "active");
     assert_eq!(read["calls"]["allowed"], 0);
     assert!(!read.to_string().contains(&public));
-    assert_eq!(gw.operator(Method::GET, "/v1/seal/sessions/none", Some(&creator), None).await.0, 404);
+    assert_eq!(
+        gw.operator(Method::GET, "/v1/seal/sessions/none", Some(&creator), None)
+            .await
+            .0,
+        404
+    );
 
     // DELETE needs its scope, revokes, erases the key; the id is never reused.
-    assert_eq!(gw.operator(Method::DELETE, "/v1/seal/sessions/exec-api", Some(&creator), None).await.0, 403);
+    assert_eq!(
+        gw.operator(
+            Method::DELETE,
+            "/v1/seal/sessions/exec-api",
+            Some(&creator),
+            None
+        )
+        .await
+        .0,
+        403
+    );
     let revoker = gw.keys.operator_token("seal.session.revoke");
-    let (status, revoked) = gw.operator(Method::DELETE, "/v1/seal/sessions/exec-api", Some(&revoker), None).await;
+    let (status, revoked) = gw
+        .operator(
+            Method::DELETE,
+            "/v1/seal/sessions/exec-api",
+            Some(&revoker),
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(revoked["status"], "revoked");
     assert!(revoked["revoked_at"].is_string());
-    assert_eq!(gw.operator(Method::DELETE, "/v1/seal/sessions/none", Some(&revoker), None).await.0, 404);
-    let (_, read) = gw.operator(Method::GET, "/v1/seal/sessions/exec-api", Some(&creator), None).await;
+    assert_eq!(
+        gw.operator(
+            Method::DELETE,
+            "/v1/seal/sessions/none",
+            Some(&revoker),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    let (_, read) = gw
+        .operator(
+            Method::GET,
+            "/v1/seal/sessions/exec-api",
+            Some(&creator),
+            None,
+        )
+        .await;
     assert_eq!(read["status"], "revoked");
-    assert_eq!(gw.operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(body)).await.0, 409);
+    assert_eq!(
+        gw.operator(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(&creator),
+            Some(body)
+        )
+        .await
+        .0,
+        409
+    );
 }
 
 #[tokio::test]
@@ -295,10 +548,26 @@ async fn revoked_session_refuses_envelopes_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-revoke").await;
-    assert_eq!(gw.call(&key, &token, tool_call(1, "tool.off", json!({}))).await.0, 200);
-    assert_eq!(gw.admin(Method::DELETE, "/v1/seal/sessions/exec-revoke", None).await.0, 200);
-    let (status, body) = gw.call(&key, &token, tool_call(2, "tool.off", json!({}))).await;
-    assert_eq!((status, code(&body)), (401, 1006), "the cached token must not outlive revocation");
+    assert_eq!(
+        gw.call(&key, &token, tool_call(1, "tool.off", json!({})))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        gw.admin(Method::DELETE, "/v1/seal/sessions/exec-revoke", None)
+            .await
+            .0,
+        200
+    );
+    let (status, body) = gw
+        .call(&key, &token, tool_call(2, "tool.off", json!({})))
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (401, 1006),
+        "the cached token must not outlive revocation"
+    );
     assert_eq!(tool.count(), 1);
 }
 
@@ -307,11 +576,28 @@ async fn health_readiness_metrics_and_unknown_routes() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
     for path in ["/healthz", "/readyz"] {
-        assert_eq!(gw.client.get(format!("{}{path}", gw.base)).send().await.unwrap().status(), 200);
+        assert_eq!(
+            gw.client
+                .get(format!("{}{path}", gw.base))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
     }
     let (key, token) = gw.session("exec-metrics").await;
-    gw.call(&key, &token, tool_call(1, "tool.off", json!({}))).await;
-    let metrics = gw.client.get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    gw.call(&key, &token, tool_call(1, "tool.off", json!({})))
+        .await;
+    let metrics = gw
+        .client
+        .get(format!("{}/metrics", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metrics.contains("sealgate_"), "{metrics}");
     let (status, body) = gw.operator(Method::GET, "/v1/nothing", None, None).await;
     assert_eq!((status, code(&body)), (404, 6003));
@@ -321,6 +607,3 @@ fn b64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
-
-#[allow(dead_code)]
-fn _unused(_: Value) {}

@@ -34,7 +34,9 @@ async fn reload_tightens_refuses_a_broken_file_and_restores() {
     let id = std::sync::atomic::AtomicU64::new(0);
     let write_code = || async {
         let n = id.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let (_, body) = gw.call(&key, &token, tool_call(n, "tool.off", json!({"n": n}))).await;
+        let (_, body) = gw
+            .call(&key, &token, tool_call(n, "tool.off", json!({"n": n})))
+            .await;
         body["error"]["code"].as_u64().unwrap_or(0)
     };
     assert_eq!(write_code().await, 0);
@@ -42,13 +44,29 @@ async fn reload_tightens_refuses_a_broken_file_and_restores() {
     let original = std::fs::read_to_string(&policy).unwrap();
 
     // Tighten: deny tool.off.
-    std::fs::write(&policy, original.replace(r#"deny_list: ["tool.forbidden""#, r#"deny_list: ["tool.off", "tool.forbidden""#)).unwrap();
-    assert!(eventually(|| async { write_code().await == 2001 }).await, "a tightened policy applies within 2 s");
+    std::fs::write(
+        &policy,
+        original.replace(
+            r#"deny_list: ["tool.forbidden""#,
+            r#"deny_list: ["tool.off", "tool.forbidden""#,
+        ),
+    )
+    .unwrap();
+    assert!(
+        eventually(|| async { write_code().await == 2001 }).await,
+        "a tightened policy applies within 2 s"
+    );
 
     // Break: an invalid file is refused and the last good (tight) version stays in force.
-    std::fs::write(&policy, "name: test\ncapabilities:\n  - tool_patern: \"*\"\n").unwrap();
+    std::fs::write(
+        &policy,
+        "name: test\ncapabilities:\n  - tool_patern: \"*\"\n",
+    )
+    .unwrap();
     let refused = eventually(|| async {
-        let (_, page) = gw.admin(Method::GET, "/v1/audit?type=SecurityContextRejected", None).await;
+        let (_, page) = gw
+            .admin(Method::GET, "/v1/audit?type=SecurityContextRejected", None)
+            .await;
         !page["items"].as_array().unwrap().is_empty()
     })
     .await;
@@ -58,7 +76,9 @@ async fn reload_tightens_refuses_a_broken_file_and_restores() {
     // Restore.
     std::fs::write(&policy, &original).unwrap();
     assert!(eventually(|| async { write_code().await == 0 }).await);
-    let (_, changed) = gw.admin(Method::GET, "/v1/audit?type=SecurityContextChanged", None).await;
+    let (_, changed) = gw
+        .admin(Method::GET, "/v1/audit?type=SecurityContextChanged", None)
+        .await;
     assert!(changed["items"].as_array().unwrap().len() >= 2);
 }
 
@@ -67,58 +87,212 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
     let reader = gw.keys.operator_token("seal.context.read");
-    let writer = gw.keys.operator_token("seal.context.write seal.context.read");
+    let writer = gw
+        .keys
+        .operator_token("seal.context.write seal.context.read");
 
-    assert_eq!(gw.operator(Method::GET, "/v1/security-contexts", None, None).await.0, 401);
-    assert_eq!(gw.operator(Method::GET, "/v1/security-contexts", Some(&gw.keys.operator_token("seal.audit.read")), None).await.0, 403);
-    let (status, list) = gw.operator(Method::GET, "/v1/security-contexts", Some(&reader), None).await;
+    assert_eq!(
+        gw.operator(Method::GET, "/v1/security-contexts", None, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        gw.operator(
+            Method::GET,
+            "/v1/security-contexts",
+            Some(&gw.keys.operator_token("seal.audit.read")),
+            None
+        )
+        .await
+        .0,
+        403
+    );
+    let (status, list) = gw
+        .operator(Method::GET, "/v1/security-contexts", Some(&reader), None)
+        .await;
     assert_eq!(status, 200);
-    let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["other", "test"]);
-    let (status, test) = gw.operator(Method::GET, "/v1/security-contexts/test", Some(&reader), None).await;
+    let (status, test) = gw
+        .operator(
+            Method::GET,
+            "/v1/security-contexts/test",
+            Some(&reader),
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(test["version"].as_str().unwrap().len(), 64);
     assert_eq!(test["capabilities"][0]["tool_pattern"], "tool.off");
-    assert_eq!(gw.operator(Method::GET, "/v1/security-contexts/none", Some(&reader), None).await.0, 404);
+    assert_eq!(
+        gw.operator(
+            Method::GET,
+            "/v1/security-contexts/none",
+            Some(&reader),
+            None
+        )
+        .await
+        .0,
+        404
+    );
 
     // File-backed contexts are read-only over the API.
     let spec = json!({"name": "test", "capabilities": [{"tool_pattern": "*"}]});
-    assert_eq!(gw.operator(Method::PUT, "/v1/security-contexts/test", Some(&writer), Some(spec)).await.0, 409);
-    assert_eq!(gw.operator(Method::DELETE, "/v1/security-contexts/test", Some(&writer), None).await.0, 409);
+    assert_eq!(
+        gw.operator(
+            Method::PUT,
+            "/v1/security-contexts/test",
+            Some(&writer),
+            Some(spec)
+        )
+        .await
+        .0,
+        409
+    );
+    assert_eq!(
+        gw.operator(
+            Method::DELETE,
+            "/v1/security-contexts/test",
+            Some(&writer),
+            None
+        )
+        .await
+        .0,
+        409
+    );
 
     // Store-kept contexts: write needs its scope, bad bodies are 422 naming the field.
     let spec = json!({"capabilities": [{"tool_pattern": "fs.*", "path_allowlist": ["/srv"]}], "deny_list": ["fs.delete"]});
-    assert_eq!(gw.operator(Method::PUT, "/v1/security-contexts/api", Some(&reader), Some(spec.clone())).await.0, 403);
-    let (status, created) = gw.operator(Method::PUT, "/v1/security-contexts/api", Some(&writer), Some(spec)).await;
+    assert_eq!(
+        gw.operator(
+            Method::PUT,
+            "/v1/security-contexts/api",
+            Some(&reader),
+            Some(spec.clone())
+        )
+        .await
+        .0,
+        403
+    );
+    let (status, created) = gw
+        .operator(
+            Method::PUT,
+            "/v1/security-contexts/api",
+            Some(&writer),
+            Some(spec),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["source"]["kind"], "store");
     let (status, bad) = gw
-        .operator(Method::PUT, "/v1/security-contexts/api2", Some(&writer), Some(json!({"capabilities": [{"tool_pattern": "fs*"}]})))
+        .operator(
+            Method::PUT,
+            "/v1/security-contexts/api2",
+            Some(&writer),
+            Some(json!({"capabilities": [{"tool_pattern": "fs*"}]})),
+        )
         .await;
     assert_eq!((status, code(&bad)), (422, 6005));
-    assert!(bad["error"]["message"].as_str().unwrap().contains("tool_pattern"), "{bad}");
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tool_pattern"),
+        "{bad}"
+    );
     let (status, bad) = gw
-        .operator(Method::PUT, "/v1/security-contexts/api2", Some(&writer), Some(json!({"capabilities": [], "allow_everything": true})))
+        .operator(
+            Method::PUT,
+            "/v1/security-contexts/api2",
+            Some(&writer),
+            Some(json!({"capabilities": [], "allow_everything": true})),
+        )
         .await;
     assert_eq!(status, 422, "{bad}");
 
     // Evaluate explains a decision without calling anything.
     let path = "/v1/security-contexts/api/evaluate";
-    let (status, allow) = gw.operator(Method::POST, path, Some(&reader), Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}}))).await;
+    let (status, allow) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}})),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(allow["decision"], "allow");
-    let (_, deny) = gw.operator(Method::POST, path, Some(&reader), Some(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}}))).await;
-    assert_eq!((deny["decision"].as_str(), deny["code"].as_u64()), (Some("deny"), Some(2002)));
-    assert_eq!(deny["rule"], json!({"kind": "capability", "index": 0, "pattern": "fs.*"}));
-    let (_, denied) = gw.operator(Method::POST, path, Some(&reader), Some(json!({"tool": "fs.delete"}))).await;
-    assert_eq!((denied["code"].as_u64(), denied["rule"]["kind"].as_str()), (Some(2001), Some("deny_list")));
+    let (_, deny) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}})),
+        )
+        .await;
+    assert_eq!(
+        (deny["decision"].as_str(), deny["code"].as_u64()),
+        (Some("deny"), Some(2002))
+    );
+    assert_eq!(
+        deny["rule"],
+        json!({"kind": "capability", "index": 0, "pattern": "fs.*"})
+    );
+    let (_, denied) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.delete"})),
+        )
+        .await;
+    assert_eq!(
+        (denied["code"].as_u64(), denied["rule"]["kind"].as_str()),
+        (Some(2001), Some("deny_list"))
+    );
 
     // The stored context survives a restart; deleting it works and is then 404.
     let mut gw = gw;
     gw.restart();
-    assert_eq!(gw.operator(Method::GET, "/v1/security-contexts/api", Some(&reader), None).await.0, 200);
-    assert_eq!(gw.operator(Method::DELETE, "/v1/security-contexts/api", Some(&writer), None).await.0, 200);
-    assert_eq!(gw.operator(Method::GET, "/v1/security-contexts/api", Some(&reader), None).await.0, 404);
+    assert_eq!(
+        gw.operator(
+            Method::GET,
+            "/v1/security-contexts/api",
+            Some(&reader),
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        gw.operator(
+            Method::DELETE,
+            "/v1/security-contexts/api",
+            Some(&writer),
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        gw.operator(
+            Method::GET,
+            "/v1/security-contexts/api",
+            Some(&reader),
+            None
+        )
+        .await
+        .0,
+        404
+    );
 }
 
 #[tokio::test]
@@ -127,37 +301,78 @@ async fn rate_limit_and_budget_over_http() {
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-rate").await;
     for n in 0..2 {
-        assert_eq!(gw.call(&key, &token, tool_call(n, "limited.op", json!({}))).await.0, 200);
+        assert_eq!(
+            gw.call(&key, &token, tool_call(n, "limited.op", json!({})))
+                .await
+                .0,
+            200
+        );
     }
     let response = gw
         .client
         .post(format!("{}/v1/invoke", gw.base))
-        .json(&sealgate::envelope::sign_envelope(&key, tool_call(9, "limited.op", json!({})), &token, sealgate::clock::now_secs()))
+        .json(&sealgate::envelope::sign_envelope(
+            &key,
+            tool_call(9, "limited.op", json!({})),
+            &token,
+            sealgate::clock::now_secs(),
+        ))
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 429);
-    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=30).contains(&retry_after));
     let body: Value = response.json().await.unwrap();
     assert_eq!(code(&body), 2005);
 
-    let (key, token) = gw.session_with("exec-budget", json!({"budget": {"max_calls": 2}})).await;
-    assert_eq!(gw.call(&key, &token, tool_call(1, "tool.off", json!({}))).await.0, 200);
-    assert_eq!(gw.call(&key, &token, tool_call(2, "tool.write", json!({"path": "/workspace/b"}))).await.0, 200);
-    let (status, body) = gw.call(&key, &token, tool_call(3, "tool.off", json!({}))).await;
+    let (key, token) = gw
+        .session_with("exec-budget", json!({"budget": {"max_calls": 2}}))
+        .await;
+    assert_eq!(
+        gw.call(&key, &token, tool_call(1, "tool.off", json!({})))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        gw.call(
+            &key,
+            &token,
+            tool_call(2, "tool.write", json!({"path": "/workspace/b"}))
+        )
+        .await
+        .0,
+        200
+    );
+    let (status, body) = gw
+        .call(&key, &token, tool_call(3, "tool.off", json!({})))
+        .await;
     assert_eq!((status, code(&body)), (403, 2008));
-    let (_, session) = gw.admin(Method::GET, "/v1/seal/sessions/exec-budget", None).await;
+    let (_, session) = gw
+        .admin(Method::GET, "/v1/seal/sessions/exec-budget", None)
+        .await;
     assert_eq!(session["status"], "exhausted");
     assert_eq!(session["calls"]["allowed"], 2);
     assert_eq!(tool.count(), 4);
 }
 
 fn sealgate(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sealgate")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(args)
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )
 }
 
@@ -168,24 +383,57 @@ fn policy_cli_checks_and_explains() {
     assert_eq!(status, 0, "the shipped examples are valid: {out}");
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("bad.yaml"), "name: bad\ncapabilities:\n  - tool_pattern: \"fs.*\"\n    path_allowlist: []\n").unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "name: bad\ncapabilities:\n  - tool_pattern: \"fs.*\"\n    path_allowlist: []\n",
+    )
+    .unwrap();
     let (status, out) = sealgate(&["policy", "check", dir.path().to_str().unwrap()]);
     assert_eq!(status, 1);
-    assert!(out.contains("bad.yaml") && out.contains("path_allowlist"), "{out}");
+    assert!(
+        out.contains("bad.yaml") && out.contains("path_allowlist"),
+        "{out}"
+    );
 
     let (status, out) = sealgate(&[
-        "policy", "explain", "--context", "agent-runtime", "--tool", "fs.read_file",
-        "--args", r#"{"path": "/workspace/../etc/passwd"}"#, "--policies", repo_policies,
+        "policy",
+        "explain",
+        "--context",
+        "agent-runtime",
+        "--tool",
+        "fs.read_file",
+        "--args",
+        r#"{"path": "/workspace/../etc/passwd"}"#,
+        "--policies",
+        repo_policies,
     ]);
     assert_eq!(status, 0, "{out}");
-    assert!(out.contains("2002") && out.contains("capability") && out.contains("fs.*"), "{out}");
+    assert!(
+        out.contains("2002") && out.contains("capability") && out.contains("fs.*"),
+        "{out}"
+    );
     let (_, out) = sealgate(&[
-        "policy", "explain", "--context", "agent-runtime", "--tool", "fs.delete", "--policies", repo_policies,
+        "policy",
+        "explain",
+        "--context",
+        "agent-runtime",
+        "--tool",
+        "fs.delete",
+        "--policies",
+        repo_policies,
     ]);
     assert!(out.contains("2001") && out.contains("deny_list"), "{out}");
     let (_, out) = sealgate(&[
-        "policy", "explain", "--context", "agent-runtime", "--tool", "cmd.run",
-        "--args", r#"{"command": "git status"}"#, "--policies", repo_policies,
+        "policy",
+        "explain",
+        "--context",
+        "agent-runtime",
+        "--tool",
+        "cmd.run",
+        "--args",
+        r#"{"command": "git status"}"#,
+        "--policies",
+        repo_policies,
     ]);
     assert!(out.starts_with("allow"), "{out}");
 }

@@ -7,7 +7,18 @@ use super::{query_params, Operator, State};
 use crate::audit::AuditQuery;
 use crate::error::{ApiError, Code};
 
-const PARAMS: &[&str] = &["type", "session_id", "sub", "tool", "decision", "code", "from", "to", "limit", "cursor"];
+const PARAMS: &[&str] = &[
+    "type",
+    "session_id",
+    "sub",
+    "tool",
+    "decision",
+    "code",
+    "from",
+    "to",
+    "limit",
+    "cursor",
+];
 
 pub async fn query(
     axum::extract::State(gw): State,
@@ -16,7 +27,8 @@ pub async fn query(
 ) -> Result<Response, ApiError> {
     operator.require("seal.audit.read")?;
     let params = query_params(raw.as_deref(), PARAMS)?;
-    let query = AuditQuery::from_params(&params).map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    let query =
+        AuditQuery::from_params(&params).map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
     let audit = gw.audit.clone();
     let page = tokio::task::spawn_blocking(move || audit.query(&query))
         .await

@@ -36,12 +36,18 @@ fn claim_json(record: &ClaimRecord) -> Value {
             view.insert("result".into(), result.clone());
         }
         Some(ClaimOutcome::ResponseTooLarge { limit }) => {
-            view.insert("result".into(), json!({"withheld": "response_too_large", "limit": limit}));
+            view.insert(
+                "result".into(),
+                json!({"withheld": "response_too_large", "limit": limit}),
+            );
         }
         None => {}
     }
     if let Some(resolution) = &record.resolution {
-        view.insert("resolution".into(), serde_json::to_value(resolution).unwrap_or(Value::Null));
+        view.insert(
+            "resolution".into(),
+            serde_json::to_value(resolution).unwrap_or(Value::Null),
+        );
     }
     Value::Object(view)
 }
@@ -51,7 +57,10 @@ fn status_param(raw: Option<&String>) -> Result<Option<ClaimStatus>, ApiError> {
         None => Ok(None),
         Some("PENDING") => Ok(Some(ClaimStatus::Pending)),
         Some("COMMITTED") => Ok(Some(ClaimStatus::Committed)),
-        Some(other) => Err(ApiError::new(Code::InvalidRequest, format!("status must be PENDING or COMMITTED, not {other:?}"))),
+        Some(other) => Err(ApiError::new(
+            Code::InvalidRequest,
+            format!("status must be PENDING or COMMITTED, not {other:?}"),
+        )),
     }
 }
 
@@ -60,7 +69,9 @@ fn parse_cursor(raw: Option<&String>) -> Result<Option<(i64, String)>, ApiError>
     raw.map(|c| {
         c.split_once('.')
             .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
-            .ok_or_else(|| ApiError::new(Code::InvalidRequest, "cursor is not one this API gave out"))
+            .ok_or_else(|| {
+                ApiError::new(Code::InvalidRequest, "cursor is not one this API gave out")
+            })
     })
     .transpose()
 }
@@ -71,7 +82,10 @@ pub async fn list(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.read")?;
-    let params = query_params(raw.as_deref(), &["status", "agent_id", "tool", "limit", "cursor"])?;
+    let params = query_params(
+        raw.as_deref(),
+        &["status", "agent_id", "tool", "limit", "cursor"],
+    )?;
     let status = status_param(params.get("status"))?;
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
@@ -81,30 +95,40 @@ pub async fn list(
         .with_store(move |s| {
             let mut items = Vec::new();
             let mut more = false;
-            s.claim_scan_newest_first(cursor.as_ref().map(|(ms, id)| (*ms, id.as_str())), &mut |c| {
-                let keep = status.is_none_or(|st| c.status == st)
-                    && agent.as_ref().is_none_or(|a| *a == c.agent_id)
-                    && tool.as_ref().is_none_or(|t| *t == c.action);
-                if !keep {
-                    return true;
-                }
-                if items.len() == limit {
-                    more = true;
-                    return false;
-                }
-                items.push(c.clone());
-                true
-            })?;
+            s.claim_scan_newest_first(
+                cursor.as_ref().map(|(ms, id)| (*ms, id.as_str())),
+                &mut |c| {
+                    let keep = status.is_none_or(|st| c.status == st)
+                        && agent.as_ref().is_none_or(|a| *a == c.agent_id)
+                        && tool.as_ref().is_none_or(|t| *t == c.action);
+                    if !keep {
+                        return true;
+                    }
+                    if items.len() == limit {
+                        more = true;
+                        return false;
+                    }
+                    items.push(c.clone());
+                    true
+                },
+            )?;
             Ok((items, more))
         })
         .await?;
     let next_cursor = more
-        .then(|| items.last().map(|c| format!("{}.{}", c.claimed_at_ms, c.request_id)))
+        .then(|| {
+            items
+                .last()
+                .map(|c| format!("{}.{}", c.claimed_at_ms, c.request_id))
+        })
         .flatten();
     Ok(axum::Json(json!({"items": items.iter().map(claim_json).collect::<Vec<_>>(), "next_cursor": next_cursor})).into_response())
 }
 
-async fn get_claim(gw: &crate::gateway::Gateway, request_id: &str) -> Result<ClaimRecord, ApiError> {
+async fn get_claim(
+    gw: &crate::gateway::Gateway,
+    request_id: &str,
+) -> Result<ClaimRecord, ApiError> {
     let id = request_id.to_string();
     gw.with_store(move |s| s.claim_get(&id))
         .await?
@@ -130,11 +154,17 @@ struct ResolveRequest {
 
 /// A stored answer must be a JSON-RPC response object: `result` or `error`, not both.
 fn check_jsonrpc_response(result: &Value) -> Result<Value, ApiError> {
-    let obj = result
-        .as_object()
-        .ok_or_else(|| ApiError::new(Code::InvalidRequest, "result must be a JSON-RPC response object"))?;
+    let obj = result.as_object().ok_or_else(|| {
+        ApiError::new(
+            Code::InvalidRequest,
+            "result must be a JSON-RPC response object",
+        )
+    })?;
     if obj.contains_key("result") == obj.contains_key("error") {
-        return Err(ApiError::new(Code::InvalidRequest, "result must hold exactly one of `result` or `error`"));
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "result must hold exactly one of `result` or `error`",
+        ));
     }
     let mut response = obj.clone();
     response.insert("jsonrpc".into(), json!("2.0"));
@@ -147,7 +177,10 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
         SettleError::NotFound => ApiError::new(Code::NotFound, format!("no claim {request_id:?}")),
         SettleError::NotPending(record) => ApiError::new(
             Code::Conflict,
-            format!("claim {request_id:?} is {}, only a PENDING claim can be resolved", record.status.as_str()),
+            format!(
+                "claim {request_id:?} is {}, only a PENDING claim can be resolved",
+                record.status.as_str()
+            ),
         ),
         SettleError::Store(e) => ApiError::store(e),
     }
@@ -163,11 +196,24 @@ pub async fn resolve(
     let request: ResolveRequest = json_body(&body)?;
     let outcome = match (request.outcome.as_str(), request.result) {
         ("committed", Some(result)) => ManualOutcome::Committed(check_jsonrpc_response(&result)?),
-        ("committed", None) => return Err(ApiError::new(Code::InvalidRequest, "result is required to commit")),
+        ("committed", None) => {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                "result is required to commit",
+            ))
+        }
         ("released", None) => ManualOutcome::Released,
-        ("released", Some(_)) => return Err(ApiError::new(Code::InvalidRequest, "result is not taken when releasing")),
+        ("released", Some(_)) => {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                "result is not taken when releasing",
+            ))
+        }
         (other, _) => {
-            return Err(ApiError::new(Code::InvalidRequest, format!("outcome must be committed or released, not {other:?}")))
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("outcome must be committed or released, not {other:?}"),
+            ))
         }
     };
     let label = match outcome {
@@ -212,7 +258,10 @@ struct StandaloneClaim {
 
 fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
     if value.is_empty() || value.len() > 256 || value.chars().any(char::is_control) {
-        return Err(ApiError::new(Code::InvalidRequest, format!("{field} must be 1–256 bytes without control characters")));
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            format!("{field} must be 1–256 bytes without control characters"),
+        ));
     }
     Ok(())
 }
@@ -226,7 +275,9 @@ pub async fn standalone_claim(
     let request: StandaloneClaim = json_body(&body)?;
     bounded("request_id", &request.request_id)?;
     bounded("action", &request.action)?;
-    let agent = request.agent_id.unwrap_or_else(|| operator.name().to_string());
+    let agent = request
+        .agent_id
+        .unwrap_or_else(|| operator.name().to_string());
     bounded("agent_id", &agent)?;
     let record = claim::new_pending(&request.request_id, &request.action, &agent, None);
     let taken = gw.with_store(move |s| claim::take(s, record)).await?;
@@ -261,7 +312,11 @@ pub async fn settle(
         .with_store(move |s| Ok(claim::settle(s, &id, request.result)))
         .await?
         .map_err(|e| settle_error(e, &request_id))?;
-    let status = if already { "already_committed" } else { "committed" };
+    let status = if already {
+        "already_committed"
+    } else {
+        "committed"
+    };
     Ok(axum::Json(json!({"status": status, "request_id": request_id})).into_response())
 }
 
@@ -272,17 +327,29 @@ pub async fn standalone_audit(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
-    let params = query_params(raw.as_deref(), &["agent_id", "action", "status", "from_ts", "to_ts", "limit", "offset"])?;
+    let params = query_params(
+        raw.as_deref(),
+        &[
+            "agent_id", "action", "status", "from_ts", "to_ts", "limit", "offset",
+        ],
+    )?;
     let limit = limit_param(&params, 100)?;
     let number = |name: &str| -> Result<Option<i64>, ApiError> {
         params
             .get(name)
-            .map(|v| v.parse::<i64>().map_err(|_| ApiError::new(Code::InvalidRequest, format!("{name} must be an integer"))))
+            .map(|v| {
+                v.parse::<i64>().map_err(|_| {
+                    ApiError::new(Code::InvalidRequest, format!("{name} must be an integer"))
+                })
+            })
             .transpose()
     };
     let offset = number("offset")?.unwrap_or(0);
     if offset < 0 {
-        return Err(ApiError::new(Code::InvalidRequest, "offset must not be negative"));
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "offset must not be negative",
+        ));
     }
     let (from, to) = (number("from_ts")?, number("to_ts")?);
     let status = match params.get("status").map(|s| s.to_ascii_uppercase()) {
@@ -314,5 +381,8 @@ pub async fn standalone_audit(
             Ok((items, total))
         })
         .await?;
-    Ok(axum::Json(json!({"items": items, "total": total, "limit": limit, "offset": offset})).into_response())
+    Ok(
+        axum::Json(json!({"items": items, "total": total, "limit": limit, "offset": offset}))
+            .into_response(),
+    )
 }

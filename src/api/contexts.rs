@@ -13,7 +13,10 @@ use crate::error::{ApiError, Code};
 use crate::policy::{self, ContextSource, SecurityContext};
 use crate::store::StoredContext;
 
-pub async fn list(axum::extract::State(gw): State, operator: Operator) -> Result<Response, ApiError> {
+pub async fn list(
+    axum::extract::State(gw): State,
+    operator: Operator,
+) -> Result<Response, ApiError> {
     operator.require("seal.context.read")?;
     let mut contexts = gw.contexts.list();
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
@@ -21,7 +24,10 @@ pub async fn list(axum::extract::State(gw): State, operator: Operator) -> Result
     Ok(axum::Json(json!({"items": items})).into_response())
 }
 
-fn find(gw: &crate::gateway::Gateway, name: &str) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
+fn find(
+    gw: &crate::gateway::Gateway,
+    name: &str,
+) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
     gw.contexts
         .get(name)
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no security context {name:?}")))
@@ -38,7 +44,13 @@ pub async fn read(
 
 fn file_backed(context: &SecurityContext) -> Option<ApiError> {
     matches!(context.source, ContextSource::File(_)).then(|| {
-        ApiError::new(Code::Conflict, format!("security context {:?} comes from a file and is read-only here", context.spec.name))
+        ApiError::new(
+            Code::Conflict,
+            format!(
+                "security context {:?} comes from a file and is read-only here",
+                context.spec.name
+            ),
+        )
     })
 }
 
@@ -50,19 +62,26 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.write")?;
     let mut spec: Value = json_body(&body)?;
-    let obj = spec
-        .as_object_mut()
-        .ok_or_else(|| ApiError::new(Code::InvalidRequest, "the body must be a security context object"))?;
+    let obj = spec.as_object_mut().ok_or_else(|| {
+        ApiError::new(
+            Code::InvalidRequest,
+            "the body must be a security context object",
+        )
+    })?;
     match obj.get("name") {
         None => {
             obj.insert("name".into(), json!(name));
         }
         Some(Value::String(given)) if *given == name => {}
         Some(_) => {
-            return Err(ApiError::new(Code::InvalidRequest, format!("name: must equal the path's name {name:?}")));
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("name: must equal the path's name {name:?}"),
+            ));
         }
     }
-    let context = policy::parse_context_json(&spec).map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))?;
+    let context = policy::parse_context_json(&spec)
+        .map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))?;
     let existed = match gw.contexts.get(&name) {
         Some(current) => {
             if let Some(conflict) = file_backed(&current) {
@@ -72,7 +91,10 @@ pub async fn put(
         }
         None => false,
     };
-    let stored = StoredContext { name: name.clone(), spec: spec.clone() };
+    let stored = StoredContext {
+        name: name.clone(),
+        spec: spec.clone(),
+    };
     gw.with_store(move |s| s.context_put(&stored)).await?;
     let version = context.version.clone();
     let contexts = gw.contexts.clone();
@@ -87,7 +109,11 @@ pub async fn put(
             .actor(operator.name()),
     )
     .await?;
-    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
     Ok((status, axum::Json(find(&gw, &name)?.api_view())).into_response())
 }
 
@@ -137,5 +163,10 @@ pub async fn evaluate(
     let request: EvaluateRequest = json_body(&body)?;
     crate::envelope::ToolName::parse(&request.tool)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;
-    Ok(axum::Json(policy::cli::explain(&context, &request.tool, &request.arguments)).into_response())
+    Ok(axum::Json(policy::cli::explain(
+        &context,
+        &request.tool,
+        &request.arguments,
+    ))
+    .into_response())
 }

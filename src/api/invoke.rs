@@ -19,7 +19,8 @@ pub async fn invoke(
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            gw.audit.record_unreadable(Some(client), limit.saturating_add(1));
+            gw.audit
+                .record_unreadable(Some(client), limit.saturating_add(1));
             return ApiError::new(
                 Code::MalformedEnvelope,
                 format!("the body is larger than limits.max_body_bytes ({limit} bytes) or could not be read"),

@@ -28,13 +28,21 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/invoke", post(invoke::invoke))
         .route("/v1/seal/invoke", post(invoke::invoke))
         .route("/v1/seal/sessions", post(sessions::create))
-        .route("/v1/seal/sessions/{id}", get(sessions::read).delete(sessions::revoke))
+        .route(
+            "/v1/seal/sessions/{id}",
+            get(sessions::read).delete(sessions::revoke),
+        )
         .route("/v1/security-contexts", get(contexts::list))
         .route(
             "/v1/security-contexts/{name}",
-            get(contexts::read).put(contexts::put).delete(contexts::delete),
+            get(contexts::read)
+                .put(contexts::put)
+                .delete(contexts::delete),
         )
-        .route("/v1/security-contexts/{name}/evaluate", post(contexts::evaluate))
+        .route(
+            "/v1/security-contexts/{name}/evaluate",
+            post(contexts::evaluate),
+        )
         .route("/v1/claims", get(claims::list))
         .route("/v1/claims/{request_id}", get(claims::read))
         .route("/v1/claims/{request_id}/resolve", post(claims::resolve))
@@ -61,18 +69,36 @@ impl FromRequestParts<Arc<Gateway>> for Operator {
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::new(Code::OperatorUnauthenticated, "missing Authorization: Bearer token"))?;
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::OperatorUnauthenticated,
+                    "missing Authorization: Bearer token",
+                )
+            })?;
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::new(Code::OperatorUnauthenticated, "Authorization must be a Bearer token"))?;
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::OperatorUnauthenticated,
+                    "Authorization must be a Bearer token",
+                )
+            })?;
         gw.operators
             .verify(token, crate::clock::now_secs())
             .map(Operator)
-            .map_err(|e| ApiError::new(Code::OperatorUnauthenticated, format!("operator token refused: {e}")))
+            .map_err(|e| {
+                ApiError::new(
+                    Code::OperatorUnauthenticated,
+                    format!("operator token refused: {e}"),
+                )
+            })
     }
 }
 
@@ -82,7 +108,10 @@ impl Operator {
         if self.0.allows(scope) {
             Ok(())
         } else {
-            Err(ApiError::new(Code::OperatorForbidden, format!("the operator token lacks scope {scope}")))
+            Err(ApiError::new(
+                Code::OperatorForbidden,
+                format!("the operator token lacks scope {scope}"),
+            ))
         }
     }
 
@@ -94,11 +123,16 @@ impl Operator {
 /// Reads a control-API JSON body: not JSON → 400 (6005), wrong shape → 422 (6005) naming the problem.
 pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| {
-        ApiError::new(Code::InvalidRequest, format!("the body is not JSON: {e}")).with_status(StatusCode::BAD_REQUEST)
+        ApiError::new(Code::InvalidRequest, format!("the body is not JSON: {e}"))
+            .with_status(StatusCode::BAD_REQUEST)
     })?;
     // JSON, but held to the same strict reading as envelopes: no repeated keys, no unsafe numbers.
-    let value = crate::envelope::parse_strict_json(bytes)
-        .map_err(|e| ApiError::new(Code::InvalidRequest, format!("the body is not acceptable JSON: {e}")))?;
+    let value = crate::envelope::parse_strict_json(bytes).map_err(|e| {
+        ApiError::new(
+            Code::InvalidRequest,
+            format!("the body is not acceptable JSON: {e}"),
+        )
+    })?;
     serde_json::from_value(value).map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))
 }
 
@@ -110,23 +144,37 @@ pub fn query_params(
     let mut params = std::collections::HashMap::new();
     for (key, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
         if !allowed.contains(&key.as_ref()) {
-            return Err(ApiError::new(Code::InvalidRequest, format!("unknown query parameter {key:?}")));
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("unknown query parameter {key:?}"),
+            ));
         }
         if params.insert(key.to_string(), value.into_owned()).is_some() {
-            return Err(ApiError::new(Code::InvalidRequest, format!("query parameter {key:?} repeated")));
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("query parameter {key:?} repeated"),
+            ));
         }
     }
     Ok(params)
 }
 
 /// A `limit` query parameter within 1..=1000 (default `default`).
-pub fn limit_param(params: &std::collections::HashMap<String, String>, default: usize) -> Result<usize, ApiError> {
+pub fn limit_param(
+    params: &std::collections::HashMap<String, String>,
+    default: usize,
+) -> Result<usize, ApiError> {
     match params.get("limit") {
         None => Ok(default),
         Some(raw) => raw
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| ApiError::new(Code::InvalidRequest, "limit must be an integer from 1 to 1000")),
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::InvalidRequest,
+                    "limit must be an integer from 1 to 1000",
+                )
+            }),
     }
 }

@@ -26,7 +26,10 @@ pub async fn create(
     if gw.contexts.get(&new.security_context).is_none() {
         return Err(ApiError::new(
             Code::InvalidRequest,
-            format!("security_context {:?} is not a known security context", new.security_context),
+            format!(
+                "security_context {:?} is not a known security context",
+                new.security_context
+            ),
         ));
     }
     let existing = {
@@ -47,7 +50,9 @@ pub async fn create(
                     new.expires_at,
                     now,
                 )
-                .map_err(|e| ApiError::new(Code::StoreUnavailable, format!("cannot mint a token: {e}")))?,
+                .map_err(|e| {
+                    ApiError::new(Code::StoreUnavailable, format!("cannot mint a token: {e}"))
+                })?,
         ),
         None => None,
     };
@@ -67,17 +72,30 @@ pub async fn create(
             .actor(operator.name()),
     )
     .await?;
-    Ok((StatusCode::CREATED, axum::Json(session::created_body(&record))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(session::created_body(&record)),
+    )
+        .into_response())
 }
 
-fn repeat_or_conflict(new: &session::NewSession, existing: &crate::store::SessionRecord) -> Result<Response, ApiError> {
+fn repeat_or_conflict(
+    new: &session::NewSession,
+    existing: &crate::store::SessionRecord,
+) -> Result<Response, ApiError> {
     if existing.revoked_at_ms.is_some() {
-        return Err(ApiError::new(Code::Conflict, "this session id was revoked and is never reused"));
+        return Err(ApiError::new(
+            Code::Conflict,
+            "this session id was revoked and is never reused",
+        ));
     }
     if new.same_as(existing) {
         return Ok((StatusCode::OK, axum::Json(session::created_body(existing))).into_response());
     }
-    Err(ApiError::new(Code::Conflict, "a different session is registered under this id"))
+    Err(ApiError::new(
+        Code::Conflict,
+        "a different session is registered under this id",
+    ))
 }
 
 async fn calls_allowed(gw: &crate::gateway::Gateway, session_id: &str) -> Result<u64, ApiError> {
@@ -118,7 +136,10 @@ pub async fn revoke(
         }
         let now_ms = clock::now_millis();
         let next = session::revoked(&record, now_ms);
-        if gw.with_store(move |s| s.session_replace(&record, &next)).await? {
+        if gw
+            .with_store(move |s| s.session_replace(&record, &next))
+            .await?
+        {
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)
@@ -131,5 +152,8 @@ pub async fn revoke(
 }
 
 fn revoked_body(id: &str, at_ms: i64) -> Response {
-    axum::Json(json!({"session_id": id, "status": "revoked", "revoked_at": clock::rfc3339_millis(at_ms)})).into_response()
+    axum::Json(
+        json!({"session_id": id, "status": "revoked", "revoked_at": clock::rfc3339_millis(at_ms)}),
+    )
+    .into_response()
 }

@@ -10,16 +10,29 @@ use super::{decide, load_dir, Decision, Pattern, SecurityContext};
 use crate::error::Code;
 
 pub enum PolicyCommand {
-    Check { dir: PathBuf },
-    Explain { context: String, tool: String, args: String, policies: PathBuf },
+    Check {
+        dir: PathBuf,
+    },
+    Explain {
+        context: String,
+        tool: String,
+        args: String,
+        policies: PathBuf,
+    },
 }
 
 /// The decision a call would get, with its code and the rule that decided (shared with the API).
 pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Value>) -> Value {
     let any = [Pattern::parse("*").expect("`*` is a valid pattern")];
     let mut answer = match decide(Some(context), &any, tool, arguments) {
-        Decision::Allow { capability, rule } => json!({"decision": "allow", "rule": rule, "capability": capability}),
-        Decision::Deny { code, rule, message } => json!({
+        Decision::Allow { capability, rule } => {
+            json!({"decision": "allow", "rule": rule, "capability": capability})
+        }
+        Decision::Deny {
+            code,
+            rule,
+            message,
+        } => json!({
             "decision": "deny", "code": code, "name": Code::from_number(code).map(Code::name),
             "message": message, "rule": rule,
         }),
@@ -36,7 +49,11 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 for context in &contexts {
                     println!("ok  {}  (version {})", context.spec.name, context.version);
                 }
-                println!("{} security context(s) valid in {}", contexts.len(), dir.display());
+                println!(
+                    "{} security context(s) valid in {}",
+                    contexts.len(),
+                    dir.display()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -44,7 +61,12 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        PolicyCommand::Explain { context, tool, args, policies } => {
+        PolicyCommand::Explain {
+            context,
+            tool,
+            args,
+            policies,
+        } => {
             let arguments: Map<String, Value> = match serde_json::from_str(&args) {
                 Ok(Value::Object(map)) => map,
                 _ => {

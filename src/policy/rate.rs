@@ -51,7 +51,10 @@ mod tests {
             stored = Some(gcra.admit(stored, now).expect("within the burst"));
         }
         let wait = gcra.admit(stored, now).unwrap_err();
-        assert_eq!(wait, 20_000, "the fourth call waits one interval (60 s / 3)");
+        assert_eq!(
+            wait, 20_000,
+            "the fourth call waits one interval (60 s / 3)"
+        );
         assert!(gcra.admit(stored, now + 19_999).is_err());
         assert!(gcra.admit(stored, now + 20_000).is_ok());
     }

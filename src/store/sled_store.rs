@@ -10,9 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sled::{Db, Tree};
 
-use super::{
-    ClaimRecord, SessionRecord, Store, StoreError, StoreResult, StoredContext,
-};
+use super::{ClaimRecord, SessionRecord, Store, StoreError, StoreResult, StoredContext};
 use crate::audit::{AuditBackend, ChainHead};
 
 pub struct SledStore {
@@ -74,7 +72,11 @@ impl SledStore {
     }
 
     /// Inserts `value` under `key` unless present; returns the existing bytes otherwise.
-    fn insert_if_absent(tree: &Tree, key: &[u8], value: Vec<u8>) -> StoreResult<Option<sled::IVec>> {
+    fn insert_if_absent(
+        tree: &Tree,
+        key: &[u8],
+        value: Vec<u8>,
+    ) -> StoreResult<Option<sled::IVec>> {
         match tree
             .compare_and_swap(key, None::<&[u8]>, Some(value))
             .map_err(StoreError::new)?
@@ -94,7 +96,10 @@ impl SledStore {
 
 impl Store for SledStore {
     fn ping(&self) -> StoreResult<()> {
-        self.sessions.get(b"\0ping").map(|_| ()).map_err(StoreError::new)
+        self.sessions
+            .get(b"\0ping")
+            .map(|_| ())
+            .map_err(StoreError::new)
     }
 
     fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
@@ -162,12 +167,9 @@ impl Store for SledStore {
     }
 
     fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool> {
-        let inserted = Self::insert_if_absent(
-            &self.seen,
-            signature,
-            expires_at_ms.to_be_bytes().to_vec(),
-        )?
-        .is_none();
+        let inserted =
+            Self::insert_if_absent(&self.seen, signature, expires_at_ms.to_be_bytes().to_vec())?
+                .is_none();
         if inserted {
             self.seen_by_expiry
                 .insert(expiry_key(expires_at_ms, signature), &[])
@@ -358,11 +360,16 @@ mod tests {
         let store = SledStore::open(dir.path()).unwrap();
         let first = claim("a", 1);
         assert!(store.claim_insert(&first).unwrap().is_none());
-        assert_eq!(store.claim_insert(&claim("a", 2)).unwrap(), Some(first.clone()));
+        assert_eq!(
+            store.claim_insert(&claim("a", 2)).unwrap(),
+            Some(first.clone())
+        );
 
         let mut committed = first.clone();
         committed.status = ClaimStatus::Committed;
-        committed.outcome = Some(ClaimOutcome::Answer { response: serde_json::json!({"ok": 1}) });
+        committed.outcome = Some(ClaimOutcome::Answer {
+            response: serde_json::json!({"ok": 1}),
+        });
         assert!(store.claim_replace(&first, Some(&committed)).unwrap());
         // A second writer holding the stale PENDING record loses.
         assert!(!store.claim_replace(&first, None).unwrap());
@@ -415,7 +422,9 @@ mod tests {
             let store = SledStore::open(dir.path()).unwrap();
             store.claim_insert(&claim("kept", 5)).unwrap();
             store.remember_signature(&[7; 64], i64::MAX).unwrap();
-            store.counter_update("n", &mut |v| Some(v.unwrap_or(0) + 1)).unwrap();
+            store
+                .counter_update("n", &mut |v| Some(v.unwrap_or(0) + 1))
+                .unwrap();
             store.flush().unwrap();
         }
         let store = SledStore::open(dir.path()).unwrap();

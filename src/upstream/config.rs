@@ -116,14 +116,18 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
         return Err(fail("timeout_ms must be at least 1".into()));
     }
     let target = match (&cfg.http, &cfg.mcp) {
-        (Some(_), Some(_)) => return Err(fail("set exactly one of `http` and `mcp`, not both".into())),
+        (Some(_), Some(_)) => {
+            return Err(fail("set exactly one of `http` and `mcp`, not both".into()))
+        }
         (None, None) => return Err(fail("set exactly one of `http` and `mcp`".into())),
         (Some(http), None) => Target::Http {
             url: parse_url(&http.url).map_err(|e| fail(format!("http.url: {e}")))?,
         },
         (None, Some(mcp)) => match (&mcp.url, &mcp.command) {
             (Some(_), Some(_)) => {
-                return Err(fail("mcp: set exactly one of `url` and `command`, not both".into()))
+                return Err(fail(
+                    "mcp: set exactly one of `url` and `command`, not both".into(),
+                ))
             }
             (None, None) => return Err(fail("mcp: set exactly one of `url` and `command`".into())),
             (Some(url), None) => {
@@ -137,9 +141,9 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
                     url: parse_url(url).map_err(|e| fail(format!("mcp.url: {e}")))?,
                 }
             }
-            (None, Some(command)) => {
-                Target::McpStdio(validate_command(command, mcp).map_err(|e| fail(format!("mcp: {e}")))?)
-            }
+            (None, Some(command)) => Target::McpStdio(
+                validate_command(command, mcp).map_err(|e| fail(format!("mcp: {e}")))?,
+            ),
         },
     };
     if matches!(target, Target::McpStdio(_)) && !cfg.headers.is_empty() {
@@ -201,15 +205,20 @@ fn build_headers(raw: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
         let header_name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("header `{name}` is not a valid HTTP header name"))?;
         if RESERVED_HEADERS.contains(&header_name.as_str()) {
-            return Err(format!("header `{name}` is set by the gateway and cannot be configured"));
+            return Err(format!(
+                "header `{name}` is set by the gateway and cannot be configured"
+            ));
         }
-        let mut header_value = HeaderValue::from_str(value)
-            .map_err(|_| format!("header `{name}` has a value that is not a valid HTTP header value"))?;
+        let mut header_value = HeaderValue::from_str(value).map_err(|_| {
+            format!("header `{name}` has a value that is not a valid HTTP header value")
+        })?;
         // Header values are credentials: keep them out of Debug output.
         header_value.set_sensitive(true);
         // Names differ only in case in a BTreeMap but are the same header on the wire.
         if headers.insert(header_name, header_value).is_some() {
-            return Err(format!("header `{name}` is given twice (names are case-insensitive)"));
+            return Err(format!(
+                "header `{name}` is given twice (names are case-insensitive)"
+            ));
         }
     }
     Ok(headers)
@@ -240,16 +249,23 @@ mod tests {
 
     #[test]
     fn exactly_one_kind_and_one_mcp_transport() {
-        let both = parse(serde_json::json!({"http": {"url": "http://a"}, "mcp": {"url": "http://b"}})).unwrap();
+        let both =
+            parse(serde_json::json!({"http": {"url": "http://a"}, "mcp": {"url": "http://b"}}))
+                .unwrap();
         let err = validate("up", &both).unwrap_err();
-        assert!(err.contains("upstream `up`") && err.contains("not both"), "{err}");
+        assert!(
+            err.contains("upstream `up`") && err.contains("not both"),
+            "{err}"
+        );
         let none = parse(serde_json::json!({})).unwrap();
         assert!(validate("up", &none).is_err());
-        let mcp_both = parse(serde_json::json!({"mcp": {"url": "http://b", "command": "x"}})).unwrap();
+        let mcp_both =
+            parse(serde_json::json!({"mcp": {"url": "http://b", "command": "x"}})).unwrap();
         assert!(validate("up", &mcp_both).is_err());
         let mcp_none = parse(serde_json::json!({"mcp": {"args": ["a"]}})).unwrap();
         assert!(validate("up", &mcp_none).is_err());
-        let url_with_args = parse(serde_json::json!({"mcp": {"url": "http://b", "args": ["a"]}})).unwrap();
+        let url_with_args =
+            parse(serde_json::json!({"mcp": {"url": "http://b", "args": ["a"]}})).unwrap();
         assert!(validate("up", &url_with_args).is_err());
     }
 
@@ -262,10 +278,18 @@ mod tests {
             let cfg = parse(serde_json::json!({"http": {"url": url}})).unwrap();
             assert!(validate("up", &cfg).is_err(), "{url}");
         }
-        let zero = parse(serde_json::json!({"http": {"url": "http://a"}, "timeout_ms": 0})).unwrap();
+        let zero =
+            parse(serde_json::json!({"http": {"url": "http://a"}, "timeout_ms": 0})).unwrap();
         assert!(validate("up", &zero).is_err());
-        for (name, value) in [("Content-Type", "x"), ("bad name", "x"), ("x-key", "a\nb"), ("Mcp-Session-Id", "s")] {
-            let cfg = parse(serde_json::json!({"http": {"url": "http://a"}, "headers": {name: value}})).unwrap();
+        for (name, value) in [
+            ("Content-Type", "x"),
+            ("bad name", "x"),
+            ("x-key", "a\nb"),
+            ("Mcp-Session-Id", "s"),
+        ] {
+            let cfg =
+                parse(serde_json::json!({"http": {"url": "http://a"}, "headers": {name: value}}))
+                    .unwrap();
             assert!(validate("up", &cfg).is_err(), "{name}");
         }
         let dup = parse(serde_json::json!({"http": {"url": "http://a"}, "headers": {"X-Key": "1", "x-key": "2"}})).unwrap();
@@ -274,13 +298,23 @@ mod tests {
 
     #[test]
     fn stdio_upstreams_take_no_headers_and_no_nul() {
-        let with_headers = parse(serde_json::json!({"mcp": {"command": "node"}, "headers": {"x-key": "1"}})).unwrap();
+        let with_headers =
+            parse(serde_json::json!({"mcp": {"command": "node"}, "headers": {"x-key": "1"}}))
+                .unwrap();
         assert!(validate("fs", &with_headers).is_err());
-        let nul = parse(serde_json::json!({"mcp": {"command": "node", "args": ["a\u{0}b"]}})).unwrap();
+        let nul =
+            parse(serde_json::json!({"mcp": {"command": "node", "args": ["a\u{0}b"]}})).unwrap();
         assert!(validate("fs", &nul).is_err());
-        let bad_env = parse(serde_json::json!({"mcp": {"command": "node", "env": {"A=B": "1"}}})).unwrap();
+        let bad_env =
+            parse(serde_json::json!({"mcp": {"command": "node", "env": {"A=B": "1"}}})).unwrap();
         assert!(validate("fs", &bad_env).is_err());
-        let good = parse(serde_json::json!({"mcp": {"command": "node", "args": ["x.js"], "env": {"A": "1"}}})).unwrap();
-        assert!(matches!(validate("fs", &good).unwrap().target, Target::McpStdio(_)));
+        let good = parse(
+            serde_json::json!({"mcp": {"command": "node", "args": ["x.js"], "env": {"A": "1"}}}),
+        )
+        .unwrap();
+        assert!(matches!(
+            validate("fs", &good).unwrap().target,
+            Target::McpStdio(_)
+        ));
     }
 }

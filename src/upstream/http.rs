@@ -25,7 +25,10 @@ pub(crate) async fn read_capped(
     mut response: reqwest::Response,
     cap: u64,
 ) -> Result<Vec<u8>, CappedReadError> {
-    if response.content_length().is_some_and(|announced| announced > cap) {
+    if response
+        .content_length()
+        .is_some_and(|announced| announced > cap)
+    {
         return Err(CappedReadError::TooLarge);
     }
     let mut body = Vec::new();

@@ -58,8 +58,8 @@ pub(crate) fn parse_http_answer(
     status_is_success: bool,
 ) -> Result<ToolAnswer, UpstreamError> {
     let bad = |why: &str| UpstreamError::BadResponse(why.to_owned());
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| UpstreamError::BadResponse(format!("not JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| UpstreamError::BadResponse(format!("not JSON: {e}")))?;
     let Value::Object(mut object) = value else {
         return Err(bad("the answer is not a JSON object"));
     };
@@ -126,7 +126,11 @@ mod tests {
             parse(json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32601, "message": "no", "data": [1], "extra": 1}}), false).unwrap(),
             ToolAnswer::Error(json!({"code": -32601, "message": "no", "data": [1]}))
         );
-        assert!(parse(json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "parse"}}), true).is_ok());
+        assert!(parse(
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "parse"}}),
+            true
+        )
+        .is_ok());
     }
 
     #[test]
@@ -145,9 +149,18 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 7, "error": "boom"}),
         ];
         for case in cases {
-            assert!(matches!(parse(case.clone(), true), Err(UpstreamError::BadResponse(_))), "{case}");
+            assert!(
+                matches!(
+                    parse(case.clone(), true),
+                    Err(UpstreamError::BadResponse(_))
+                ),
+                "{case}"
+            );
         }
-        assert!(matches!(parse_http_answer(b"<html>", &json!(7), true), Err(UpstreamError::BadResponse(_))));
+        assert!(matches!(
+            parse_http_answer(b"<html>", &json!(7), true),
+            Err(UpstreamError::BadResponse(_))
+        ));
         // A result in a failed HTTP exchange is not trusted.
         assert!(parse(json!({"jsonrpc": "2.0", "id": 7, "result": 1}), false).is_err());
     }
@@ -155,6 +168,9 @@ mod tests {
     #[test]
     fn response_carries_the_callers_id() {
         let response = ToolAnswer::Result(json!({"ok": true})).into_response(&json!("agent-1"));
-        assert_eq!(response, json!({"jsonrpc": "2.0", "id": "agent-1", "result": {"ok": true}}));
+        assert_eq!(
+            response,
+            json!({"jsonrpc": "2.0", "id": "agent-1", "result": {"ok": true}})
+        );
     }
 }

@@ -5,10 +5,10 @@
 //! It is opened on first use; when it has died (the child exited, the transport closed) the next
 //! call opens a new one, with a growing pause between failed starts. Only one start runs at a time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,8 @@ use super::{UpstreamError, HARD_MAX_RESPONSE_BYTES};
 /// Variables a stdio tool inherits from the gateway. Everything else is left out on purpose: the
 /// gateway's environment holds the credentials of other upstreams (`env:` header values).
 const INHERITED_ENV: &[&str] = &[
-    "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ", "USER",
+    "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ",
+    "USER",
 ];
 
 const FIRST_RESTART_DELAY: Duration = Duration::from_millis(500);
@@ -74,23 +75,53 @@ impl ClientHandler for GatewayClient {
     }
 }
 
+/// How far a `tools/call` request got into the transport.
+#[derive(Debug, Clone, PartialEq)]
+enum Delivery {
+    /// The transport never started sending it.
+    NotStarted,
+    /// Sending started (and may have finished): the tool can have received it.
+    Started,
+    /// Sending failed in a way that means the tool cannot have received it.
+    Failed(String),
+}
+
 /// What the gateway needs to know about a transport and rmcp does not say: whether the server's
-/// side has closed, and which `tools/call` requests were handed to the transport at all. A call
-/// whose session ends before its request was handed over certainly did not reach the tool.
-#[derive(Default)]
+/// side has closed, and how far each `tools/call` request got. rmcp reports "transport closed"
+/// alike for a request still in its queue and for one the tool may be running.
 struct TransportWatch {
     closed: AtomicBool,
-    calls_handed_over: Mutex<HashSet<RequestId>>,
+    calls: Mutex<HashMap<RequestId, (Instant, Delivery)>>,
+    /// Entries older than this belong to calls that were abandoned (their caller went away).
+    retention: Duration,
 }
 
 impl TransportWatch {
-    /// Whether the request was handed to the transport; forgets it either way.
-    fn take_handed_over(&self, id: &RequestId) -> bool {
-        self.calls_handed_over
-            .lock()
-            .map(|mut ids| ids.remove(id))
-            // A poisoned set cannot tell: assume the request went out (outcome unknown).
-            .unwrap_or(true)
+    fn new(call_timeout: Duration) -> Self {
+        Self {
+            closed: AtomicBool::new(false),
+            calls: Mutex::new(HashMap::new()),
+            retention: call_timeout.saturating_mul(2) + Duration::from_secs(10),
+        }
+    }
+
+    fn record(&self, id: &RequestId, delivery: Delivery) {
+        if let Ok(mut calls) = self.calls.lock() {
+            let retention = self.retention;
+            calls.retain(|_, (at, _)| at.elapsed() < retention);
+            calls.insert(id.clone(), (Instant::now(), delivery));
+        }
+    }
+
+    /// How far the request got; forgets it.
+    fn take(&self, id: &RequestId) -> Delivery {
+        match self.calls.lock() {
+            Ok(mut calls) => calls
+                .remove(id)
+                .map_or(Delivery::NotStarted, |(_, delivery)| delivery),
+            // A poisoned map cannot tell: assume the request went out (outcome unknown).
+            Err(_) => Delivery::Started,
+        }
     }
 }
 
@@ -106,26 +137,41 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for WatchedTransport<T> {
         &mut self,
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        if let ClientJsonRpcMessage::Request(request) = &item {
-            if matches!(request.request, ClientRequest::CallToolRequest(_)) {
-                // Marked before the first byte can leave: from here on the call may reach the tool.
-                if let Ok(mut ids) = self.watch.calls_handed_over.lock() {
-                    ids.insert(request.id.clone());
+        let call_id = match &item {
+            ClientJsonRpcMessage::Request(request)
+                if matches!(request.request, ClientRequest::CallToolRequest(_)) =>
+            {
+                Some(request.id.clone())
+            }
+            _ => None,
+        };
+        let watch = self.watch.clone();
+        // rmcp's transports do nothing before their send future is first polled.
+        let sending = self.inner.send(item);
+        async move {
+            let Some(id) = call_id else {
+                return sending.await;
+            };
+            // Marked before the first byte can leave: from here on the call may reach the tool.
+            watch.record(&id, Delivery::Started);
+            let result = sending.await;
+            if let Err(error) = &result {
+                if let CallFailure::NotDelivered(reason) = classify_transport_error(error, u64::MAX)
+                {
+                    watch.record(&id, Delivery::Failed(reason));
                 }
             }
+            result
         }
-        self.inner.send(item)
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
-        async move {
-            let message = self.inner.receive().await;
-            if message.is_none() {
-                // rmcp notices the end only after draining and closing; calls must not wait.
-                self.watch.closed.store(true, Ordering::Release);
-            }
-            message
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        let message = self.inner.receive().await;
+        if message.is_none() {
+            // rmcp notices the end only after draining and closing; calls must not wait.
+            self.watch.closed.store(true, Ordering::Release);
         }
+        message
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
@@ -187,6 +233,7 @@ pub(crate) struct McpUpstream {
     /// Serialises starts, and remembers how long to wait after a failed one.
     start_guard: tokio::sync::Mutex<RestartBackoff>,
     shut_down: AtomicBool,
+    sessions_started: AtomicU64,
 }
 
 impl McpUpstream {
@@ -204,6 +251,7 @@ impl McpUpstream {
             current: Mutex::new(None),
             start_guard: tokio::sync::Mutex::new(RestartBackoff::default()),
             shut_down: AtomicBool::new(false),
+            sessions_started: AtomicU64::new(0),
         }
     }
 
@@ -240,12 +288,14 @@ impl McpUpstream {
 
     /// Forgets `connection` if it is still the current one; dropping it ends the session.
     fn discard(&self, connection: &Arc<Connection>) {
-        let stale = self.current.lock().ok().and_then(|mut current| {
-            match current.as_ref() {
+        let stale = self
+            .current
+            .lock()
+            .ok()
+            .and_then(|mut current| match current.as_ref() {
                 Some(live) if Arc::ptr_eq(live, connection) => current.take(),
                 _ => None,
-            }
-        });
+            });
         drop(stale);
     }
 
@@ -303,7 +353,9 @@ impl McpUpstream {
             return Ok(connection);
         }
         if self.shut_down.load(Ordering::Acquire) {
-            return Err(UpstreamError::Unavailable("the gateway is shutting down".into()));
+            return Err(UpstreamError::Unavailable(
+                "the gateway is shutting down".into(),
+            ));
         }
         if let Some(next_attempt) = backoff.next_attempt {
             let now = Instant::now();
@@ -329,8 +381,11 @@ impl McpUpstream {
                 if let Ok(mut current) = self.current.lock() {
                     *current = Some(connection.clone());
                 }
-                // A new session may serve another tool list.
-                self.tools_changed.store(true, Ordering::Release);
+                // A restarted server may serve another tool list (the first session needs no
+                // flag: nothing is cached before it).
+                if self.sessions_started.fetch_add(1, Ordering::AcqRel) > 0 {
+                    self.tools_changed.store(true, Ordering::Release);
+                }
                 tracing::info!(upstream = %self.name, "MCP session initialised");
                 Ok(connection)
             }
@@ -344,11 +399,17 @@ impl McpUpstream {
 
     async fn start(
         &self,
-    ) -> Result<(RunningService<RoleClient, GatewayClient>, Arc<TransportWatch>), String> {
+    ) -> Result<
+        (
+            RunningService<RoleClient, GatewayClient>,
+            Arc<TransportWatch>,
+        ),
+        String,
+    > {
         let handler = GatewayClient {
             tools_changed: self.tools_changed.clone(),
         };
-        let watch = Arc::new(TransportWatch::default());
+        let watch = Arc::new(TransportWatch::new(self.timeout));
         let service = match &self.target {
             McpTarget::Stdio(command) => {
                 let mut process = tokio::process::Command::new(&command.command);
@@ -430,7 +491,7 @@ impl McpUpstream {
         // On timeout rmcp sends notifications/cancelled for the request and forgets it, so a late
         // answer is dropped on purpose rather than lost unnoticed.
         let outcome = handle.await_response().await;
-        let handed_over = connection.watch.take_handed_over(&request_id);
+        let delivery = connection.watch.take(&request_id);
         let answer = match outcome {
             Ok(ServerResult::CallToolResult(result)) => serde_json::to_value(result)
                 .map(ToolAnswer::Result)
@@ -449,7 +510,7 @@ impl McpUpstream {
                 &error.message,
                 error.data,
             )),
-            Err(error) => return Err(self.classify(error, handed_over, cap)),
+            Err(error) => return Err(self.classify(error, delivery, cap)),
         };
         if answer.payload_len() as u64 > cap {
             return Err(CallFailure::Final(UpstreamError::TooLarge { limit: cap }));
@@ -457,13 +518,25 @@ impl McpUpstream {
         Ok(answer)
     }
 
-    fn classify(&self, error: ServiceError, handed_over: bool, cap: u64) -> CallFailure {
+    fn classify(&self, error: ServiceError, delivery: Delivery, cap: u64) -> CallFailure {
+        match (error, delivery) {
+            // The session ended while the request still waited in rmcp's queue, or its sending
+            // failed before the tool could read it (rmcp may drop that error when it closes).
+            (
+                ServiceError::TransportClosed | ServiceError::Cancelled { .. },
+                Delivery::NotStarted,
+            ) => CallFailure::NotDelivered("the session ended before the call was sent".into()),
+            (
+                ServiceError::TransportClosed | ServiceError::Cancelled { .. },
+                Delivery::Failed(reason),
+            ) => CallFailure::NotDelivered(reason),
+            (error, _) => self.classify_error(error, cap),
+        }
+    }
+
+    fn classify_error(&self, error: ServiceError, cap: u64) -> CallFailure {
         let final_failure = CallFailure::Final;
         match error {
-            // The session ended while the request still waited in rmcp's queue.
-            ServiceError::TransportClosed | ServiceError::Cancelled { .. } if !handed_over => {
-                CallFailure::NotDelivered(format!("the session ended before the call was sent: {error}"))
-            }
             ServiceError::Timeout { timeout } => {
                 tracing::warn!(upstream = %self.name, "tools/call timed out; cancellation sent");
                 final_failure(UpstreamError::Timeout(format!(
@@ -486,14 +559,19 @@ impl McpUpstream {
 }
 
 /// A transport's send error, sorted by whether the call can have reached the tool.
-fn classify_transport_error(error: &(dyn std::error::Error + Send + Sync + 'static), cap: u64) -> CallFailure {
+fn classify_transport_error(
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+    cap: u64,
+) -> CallFailure {
     if let Some(io) = error.downcast_ref::<std::io::Error>() {
         // Writing to the child's stdin failed: the child closed it (or exited), so it cannot have
         // read the whole request line.
         return CallFailure::NotDelivered(format!("cannot write to the tool's stdin: {io}"));
     }
     let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() else {
-        return CallFailure::Final(UpstreamError::Timeout(format!("transport failure: {error}")));
+        return CallFailure::Final(UpstreamError::Timeout(format!(
+            "transport failure: {error}"
+        )));
     };
     match http {
         StreamableHttpError::Client(e) if e.is_connect() || e.is_builder() => {
@@ -563,7 +641,10 @@ mod tests {
         assert_eq!(delays[2], Duration::from_secs(2));
         assert_eq!(delays[6], Duration::from_secs(30));
         assert_eq!(delays[9], Duration::from_secs(30));
-        assert_eq!(RestartBackoff::delay_after(u32::MAX), Duration::from_secs(30));
+        assert_eq!(
+            RestartBackoff::delay_after(u32::MAX),
+            Duration::from_secs(30)
+        );
         let mut backoff = RestartBackoff::default();
         backoff.record_failure();
         assert_eq!(backoff.failed_starts, 1);
@@ -573,9 +654,15 @@ mod tests {
     #[test]
     fn transport_errors_are_sorted_by_delivery() {
         let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone");
-        assert!(matches!(classify_transport_error(&io, 10), CallFailure::NotDelivered(_)));
+        assert!(matches!(
+            classify_transport_error(&io, 10),
+            CallFailure::NotDelivered(_)
+        ));
         let expired: StreamableHttpError<reqwest::Error> = StreamableHttpError::SessionExpired;
-        assert!(matches!(classify_transport_error(&expired, 10), CallFailure::NotDelivered(_)));
+        assert!(matches!(
+            classify_transport_error(&expired, 10),
+            CallFailure::NotDelivered(_)
+        ));
         let big: StreamableHttpError<reqwest::Error> =
             StreamableHttpError::ResponseBodyTooLarge { max_size: 100 };
         assert!(matches!(

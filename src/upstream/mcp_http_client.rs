@@ -62,7 +62,9 @@ impl SessionAwareClient {
         }
         for (name, value) in custom_headers {
             if RESERVED_CUSTOM_HEADERS.contains(&name.as_str()) {
-                return Err(StreamableHttpError::ReservedHeaderConflict(name.to_string()));
+                return Err(StreamableHttpError::ReservedHeaderConflict(
+                    name.to_string(),
+                ));
             }
             request = request.header(name, value);
         }
@@ -78,6 +80,7 @@ impl SessionAwareClient {
         if in_session && (status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST) {
             // The server refused the request before processing it: 404 is the spec's "unknown
             // session", 400 is what servers built on the reference SDK answer after a restart.
+            tracing::info!(%status, "the MCP server refused the session; re-initialising");
             return Err(StreamableHttpError::SessionExpired);
         }
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
@@ -87,7 +90,9 @@ impl SessionAwareClient {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned();
-            return Err(StreamableHttpError::AuthRequired(AuthRequiredError::new(challenge)));
+            return Err(StreamableHttpError::AuthRequired(AuthRequiredError::new(
+                challenge,
+            )));
         }
         let session_header = response
             .headers()
@@ -141,10 +146,14 @@ async fn read_json_body(
     response: reqwest::Response,
     max: usize,
 ) -> Result<Vec<u8>, StreamableHttpError<reqwest::Error>> {
-    read_capped(response, max as u64).await.map_err(|e| match e {
-        CappedReadError::TooLarge => StreamableHttpError::ResponseBodyTooLarge { max_size: max },
-        CappedReadError::Body(e) => StreamableHttpError::Client(e),
-    })
+    read_capped(response, max as u64)
+        .await
+        .map_err(|e| match e {
+            CappedReadError::TooLarge => {
+                StreamableHttpError::ResponseBodyTooLarge { max_size: max }
+            }
+            CappedReadError::Body(e) => StreamableHttpError::Client(e),
+        })
 }
 
 /// An SSE event larger than the limit ends the stream with this error instead of growing a buffer.
@@ -228,8 +237,15 @@ impl StreamableHttpClient for SessionAwareClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult {
         let limits = StreamableHttpResponseLimits::default();
-        self.post(uri, message, session_id, auth_header, custom_headers, limits)
-            .await
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -243,8 +259,15 @@ impl StreamableHttpClient for SessionAwareClient {
     ) -> PostResult {
         let mut limits = StreamableHttpResponseLimits::default();
         limits.max_sse_event_size = max_sse_event_size;
-        self.post(uri, message, session_id, auth_header, custom_headers, limits)
-            .await
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn post_message_with_response_limits(
@@ -256,8 +279,15 @@ impl StreamableHttpClient for SessionAwareClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> PostResult {
-        self.post(uri, message, session_id, auth_header, custom_headers, limits)
-            .await
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn delete_session(
@@ -329,6 +359,9 @@ mod tests {
             previous: 0,
         };
         assert!(limit.feed(b"data: 12\r\n").is_ok());
-        assert!(matches!(limit.feed(b"data: 34\r\n"), Err(SseBodyError::EventTooLarge(10))));
+        assert!(matches!(
+            limit.feed(b"data: 34\r\n"),
+            Err(SseBodyError::EventTooLarge(10))
+        ));
     }
 }

@@ -102,7 +102,9 @@ fn split_tool_name(tool: &str) -> (&str, &str) {
 
 /// The cap that is really applied: the caller's, never above the hard ceiling.
 fn effective_cap(max_response_bytes: Option<u64>) -> u64 {
-    max_response_bytes.map_or(HARD_MAX_RESPONSE_BYTES, |cap| cap.min(HARD_MAX_RESPONSE_BYTES))
+    max_response_bytes.map_or(HARD_MAX_RESPONSE_BYTES, |cap| {
+        cap.min(HARD_MAX_RESPONSE_BYTES)
+    })
 }
 
 impl Upstreams {
@@ -184,10 +186,9 @@ impl Upstreams {
     /// The tools of every upstream, named as the gateway routes them (`<upstream>.<tool>`). An
     /// upstream that cannot list its tools is left out (and logged); lists are cached per upstream.
     pub async fn list_tools(&self) -> Vec<Value> {
-        let lists = futures_util::future::join_all(
-            self.routes.values().map(|upstream| upstream.tools()),
-        )
-        .await;
+        let lists =
+            futures_util::future::join_all(self.routes.values().map(|upstream| upstream.tools()))
+                .await;
         lists
             .into_iter()
             .flat_map(|tools| tools.iter().cloned().collect::<Vec<_>>())
@@ -196,10 +197,13 @@ impl Upstreams {
 
     /// Ends the MCP sessions and the stdio children. Calls made afterwards are refused (5001).
     pub async fn shutdown(&self) {
-        let closing = self.routes.values().filter_map(|upstream| match &upstream.client {
-            Client::Mcp(client) => Some(client.shutdown()),
-            Client::Http(_) => None,
-        });
+        let closing = self
+            .routes
+            .values()
+            .filter_map(|upstream| match &upstream.client {
+                Client::Mcp(client) => Some(client.shutdown()),
+                Client::Http(_) => None,
+            });
         futures_util::future::join_all(closing).await;
     }
 }
@@ -322,6 +326,22 @@ mod tests {
         assert!(!is_routable_tool_name("fs.read file"));
         assert!(!is_routable_tool_name("fs..x"));
         assert!(!is_routable_tool_name(&format!("fs.{}", "a".repeat(130))));
+    }
+
+    /// The gateway shares one `Upstreams` between request handlers on a multi-threaded runtime.
+    #[test]
+    fn upstreams_and_their_futures_can_cross_threads() {
+        fn is_send_sync<T: Send + Sync>(_: &T) {}
+        fn is_send<T: Send>(_: &T) {}
+        let upstreams = Upstreams::new(&BTreeMap::new()).unwrap();
+        is_send_sync(&upstreams);
+        let arguments = Map::new();
+        let call = upstreams.call("x.y", &Value::Null, &arguments, None);
+        is_send(&call);
+        let list = upstreams.list_tools();
+        is_send(&list);
+        let shutdown = upstreams.shutdown();
+        is_send(&shutdown);
     }
 
     #[tokio::test]

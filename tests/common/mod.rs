@@ -73,7 +73,9 @@ async fn tool_rpc(
     }
     let id = request["id"].clone();
     if request["params"]["name"] == "fail" {
-        return axum::Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "tool failed"}}));
+        return axum::Json(
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "tool failed"}}),
+        );
     }
     axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
         "content": [{"type": "text", "text": format!("ran {}", request["params"]["name"].as_str().unwrap_or(""))}],
@@ -82,7 +84,9 @@ async fn tool_rpc(
     }}))
 }
 
-async fn tool_slow(axum::extract::State(tool): axum::extract::State<Arc<Tool>>) -> axum::Json<Value> {
+async fn tool_slow(
+    axum::extract::State(tool): axum::extract::State<Arc<Tool>>,
+) -> axum::Json<Value> {
     tool.executions.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(5)).await;
     axum::Json(json!({"jsonrpc": "2.0", "id": 1, "result": {}}))
@@ -93,9 +97,14 @@ async fn tool_bad(axum::extract::State(tool): axum::extract::State<Arc<Tool>>) -
     "this is not JSON-RPC"
 }
 
-async fn tool_big(axum::extract::State(tool): axum::extract::State<Arc<Tool>>, axum::Json(request): axum::Json<Value>) -> axum::Json<Value> {
+async fn tool_big(
+    axum::extract::State(tool): axum::extract::State<Arc<Tool>>,
+    axum::Json(request): axum::Json<Value>,
+) -> axum::Json<Value> {
     tool.executions.fetch_add(1, Ordering::SeqCst);
-    axum::Json(json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "x".repeat(4096)}]}}))
+    axum::Json(
+        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "x".repeat(4096)}]}}),
+    )
 }
 
 /// Starts the counting tool on a free loopback port.
@@ -124,7 +133,12 @@ impl Keys {
     pub fn new() -> Keys {
         let (operator_private, operator_public) = sealgate::token::ed25519_keypair_pem().unwrap();
         let (agent_private, agent_public) = sealgate::token::ed25519_keypair_pem().unwrap();
-        Keys { operator_private, operator_public, agent_private, agent_public }
+        Keys {
+            operator_private,
+            operator_public,
+            agent_private,
+            agent_public,
+        }
     }
 
     pub fn operator_token(&self, scope: &str) -> String {
@@ -238,7 +252,10 @@ impl Gateway {
             dir: dir.to_path_buf(),
             config_path: config_path.to_path_buf(),
             keys,
-            client: reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
         }
     }
 
@@ -258,7 +275,13 @@ impl Gateway {
         self.base = base;
     }
 
-    pub async fn operator(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    pub async fn operator(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut request = self.client.request(method, format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -271,7 +294,12 @@ impl Gateway {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
-    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let token = self.keys.operator_token("seal.admin");
         self.operator(method, path, Some(&token), body).await
     }
@@ -288,7 +316,9 @@ impl Gateway {
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
         }
-        let (status, answer) = self.admin(reqwest::Method::POST, "/v1/seal/sessions", Some(body)).await;
+        let (status, answer) = self
+            .admin(reqwest::Method::POST, "/v1/seal/sessions", Some(body))
+            .await;
         assert_eq!(status, 201, "session registration: {answer}");
         (key, self.keys.agent_token(id))
     }
@@ -304,7 +334,10 @@ impl Gateway {
             .unwrap();
         let status = response.status().as_u16();
         let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post(&self, envelope: &Value) -> (u16, Value) {
@@ -313,7 +346,8 @@ impl Gateway {
 
     /// Signs `payload` now and posts it.
     pub async fn call(&self, key: &SigningKey, token: &str, payload: Value) -> (u16, Value) {
-        let envelope = sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
+        let envelope =
+            sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
         self.post(&envelope).await
     }
 }
@@ -324,5 +358,7 @@ pub fn tool_call(id: u64, name: &str, arguments: Value) -> Value {
 
 /// The error code of a refusal body (panics with the body when there is none).
 pub fn code(body: &Value) -> u64 {
-    body["error"]["code"].as_u64().unwrap_or_else(|| panic!("no error code in {body}"))
+    body["error"]["code"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no error code in {body}"))
 }
