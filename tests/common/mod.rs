@@ -184,7 +184,14 @@ impl Drop for Gateway {
     }
 }
 
-pub fn write_config(dir: &Path, keys: &Keys, tool_base: &str, extra: &str) -> PathBuf {
+/// Writes the test configuration; `extra_upstreams` are YAML lines added under `upstreams:`.
+pub fn write_config(
+    dir: &Path,
+    keys: &Keys,
+    tool_base: &str,
+    extra_upstreams: &str,
+    extra: &str,
+) -> PathBuf {
     std::fs::create_dir_all(dir.join("policies")).unwrap();
     std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
     std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
@@ -205,6 +212,7 @@ upstreams:
   bad: {{ http: {{ url: "{tool_base}/bad" }} }}
   big: {{ http: {{ url: "{tool_base}/big" }} }}
   down: {{ http: {{ url: "http://127.0.0.1:1/rpc" }}, timeout_ms: 1000 }}
+{extra_upstreams}
 audit: {{ file: audit.jsonl }}
 {extra}"#,
         agent = keys.agent_public,
@@ -260,9 +268,17 @@ impl Gateway {
     }
 
     pub async fn start(dir: &Path, extra_config: &str) -> (Gateway, Arc<Tool>) {
+        Gateway::start_with(dir, "", extra_config).await
+    }
+
+    pub async fn start_with(
+        dir: &Path,
+        extra_upstreams: &str,
+        extra_config: &str,
+    ) -> (Gateway, Arc<Tool>) {
         let (tool, tool_base) = start_tool().await;
         let keys = Arc::new(Keys::new());
-        let config = write_config(dir, &keys, &tool_base, extra_config);
+        let config = write_config(dir, &keys, &tool_base, extra_upstreams, extra_config);
         (Gateway::spawn(dir, &config, keys), tool)
     }
 
