@@ -5,115 +5,62 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-/// Every error code of SPEC section 10.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Code {
-    MalformedEnvelope,
-    InvalidSignature,
-    SignatureVerificationFailed,
-    TokenExpired,
-    TokenVerificationFailed,
-    SessionNotFound,
-    SessionInactive,
-    TimestampOutOfWindow,
-    EnvelopeReplayed,
-    ToolNotAllowed,
-    ToolDenied,
-    PathNotAllowed,
-    CommandNotAllowed,
-    DomainNotAllowed,
-    RateLimitExceeded,
-    NoMatchingCapability,
-    ResponseTooLarge,
-    BudgetExhausted,
-    AttestationScopeMismatch,
-    ClaimPending,
-    UpstreamUnavailable,
-    UpstreamTimeout,
-    UpstreamBadResponse,
-    NoRouteForTool,
-    StoreUnavailable,
-    OperatorUnauthenticated,
-    OperatorForbidden,
-    NotFound,
-    Conflict,
-    InvalidRequest,
+/// Declares the code table once: the enum, its list, and each code's number, name and HTTP status.
+macro_rules! code_table {
+    ($($variant:ident => ($number:literal, $name:literal, $status:literal),)*) => {
+        /// Every error code of SPEC section 10.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Code {
+            $($variant,)*
+        }
+
+        impl Code {
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
+            /// (number, name, HTTP status) exactly as SPEC section 10 lists them.
+            const fn row(self) -> (u16, &'static str, u16) {
+                match self {
+                    $(Code::$variant => ($number, $name, $status),)*
+                }
+            }
+        }
+    };
+}
+
+code_table! {
+    MalformedEnvelope => (1000, "MALFORMED_ENVELOPE", 400),
+    InvalidSignature => (1001, "INVALID_SIGNATURE", 401),
+    SignatureVerificationFailed => (1002, "SIGNATURE_VERIFICATION_FAILED", 401),
+    TokenExpired => (1003, "TOKEN_EXPIRED", 401),
+    TokenVerificationFailed => (1004, "TOKEN_VERIFICATION_FAILED", 401),
+    SessionNotFound => (1005, "SESSION_NOT_FOUND", 401),
+    SessionInactive => (1006, "SESSION_INACTIVE", 401),
+    TimestampOutOfWindow => (1007, "TIMESTAMP_OUT_OF_WINDOW", 401),
+    EnvelopeReplayed => (1008, "ENVELOPE_REPLAYED", 401),
+    ToolNotAllowed => (2000, "POLICY_VIOLATION_TOOL_NOT_ALLOWED", 403),
+    ToolDenied => (2001, "POLICY_VIOLATION_TOOL_DENIED", 403),
+    PathNotAllowed => (2002, "POLICY_VIOLATION_PATH_NOT_ALLOWED", 403),
+    CommandNotAllowed => (2003, "POLICY_VIOLATION_COMMAND_NOT_ALLOWED", 403),
+    DomainNotAllowed => (2004, "POLICY_VIOLATION_DOMAIN_NOT_ALLOWED", 403),
+    RateLimitExceeded => (2005, "POLICY_VIOLATION_RATE_LIMIT_EXCEEDED", 429),
+    NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403),
+    ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502),
+    BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403),
+    AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401),
+    ClaimPending => (4001, "CLAIM_PENDING", 409),
+    UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502),
+    UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504),
+    UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502),
+    NoRouteForTool => (5004, "NO_ROUTE_FOR_TOOL", 502),
+    StoreUnavailable => (5005, "STORE_UNAVAILABLE", 503),
+    OperatorUnauthenticated => (6001, "OPERATOR_UNAUTHENTICATED", 401),
+    OperatorForbidden => (6002, "OPERATOR_FORBIDDEN", 403),
+    NotFound => (6003, "NOT_FOUND", 404),
+    Conflict => (6004, "CONFLICT", 409),
+    InvalidRequest => (6005, "INVALID_REQUEST", 422),
 }
 
 impl Code {
-    /// (number, name, HTTP status) exactly as SPEC section 10 lists them.
-    const fn row(self) -> (u16, &'static str, u16) {
-        use Code::*;
-        match self {
-            MalformedEnvelope => (1000, "MALFORMED_ENVELOPE", 400),
-            InvalidSignature => (1001, "INVALID_SIGNATURE", 401),
-            SignatureVerificationFailed => (1002, "SIGNATURE_VERIFICATION_FAILED", 401),
-            TokenExpired => (1003, "TOKEN_EXPIRED", 401),
-            TokenVerificationFailed => (1004, "TOKEN_VERIFICATION_FAILED", 401),
-            SessionNotFound => (1005, "SESSION_NOT_FOUND", 401),
-            SessionInactive => (1006, "SESSION_INACTIVE", 401),
-            TimestampOutOfWindow => (1007, "TIMESTAMP_OUT_OF_WINDOW", 401),
-            EnvelopeReplayed => (1008, "ENVELOPE_REPLAYED", 401),
-            ToolNotAllowed => (2000, "POLICY_VIOLATION_TOOL_NOT_ALLOWED", 403),
-            ToolDenied => (2001, "POLICY_VIOLATION_TOOL_DENIED", 403),
-            PathNotAllowed => (2002, "POLICY_VIOLATION_PATH_NOT_ALLOWED", 403),
-            CommandNotAllowed => (2003, "POLICY_VIOLATION_COMMAND_NOT_ALLOWED", 403),
-            DomainNotAllowed => (2004, "POLICY_VIOLATION_DOMAIN_NOT_ALLOWED", 403),
-            RateLimitExceeded => (2005, "POLICY_VIOLATION_RATE_LIMIT_EXCEEDED", 429),
-            NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403),
-            ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502),
-            BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403),
-            AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401),
-            ClaimPending => (4001, "CLAIM_PENDING", 409),
-            UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502),
-            UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504),
-            UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502),
-            NoRouteForTool => (5004, "NO_ROUTE_FOR_TOOL", 502),
-            StoreUnavailable => (5005, "STORE_UNAVAILABLE", 503),
-            OperatorUnauthenticated => (6001, "OPERATOR_UNAUTHENTICATED", 401),
-            OperatorForbidden => (6002, "OPERATOR_FORBIDDEN", 403),
-            NotFound => (6003, "NOT_FOUND", 404),
-            Conflict => (6004, "CONFLICT", 409),
-            InvalidRequest => (6005, "INVALID_REQUEST", 422),
-        }
-    }
-
-    pub const ALL: [Code; 30] = {
-        use Code::*;
-        [
-            MalformedEnvelope,
-            InvalidSignature,
-            SignatureVerificationFailed,
-            TokenExpired,
-            TokenVerificationFailed,
-            SessionNotFound,
-            SessionInactive,
-            TimestampOutOfWindow,
-            EnvelopeReplayed,
-            ToolNotAllowed,
-            ToolDenied,
-            PathNotAllowed,
-            CommandNotAllowed,
-            DomainNotAllowed,
-            RateLimitExceeded,
-            NoMatchingCapability,
-            ResponseTooLarge,
-            BudgetExhausted,
-            AttestationScopeMismatch,
-            ClaimPending,
-            UpstreamUnavailable,
-            UpstreamTimeout,
-            UpstreamBadResponse,
-            NoRouteForTool,
-            StoreUnavailable,
-            OperatorUnauthenticated,
-            OperatorForbidden,
-            NotFound,
-            Conflict,
-            InvalidRequest,
-        ]
-    };
-
     pub const fn number(self) -> u16 {
         self.row().0
     }
@@ -127,7 +74,7 @@ impl Code {
     }
 
     pub fn from_number(number: u16) -> Option<Code> {
-        Code::ALL.into_iter().find(|c| c.number() == number)
+        Code::ALL.iter().copied().find(|c| c.number() == number)
     }
 }
 
@@ -220,7 +167,8 @@ mod tests {
     #[test]
     fn numbers_are_unique_and_round_trip() {
         let mut seen = std::collections::HashSet::new();
-        for code in Code::ALL {
+        assert_eq!(Code::ALL.len(), 30);
+        for &code in Code::ALL {
             assert!(seen.insert(code.number()), "duplicate {}", code.number());
             assert_eq!(Code::from_number(code.number()), Some(code));
         }

@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{tool_call, Gateway};
+use common::{run_cli, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -200,19 +198,8 @@ async fn a_scripted_sequence_yields_exactly_the_expected_events() {
 }
 
 fn audit_verify(path: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
-        .args(["audit", "verify"])
-        .arg(path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let (status, out) = run_cli(&["audit", "verify", path.to_str().unwrap()]);
+    (status == 0, out)
 }
 
 #[tokio::test]

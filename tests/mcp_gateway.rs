@@ -4,58 +4,11 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::mcp::{free_port, server_script, start_everything};
 use common::{code, tool_call, Gateway};
 use serde_json::{json, Value};
-
-fn server_script(package: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp-servers/node_modules/@modelcontextprotocol")
-        .join(package)
-        .join("dist/index.js");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `npm ci --prefix tests/mcp-servers` (scripts/test.sh does)",
-        path.display()
-    );
-    path.to_string_lossy().into_owned()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start_everything(script: &str, port: u16) -> tokio::process::Child {
-    let child = tokio::process::Command::new("node")
-        .arg(script)
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node runs the everything server");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the everything server did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    child
-}
 
 fn text(body: &Value) -> String {
     body["payload"]["result"]["content"][0]["text"]

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{code, tool_call, Gateway};
+use common::{code, run_cli, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -361,25 +360,10 @@ async fn rate_limit_and_budget_over_http() {
     assert_eq!(tool.count(), 4);
 }
 
-fn sealgate(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 #[test]
 fn policy_cli_checks_and_explains() {
     let repo_policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
-    let (status, out) = sealgate(&["policy", "check", repo_policies]);
+    let (status, out) = run_cli(&["policy", "check", repo_policies]);
     assert_eq!(status, 0, "the shipped examples are valid: {out}");
 
     let dir = tempfile::tempdir().unwrap();
@@ -388,14 +372,14 @@ fn policy_cli_checks_and_explains() {
         "name: bad\ncapabilities:\n  - tool_pattern: \"fs.*\"\n    path_allowlist: []\n",
     )
     .unwrap();
-    let (status, out) = sealgate(&["policy", "check", dir.path().to_str().unwrap()]);
+    let (status, out) = run_cli(&["policy", "check", dir.path().to_str().unwrap()]);
     assert_eq!(status, 1);
     assert!(
         out.contains("bad.yaml") && out.contains("path_allowlist"),
         "{out}"
     );
 
-    let (status, out) = sealgate(&[
+    let (status, out) = run_cli(&[
         "policy",
         "explain",
         "--context",
@@ -412,7 +396,7 @@ fn policy_cli_checks_and_explains() {
         out.contains("2002") && out.contains("capability") && out.contains("fs.*"),
         "{out}"
     );
-    let (_, out) = sealgate(&[
+    let (_, out) = run_cli(&[
         "policy",
         "explain",
         "--context",
@@ -423,7 +407,7 @@ fn policy_cli_checks_and_explains() {
         repo_policies,
     ]);
     assert!(out.contains("2001") && out.contains("deny_list"), "{out}");
-    let (_, out) = sealgate(&[
+    let (_, out) = run_cli(&[
         "policy",
         "explain",
         "--context",

@@ -3,22 +3,9 @@
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 
-use super::{query_params, Operator, State};
+use super::{Operator, State};
 use crate::audit::AuditQuery;
 use crate::error::{ApiError, Code};
-
-const PARAMS: &[&str] = &[
-    "type",
-    "session_id",
-    "sub",
-    "tool",
-    "decision",
-    "code",
-    "from",
-    "to",
-    "limit",
-    "cursor",
-];
 
 pub async fn query(
     axum::extract::State(gw): State,
@@ -26,9 +13,13 @@ pub async fn query(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     operator.require("seal.audit.read")?;
-    let params = query_params(raw.as_deref(), PARAMS)?;
-    let query =
-        AuditQuery::from_params(&params).map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    // The audit query itself refuses unknown, repeated and empty parameters.
+    let pairs: Vec<(String, String)> =
+        url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    let query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
     let audit = gw.audit.clone();
     let page = tokio::task::spawn_blocking(move || audit.query(&query))
         .await

@@ -52,6 +52,27 @@ fn claim_json(record: &ClaimRecord) -> Value {
     Value::Object(view)
 }
 
+/// Which claims a listing shows; every criterion that is set must hold.
+#[derive(Default)]
+struct ClaimFilter {
+    status: Option<ClaimStatus>,
+    agent: Option<String>,
+    action: Option<String>,
+    from_secs: Option<i64>,
+    to_secs: Option<i64>,
+}
+
+impl ClaimFilter {
+    fn matches(&self, claim: &ClaimRecord) -> bool {
+        let secs = claim.claimed_at_ms.div_euclid(1000);
+        self.status.is_none_or(|s| claim.status == s)
+            && self.agent.as_ref().is_none_or(|a| *a == claim.agent_id)
+            && self.action.as_ref().is_none_or(|a| *a == claim.action)
+            && self.from_secs.is_none_or(|f| secs >= f)
+            && self.to_secs.is_none_or(|t| secs <= t)
+    }
+}
+
 fn status_param(raw: Option<&String>) -> Result<Option<ClaimStatus>, ApiError> {
     match raw.map(String::as_str) {
         None => Ok(None),
@@ -89,8 +110,12 @@ pub async fn list(
     let status = status_param(params.get("status"))?;
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
-    let agent = params.get("agent_id").cloned();
-    let tool = params.get("tool").cloned();
+    let filter = ClaimFilter {
+        status,
+        agent: params.get("agent_id").cloned(),
+        action: params.get("tool").cloned(),
+        ..ClaimFilter::default()
+    };
     let (items, more) = gw
         .with_store(move |s| {
             let mut items = Vec::new();
@@ -98,10 +123,7 @@ pub async fn list(
             s.claim_scan_newest_first(
                 cursor.as_ref().map(|(ms, id)| (*ms, id.as_str())),
                 &mut |c| {
-                    let keep = status.is_none_or(|st| c.status == st)
-                        && agent.as_ref().is_none_or(|a| *a == c.agent_id)
-                        && tool.as_ref().is_none_or(|t| *t == c.action);
-                    if !keep {
+                    if !filter.matches(c) {
                         return true;
                     }
                     if items.len() == limit {
@@ -356,21 +378,20 @@ pub async fn standalone_audit(
         None => None,
         Some(s) => status_param(Some(&s))?,
     };
-    let agent = params.get("agent_id").cloned();
-    let action = params.get("action").cloned();
+    let filter = ClaimFilter {
+        status,
+        agent: params.get("agent_id").cloned(),
+        action: params.get("action").cloned(),
+        from_secs: from,
+        to_secs: to,
+    };
     let offset = offset as usize;
     let (items, total) = gw
         .with_store(move |s| {
             let mut items = Vec::new();
             let mut total = 0usize;
             s.claim_scan_newest_first(None, &mut |c| {
-                let secs = c.claimed_at_ms.div_euclid(1000);
-                let keep = status.is_none_or(|st| c.status == st)
-                    && agent.as_ref().is_none_or(|a| *a == c.agent_id)
-                    && action.as_ref().is_none_or(|a| *a == c.action)
-                    && from.is_none_or(|f| secs >= f)
-                    && to.is_none_or(|t| secs <= t);
-                if keep {
+                if filter.matches(c) {
                     if total >= offset && items.len() < limit {
                         items.push(claim_json(c));
                     }

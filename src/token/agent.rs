@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::cache::{VerifiedTokenCache, DEFAULT_CAPACITY};
 use super::claims::{
-    check_audience, check_audience_shape, check_issuer, check_time, optional_seconds,
-    optional_string, required_seconds, required_string,
+    check_audience, check_audience_shape, check_time, optional_seconds, optional_string,
+    required_seconds, required_string,
 };
-use super::jwt::{self, MAX_TOKEN_BYTES};
+use super::jwt::MAX_TOKEN_BYTES;
 use super::keys::{KeyConfig, KeySet};
 use super::mint::TokenMinter;
 use super::TokenError;
@@ -128,17 +128,7 @@ impl AgentTokenVerifier {
 
     /// Checks 2 and 3: everything except time.
     fn verify_signature_and_claims(&self, token: &str) -> Result<AgentClaims, TokenError> {
-        let parsed = jwt::parse(token)?;
-        self.keys.verify(
-            &parsed.alg,
-            parsed.kid.as_deref(),
-            parsed.signing_input,
-            parsed.signature_b64,
-        )?;
-        let claims = &parsed.claims;
-        if let Some(issuer) = &self.issuer {
-            check_issuer(claims, issuer)?;
-        }
+        let claims = &self.keys.authenticate(token, self.issuer.as_deref())?;
         match &self.audience {
             Some(audience) => check_audience(claims, audience)?,
             None => check_audience_shape(claims)?,

@@ -153,6 +153,26 @@ impl KeySet {
         self.keys.len()
     }
 
+    /// Checks 2 and 3 up to the issuer: the token parses, verifies with a pinned key, and names the
+    /// configured issuer (when there is one). Returns its claims for the caller's own claim rules.
+    pub(crate) fn authenticate(
+        &self,
+        token: &str,
+        issuer: Option<&str>,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, TokenError> {
+        let parsed = super::jwt::parse(token)?;
+        self.verify(
+            &parsed.alg,
+            parsed.kid.as_deref(),
+            parsed.signing_input,
+            parsed.signature_b64,
+        )?;
+        if let Some(issuer) = issuer {
+            super::claims::check_issuer(&parsed.claims, issuer)?;
+        }
+        Ok(parsed.claims)
+    }
+
     /// Check 3's signature part. Only keys pinned to the header's algorithm are candidates; among them a
     /// header `kid` narrows the choice to keys with that kid (keys configured without a kid stay eligible).
     pub(crate) fn verify(

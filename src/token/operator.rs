@@ -9,9 +9,8 @@ use serde_json::Value;
 
 use super::agent::validate_common;
 use super::claims::{
-    check_audience, check_issuer, check_time, optional_seconds, required_seconds, required_string,
+    check_audience, check_time, optional_seconds, required_seconds, required_string,
 };
-use super::jwt;
 use super::keys::{KeyConfig, KeySet};
 use super::TokenError;
 
@@ -107,17 +106,9 @@ impl OperatorVerifier {
     /// `bearer_token` is the token itself (the API layer strips `Bearer `). Same order as agent tokens:
     /// shape, signature, `iss`/`aud`/`sub`/`exp`/`scope`, then time.
     pub fn verify(&self, bearer_token: &str, now: i64) -> Result<OperatorClaims, TokenError> {
-        let parsed = jwt::parse(bearer_token)?;
-        self.keys.verify(
-            &parsed.alg,
-            parsed.kid.as_deref(),
-            parsed.signing_input,
-            parsed.signature_b64,
-        )?;
-        let claims = &parsed.claims;
-        if let Some(issuer) = &self.issuer {
-            check_issuer(claims, issuer)?;
-        }
+        let claims = &self
+            .keys
+            .authenticate(bearer_token, self.issuer.as_deref())?;
         // The audience is what keeps an agent token (signed by the same key, perhaps) out of the control API.
         check_audience(claims, &self.audience)?;
         let sub = required_string(claims, "sub")?;

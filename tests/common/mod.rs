@@ -2,6 +2,8 @@
 //! a counting JSON-RPC tool on loopback, and the keys that orchestrators, operators and agents hold.
 #![allow(dead_code)]
 
+pub mod mcp;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -377,4 +379,20 @@ pub fn code(body: &Value) -> u64 {
     body["error"]["code"]
         .as_u64()
         .unwrap_or_else(|| panic!("no error code in {body}"))
+}
+
+/// Runs the real `sealgate` command with `args`; returns its exit code and everything it printed.
+pub fn run_cli(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
