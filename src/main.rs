@@ -63,7 +63,7 @@ enum Command {
 #[derive(clap::Args)]
 struct SignArgs {
     /// The execution's private key: base64 or hex of the 32-byte seed, a PKCS#8 PEM, or @FILE holding one.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     key: String,
     /// The session's JWT (or @FILE).
     #[arg(long)]

@@ -607,3 +607,122 @@ fn b64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_keygen_sign_and_invoke_against_the_real_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let cli = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            common::run_cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+    };
+    let (status, out) = cli(vec!["keygen".into()]).await.unwrap();
+    assert_eq!(status, 0, "{out}");
+    let keys: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (status, _) = gw
+        .admin(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(json!({"session_id": "exec-cli", "public_key": keys["public_key"],
+                        "security_context": "test", "expires_at": sealgate::clock::now_secs() + 600})),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let token = gw.keys.agent_token("exec-cli");
+    let payload = tool_call(1, "tool.off", json!({"from": "cli"})).to_string();
+
+    // `sign` prints an envelope the gateway accepts, with the PEM form of the key too.
+    let (status, out) = cli(vec![
+        "sign".into(),
+        "--key".into(),
+        keys["private_key_pem"].as_str().unwrap().into(),
+        "--token".into(),
+        token.clone(),
+        "--payload".into(),
+        payload.clone(),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(status, 0, "{out}");
+    let envelope: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let (status, body) = gw.post(&envelope).await;
+    assert_eq!(status, 200, "{body}");
+
+    // `invoke` signs and posts; a second identical payload is a new envelope (new timestamp or not,
+    // it is refused only if the signature repeats), so use another id.
+    let payload = tool_call(2, "tool.off", json!({"from": "cli"})).to_string();
+    let (status, out) = cli(vec![
+        "invoke".into(),
+        "--url".into(),
+        gw.base.clone(),
+        "--key".into(),
+        keys["private_key"].as_str().unwrap().into(),
+        "--token".into(),
+        token,
+        "--payload".into(),
+        payload,
+    ])
+    .await
+    .unwrap();
+    assert_eq!(status, 0, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(answer["status"], "success");
+    assert_eq!(tool.count(), 2);
+}
+
+#[tokio::test]
+async fn mutated_envelopes_never_get_a_5xx() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-mutations").await;
+    let valid = serde_json::to_vec(&sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(
+            1,
+            "tool.write",
+            json!({"path": "/workspace/x", "n": [1, 2.5, "é"]}),
+        ),
+        &token,
+        sealgate::clock::now_secs(),
+    ))
+    .unwrap();
+    // A small deterministic generator: flips, truncations and insertions of JSON-significant bytes.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |bound: usize| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) as usize) % bound.max(1)
+    };
+    let specials = b"{}[]\",:\\0123456789eE+-.tfn \xff\x00";
+    for round in 0..300 {
+        let mut body = valid.clone();
+        for _ in 0..=next(4) {
+            let at = next(body.len());
+            match next(3) {
+                0 => body[at] = specials[next(specials.len())],
+                1 => body.truncate(at),
+                _ => body.insert(at, specials[next(specials.len())]),
+            }
+        }
+        let (status, answer) = gw.post_raw(body.clone()).await;
+        assert!(
+            status < 500,
+            "round {round}: HTTP {status} for {:?}: {answer}",
+            String::from_utf8_lossy(&body)
+        );
+        if status != 200 {
+            assert!(answer["error"]["code"].is_u64(), "round {round}: {answer}");
+        }
+    }
+    assert_eq!(
+        gw.client
+            .get(format!("{}/healthz", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}

@@ -293,3 +293,40 @@ fn table_is_large_enough_and_balanced() {
         );
     }
 }
+
+/// The same rows through the full `decide()`: the row's fields become the only capability of a context
+/// loaded as the API would load it, so the model's compilation and the evaluation order are exercised too.
+#[test]
+fn every_row_gets_its_expected_outcome_through_decide() {
+    let any = [sealgate::policy::Pattern::parse("*").unwrap()];
+    let mut failures = Vec::new();
+    for row in ROWS {
+        let mut capability = object(row.config, "config").unwrap();
+        capability.insert("tool_pattern".into(), Value::from("t.*"));
+        let spec = serde_json::json!({"name": "table", "capabilities": [capability]});
+        let context = match sealgate::policy::parse_context_json(&spec) {
+            Ok(context) => context,
+            Err(e) => {
+                failures.push(format!("{}: config refused: {e}", row.why));
+                continue;
+            }
+        };
+        let arguments = object(row.arguments, "arguments").unwrap();
+        let got = match sealgate::policy::decide(Some(&context), &any, "t.call", &arguments) {
+            sealgate::policy::Decision::Allow { .. } => Outcome::Allow,
+            sealgate::policy::Decision::Deny { code, .. } => Outcome::Deny(code),
+        };
+        if got != row.expected {
+            failures.push(format!(
+                "{}: expected {:?}, got {got:?}",
+                row.why, row.expected
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
