@@ -173,7 +173,7 @@ impl Config {
 
     /// A path from the configuration, resolved against the configuration file's folder.
     pub fn resolve(&self, path: &Path) -> PathBuf {
-        if path.is_absolute() {
+        if path.is_absolute() || self.base_dir == Path::new(".") {
             path.to_path_buf()
         } else {
             self.base_dir.join(path)

@@ -70,6 +70,16 @@ impl Gateway {
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
 
         let policies_dir = config.resolve(&config.policies_dir);
+        // `sealgate serve` alone must start: a missing folder is an empty one (nothing is allowed).
+        if !policies_dir.exists() {
+            std::fs::create_dir_all(&policies_dir).map_err(|e| {
+                format!(
+                    "cannot create policies folder {}: {e}",
+                    policies_dir.display()
+                )
+            })?;
+            tracing::warn!(dir = %policies_dir.display(), "no policies folder: created an empty one; every call is refused until a context is added");
+        }
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
         let stored = {

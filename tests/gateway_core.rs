@@ -726,3 +726,38 @@ async fn mutated_envelopes_never_get_a_5xx() {
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_calls_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-drain").await;
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(1, "second.op", json!({})),
+        &token,
+        sealgate::clock::now_secs(),
+    );
+    let (client, url) = (gw.client.clone(), format!("{}/v1/invoke", gw.base));
+    let in_flight = tokio::spawn(async move {
+        let response = client.post(url).json(&envelope).send().await.unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<serde_json::Value>().await.unwrap(),
+        )
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let pid = gw.child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "the call in flight completes: {body}");
+    assert_eq!(body["payload"]["result"]["content"][0]["text"], "late");
+    let exit = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "a clean stop after SIGTERM: {exit:?}");
+}

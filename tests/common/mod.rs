@@ -32,6 +32,8 @@ capabilities:
   - tool_pattern: "big.*"
     max_response_size: 64
   - tool_pattern: "slow.*"
+  - tool_pattern: "second.*"
+    claim: off
   - tool_pattern: "bad.*"
   - tool_pattern: "down.*"
   - tool_pattern: "noroute.*"
@@ -94,6 +96,14 @@ async fn tool_slow(
     axum::Json(json!({"jsonrpc": "2.0", "id": 1, "result": {}}))
 }
 
+/// Answers after one second: long enough to be in flight when the gateway is told to stop.
+async fn tool_second(axum::Json(request): axum::Json<Value>) -> axum::Json<Value> {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    axum::Json(
+        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "late"}]}}),
+    )
+}
+
 async fn tool_bad(axum::extract::State(tool): axum::extract::State<Arc<Tool>>) -> &'static str {
     tool.executions.fetch_add(1, Ordering::SeqCst);
     "this is not JSON-RPC"
@@ -118,6 +128,7 @@ pub async fn start_tool() -> (Arc<Tool>, String) {
         .route("/rpc", post(tool_rpc))
         .route("/slow", post(tool_slow))
         .route("/bad", post(tool_bad))
+        .route("/second", post(tool_second))
         .route("/big", post(tool_big))
         .with_state(tool.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -212,6 +223,7 @@ upstreams:
   limited: {{ http: {{ url: "{tool_base}/rpc" }} }}
   slow: {{ http: {{ url: "{tool_base}/slow" }}, timeout_ms: 300 }}
   bad: {{ http: {{ url: "{tool_base}/bad" }} }}
+  second: {{ http: {{ url: "{tool_base}/second" }}, timeout_ms: 5000 }}
   big: {{ http: {{ url: "{tool_base}/big" }} }}
   down: {{ http: {{ url: "http://127.0.0.1:1/rpc" }}, timeout_ms: 1000 }}
 {extra_upstreams}
