@@ -1,13 +1,12 @@
 //! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
 //! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
 
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{json_body, limit_param, query_params, Operator, State};
+use super::{json_body, limit_param, query_params, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::claim::{self, ManualOutcome, SettleError, Taken};
 use crate::error::{ApiError, Code};
@@ -212,7 +211,7 @@ pub async fn resolve(
     axum::extract::State(gw): State,
     operator: Operator,
     Path(request_id): Path<String>,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
     let request: ResolveRequest = json_body(&body)?;
@@ -291,7 +290,7 @@ fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
 pub async fn standalone_claim(
     axum::extract::State(gw): State,
     operator: Operator,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
     let request: StandaloneClaim = json_body(&body)?;
@@ -325,7 +324,7 @@ pub async fn settle(
     axum::extract::State(gw): State,
     operator: Operator,
     Path(request_id): Path<String>,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
     let request: SettleRequest = json_body(&body)?;

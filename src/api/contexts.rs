@@ -1,13 +1,12 @@
 //! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
 
-use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{json_body, Operator, State};
+use super::{json_body, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::policy::{self, ContextSource, SecurityContext};
@@ -58,7 +57,7 @@ pub async fn put(
     axum::extract::State(gw): State,
     operator: Operator,
     Path(name): Path<String>,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.write")?;
     let mut spec: Value = json_body(&body)?;
@@ -156,7 +155,7 @@ pub async fn evaluate(
     axum::extract::State(gw): State,
     operator: Operator,
     Path(name): Path<String>,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.read")?;
     let context = find(&gw, &name)?;

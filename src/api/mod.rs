@@ -54,8 +54,6 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") })
-        // Bodies are read by the handlers themselves within `limits.max_body_bytes`.
-        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gateway)
 }
 
@@ -117,6 +115,30 @@ impl Operator {
 
     pub fn name(&self) -> &str {
         &self.0.sub
+    }
+}
+
+/// A control-API body, read within `limits.max_body_bytes` (413 with the API's error shape beyond it).
+pub struct ControlBody(pub axum::body::Bytes);
+
+impl axum::extract::FromRequest<Arc<Gateway>> for ControlBody {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, ApiError> {
+        let limit = gw.config.limits.max_body_bytes;
+        axum::body::to_bytes(request.into_body(), limit)
+            .await
+            .map(ControlBody)
+            .map_err(|_| {
+                ApiError::new(
+                    Code::InvalidRequest,
+                    format!("the body is larger than {limit} bytes"),
+                )
+                .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+            })
     }
 }
 

@@ -1,12 +1,11 @@
 //! The orchestrator's session API (SPEC section 5).
 
-use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::{json_body, Operator, State};
+use super::{json_body, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::clock;
 use crate::error::{ApiError, Code};
@@ -15,7 +14,7 @@ use crate::session::{self, CreateSessionRequest};
 pub async fn create(
     axum::extract::State(gw): State,
     operator: Operator,
-    body: Bytes,
+    ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.session.create")?;
     let request: CreateSessionRequest = json_body(&body)?;
