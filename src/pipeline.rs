@@ -52,6 +52,8 @@ impl Refusal {
 /// What the audit events of one call share, filled in as the checks learn it.
 #[derive(Default)]
 struct CallFacts {
+    /// hex(SHA-256(JCS(payload))), computed once per call.
+    payload_sha256: String,
     session_id: Option<String>,
     claims: Option<Arc<AgentClaims>>,
     tool: Option<String>,
@@ -63,17 +65,11 @@ struct CallFacts {
 }
 
 impl CallFacts {
-    fn event(
-        &self,
-        gw: &Gateway,
-        kind: EventType,
-        env: &Envelope,
-        payload_sha256: &str,
-    ) -> AuditEvent {
+    fn event(&self, gw: &Gateway, kind: EventType, env: &Envelope) -> AuditEvent {
         let mut event = AuditEvent::new(kind)
             .signature(&env.signature)
             .envelope_timestamp(env.timestamp)
-            .payload_sha256(payload_sha256);
+            .payload_sha256(&self.payload_sha256);
         if let Some(claims) = &self.claims {
             event = event
                 .sub(&claims.sub)
@@ -120,13 +116,15 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
             return ApiError::new(Code::MalformedEnvelope, e.to_string()).into_response();
         }
     };
-    let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
-    let mut facts = CallFacts::default();
+    let mut facts = CallFacts {
+        payload_sha256: envelope::jcs_sha256_hex(&env.payload),
+        ..CallFacts::default()
+    };
     match run_checks(gw, &env, &mut facts, started).await {
         Ok(response) => response,
         Err(refusal) => {
             let mut event = facts
-                .event(gw, refusal.event, &env, &payload_sha256)
+                .event(gw, refusal.event, &env)
                 .code(refusal.error.code.number())
                 .detail(&refusal.error.message)
                 .duration_ms(started.elapsed().as_millis() as u64);
@@ -381,10 +379,9 @@ async fn run_checks(
         }
     };
 
-    let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
     gw.record(
         facts
-            .event(gw, EventType::ToolCallAuthorized, env, &payload_sha256)
+            .event(gw, EventType::ToolCallAuthorized, env)
             .decision(Verdict::Allow)
             .rule(serde_json::to_value(&rule).unwrap_or(Value::Null)),
     )
@@ -438,7 +435,7 @@ async fn run_checks(
             .map_err(store_refusal)?;
     }
     let mut completed = facts
-        .event(gw, EventType::ToolCallCompleted, env, &payload_sha256)
+        .event(gw, EventType::ToolCallCompleted, env)
         .decision(Verdict::Allow)
         .duration_ms(started.elapsed().as_millis() as u64);
     if gw.config.audit.include_payloads {
@@ -597,11 +594,10 @@ async fn skip(
             ));
         }
     };
-    let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
     let recorded = gw
         .record(
             facts
-                .event(gw, EventType::ClaimSkipped, env, &payload_sha256)
+                .event(gw, EventType::ClaimSkipped, env)
                 .decision(Verdict::Allow),
         )
         .await
@@ -662,10 +658,9 @@ async fn list_tools(
     let Some(context) = context else {
         return Err(missing_context());
     };
-    let payload_sha256 = envelope::jcs_sha256_hex(&env.payload);
     gw.record(
         facts
-            .event(gw, EventType::ToolCallAuthorized, env, &payload_sha256)
+            .event(gw, EventType::ToolCallAuthorized, env)
             .decision(Verdict::Allow),
     )
     .await
@@ -685,7 +680,7 @@ async fn list_tools(
     let recorded = gw
         .record(
             facts
-                .event(gw, EventType::ToolCallCompleted, env, &payload_sha256)
+                .event(gw, EventType::ToolCallCompleted, env)
                 .decision(Verdict::Allow)
                 .duration_ms(started.elapsed().as_millis() as u64),
         )
