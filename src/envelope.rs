@@ -18,7 +18,7 @@ use ed25519_dalek::{Signature, Signer as _, SigningKey};
 use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 
-pub use call::{parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES};
+pub use call::{json_kind, parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES};
 pub use jcs::jcs;
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,

@@ -287,7 +287,7 @@ fn refuse_unknown_keys(
 }
 
 /// "a string", "an object", … for error messages.
-pub(crate) fn json_kind(value: &Value) -> &'static str {
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

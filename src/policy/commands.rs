@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
-use super::paths::{excerpt, json_type};
+use super::paths::excerpt;
+use crate::envelope::json_kind;
 
 /// Characters that end or chain a command, redirect, or open a subshell: refused outside quotes.
 const OPERATORS: &[char] = &[';', '|', '&', '>', '<', '(', ')', '\n'];
@@ -123,7 +124,7 @@ impl CommandRule {
             Some(other) => {
                 return Err(format!(
                     "argument \"args\": expected an array of strings, got {}",
-                    json_type(other)
+                    json_kind(other)
                 ))
             }
         };
@@ -152,7 +153,7 @@ impl CommandRule {
             }
             Some(other) => Err(format!(
                 "argument \"command\": expected a string or an array of strings, got {}",
-                json_type(other)
+                json_kind(other)
             )),
         }
     }
@@ -193,7 +194,7 @@ fn literal_word(item: &Value) -> Result<(), String> {
     match item {
         Value::String(word) if word.contains('\0') => Err("contains a NUL byte".to_string()),
         Value::String(_) => Ok(()),
-        other => Err(format!("expected a string, got {}", json_type(other))),
+        other => Err(format!("expected a string, got {}", json_kind(other))),
     }
 }
 

@@ -14,7 +14,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use serde_json::{Map, Value};
 use url::{Host, Url};
 
-use super::paths::{excerpt, json_type};
+use super::paths::excerpt;
+use crate::envelope::json_kind;
 
 /// Argument keys whose values are URLs (SPEC 6.3).
 pub const URL_ARGUMENTS: &[&str] = &["url", "uri", "urls"];
@@ -91,7 +92,7 @@ impl DomainRule {
                             other => {
                                 return Err(format!(
                                     "argument {key:?}[{index}]: expected a URL string, got {}",
-                                    json_type(other)
+                                    json_kind(other)
                                 ))
                             }
                         }
@@ -100,7 +101,7 @@ impl DomainRule {
                 Some(other) => {
                     return Err(format!(
                         "argument {key:?}: expected a URL string or an array of them, got {}",
-                        json_type(other)
+                        json_kind(other)
                     ))
                 }
             }

@@ -642,18 +642,7 @@ capabilities:
         );
     }
 
-    fn write(dir: &Path, name: &str, text: &str) {
-        if let Err(error) = std::fs::write(dir.join(name), text) {
-            panic!("cannot write {name}: {error}");
-        }
-    }
-
-    fn temp_dir() -> tempfile::TempDir {
-        match tempfile::tempdir() {
-            Ok(dir) => dir,
-            Err(error) => panic!("no temp dir: {error}"),
-        }
-    }
+    use crate::policy::test_support::{temp_dir, write};
 
     #[test]
     fn load_dir_reads_yaml_files_in_order_and_ignores_others() {

@@ -21,3 +21,22 @@ pub use model::{
 };
 pub use pattern::{is_valid_tool_name, Pattern};
 pub use registry::{ContextRegistry, RegistryError, ReloadEvent, Snapshot, WatcherHandle};
+
+/// Helpers shared by the policy module's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    pub fn write(dir: &Path, name: &str, text: &str) {
+        if let Err(error) = std::fs::write(dir.join(name), text) {
+            panic!("cannot write {name}: {error}");
+        }
+    }
+
+    pub fn temp_dir() -> tempfile::TempDir {
+        match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(error) => panic!("no temp dir: {error}"),
+        }
+    }
+}

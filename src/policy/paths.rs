@@ -12,6 +12,8 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use crate::envelope::json_kind;
+
 /// Argument keys that hold paths when a capability does not name its own `path_arguments`.
 pub const DEFAULT_PATH_ARGUMENTS: &[&str] = &[
     "path",
@@ -102,7 +104,7 @@ impl PathRule {
                             other => {
                                 return Err(format!(
                                     "argument {key:?}[{index}]: expected a path string, got {}",
-                                    json_type(other)
+                                    json_kind(other)
                                 ))
                             }
                         }
@@ -111,7 +113,7 @@ impl PathRule {
                 Some(other) => {
                     return Err(format!(
                         "argument {key:?}: expected a path string or an array of them, got {}",
-                        json_type(other)
+                        json_kind(other)
                     ))
                 }
             }
@@ -203,18 +205,6 @@ fn is_at_or_below(path: &str, directory: &str) -> bool {
         Some("") => true,
         Some(rest) => rest.starts_with('/'),
         None => false,
-    }
-}
-
-/// Names a JSON value's type for error messages.
-pub(crate) fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

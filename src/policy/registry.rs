@@ -510,18 +510,7 @@ mod tests {
     use super::*;
     use crate::policy::load::parse_context_json;
 
-    fn write(dir: &Path, name: &str, text: &str) {
-        if let Err(error) = std::fs::write(dir.join(name), text) {
-            panic!("cannot write {name}: {error}");
-        }
-    }
-
-    fn temp_dir() -> tempfile::TempDir {
-        match tempfile::tempdir() {
-            Ok(dir) => dir,
-            Err(error) => panic!("no temp dir: {error}"),
-        }
-    }
+    use crate::policy::test_support::{temp_dir, write};
 
     fn load(dir: &Path) -> ContextRegistry {
         match ContextRegistry::load(dir) {
