@@ -33,7 +33,7 @@ async fn real_mcp_servers_behind_the_gateway() {
 
     let upstreams = format!(
         "  fs: {{ mcp: {{ command: node, args: [{fs_script:?}, {root:?}] }}, timeout_ms: 20000 }}\n  \
-         every: {{ mcp: {{ url: \"http://127.0.0.1:{port}/mcp\" }}, timeout_ms: 1500 }}\n",
+         every: {{ mcp: {{ url: \"http://127.0.0.1:{port}/mcp\" }}, timeout_ms: 3000 }}\n",
         root = root_path.to_string_lossy()
     );
     let (gw, _tool) = Gateway::start_with(dir.path(), &upstreams, "").await;
