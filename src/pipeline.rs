@@ -364,33 +364,27 @@ async fn run_checks(
                 }
                 Taken::Skip(record) => {
                     note_claim(facts, &record, "SKIP");
-                    return skip(
-                        gw,
-                        env,
-                        facts,
-                        &context,
-                        &record,
-                        &id,
-                        capability.max_response_size,
-                    )
-                    .await;
+                    return skip(gw, env, facts, &context, &record, &id).await;
                 }
             }
         }
     };
 
-    gw.record(
-        facts
-            .event(gw, EventType::ToolCallAuthorized, env)
-            .decision(Verdict::Allow)
-            .rule(serde_json::to_value(&rule).unwrap_or(Value::Null)),
-    )
-    .await
-    .map_err(|e| {
-        let mut r = Refusal::new(Code::StoreUnavailable, e.message);
-        r.event = EventType::ToolCallFailed;
-        r
-    })?;
+    let authorized = gw
+        .record(
+            facts
+                .event(gw, EventType::ToolCallAuthorized, env)
+                .decision(Verdict::Allow)
+                .rule(serde_json::to_value(&rule).unwrap_or(Value::Null)),
+        )
+        .await;
+    if let Err(e) = authorized {
+        // Nothing was sent: give the claim back so that a retry is not blocked by 4001 forever.
+        if let Some(pending) = pending {
+            let _ = gw.with_store(move |s| claim::release(s, &pending)).await;
+        }
+        return Err(store_refusal(e));
+    }
 
     // Forward, then settle the claim by what happened (SPEC 7.2).
     let forwarded = Instant::now();
@@ -441,11 +435,7 @@ async fn run_checks(
     if gw.config.audit.include_payloads {
         completed = completed.result(response.clone());
     }
-    let recorded = gw.record(completed).await.map_err(|e| {
-        let mut r = Refusal::new(Code::StoreUnavailable, e.message);
-        r.event = EventType::ToolCallFailed;
-        r
-    })?;
+    let recorded = gw.record(completed).await.map_err(store_refusal)?;
     Ok(success(response, facts, &context, &recorded.event_id))
 }
 
@@ -576,7 +566,6 @@ async fn skip(
     context: &SecurityContext,
     record: &ClaimRecord,
     id: &Value,
-    _max_response_size: Option<u64>,
 ) -> Result<Response, Refused> {
     let response = match &record.outcome {
         Some(ClaimOutcome::Answer { response }) => with_id(response.clone(), id),
@@ -601,7 +590,7 @@ async fn skip(
                 .decision(Verdict::Allow),
         )
         .await
-        .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
+        .map_err(store_refusal)?;
     Ok(success(response, facts, context, &recorded.event_id))
 }
 
@@ -664,7 +653,7 @@ async fn list_tools(
             .decision(Verdict::Allow),
     )
     .await
-    .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
+    .map_err(store_refusal)?;
     let tools: Vec<Value> = gw
         .upstreams
         .list_tools()
@@ -685,6 +674,6 @@ async fn list_tools(
                 .duration_ms(started.elapsed().as_millis() as u64),
         )
         .await
-        .map_err(|e| Refusal::new(Code::StoreUnavailable, e.message))?;
+        .map_err(store_refusal)?;
     Ok(success(response, facts, context, &recorded.event_id))
 }
