@@ -61,6 +61,15 @@ impl Gateway {
                 .map_err(|e| e.to_string())?;
             Arc::new(opened.map_err(|e| e.to_string())?)
         };
+        Gateway::build_with_store(config, store).await
+    }
+
+    /// Builds the gateway on a store that is already open (the embedded one, or another
+    /// implementation of the trait).
+    pub async fn build_with_store(
+        config: Config,
+        store: Arc<dyn Store>,
+    ) -> Result<Arc<Gateway>, String> {
         let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens: {e}"))?;
         let operators = OperatorVerifier::new(&config.operator_auth, &config.base_dir)

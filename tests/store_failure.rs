@@ -1,0 +1,211 @@
+//! Fail closed when the store cannot be reached (SPEC section 3): the gateway runs on a store that can be
+//! switched off, and a call that would otherwise be forwarded gets 5005 while the tool is never called.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use sealgate::audit::{AuditBackend, ChainHead};
+use sealgate::store::{
+    ClaimRecord, SessionRecord, SledStore, Store, StoreError, StoreResult, StoredContext,
+};
+use serde_json::{json, Value};
+
+/// The embedded store behind a switch: when `down`, every operation fails as an unreachable store would.
+struct SwitchableStore {
+    inner: SledStore,
+    down: AtomicBool,
+}
+
+impl SwitchableStore {
+    fn check(&self) -> StoreResult<()> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError("connection refused".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl AuditBackend for SwitchableStore {
+    fn head(&self) -> Result<Option<ChainHead>, String> {
+        self.check().map_err(|e| e.0)?;
+        self.inner.head()
+    }
+    fn append(&self, events: &[Value]) -> Result<(), String> {
+        self.check().map_err(|e| e.0)?;
+        self.inner.append(events)
+    }
+    fn scan_newest_first(
+        &self,
+        before: Option<u64>,
+        f: &mut dyn FnMut(&Value) -> bool,
+    ) -> Result<(), String> {
+        self.check().map_err(|e| e.0)?;
+        self.inner.scan_newest_first(before, f)
+    }
+}
+
+impl Store for SwitchableStore {
+    fn ping(&self) -> StoreResult<()> {
+        self.check()?;
+        self.inner.ping()
+    }
+    fn session_insert(&self, r: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
+        self.check()?;
+        self.inner.session_insert(r)
+    }
+    fn session_get(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
+        self.check()?;
+        self.inner.session_get(id)
+    }
+    fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.session_replace(old, new)
+    }
+    fn counter_update(
+        &self,
+        key: &str,
+        f: &mut dyn FnMut(Option<i64>) -> Option<i64>,
+    ) -> StoreResult<Option<i64>> {
+        self.check()?;
+        self.inner.counter_update(key, f)
+    }
+    fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
+        self.check()?;
+        self.inner.counter_get(key)
+    }
+    fn remember_signature(&self, sig: &[u8], until: i64) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.remember_signature(sig, until)
+    }
+    fn purge_signatures(&self, now: i64) -> StoreResult<usize> {
+        self.check()?;
+        self.inner.purge_signatures(now)
+    }
+    fn claim_insert(&self, r: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+        self.check()?;
+        self.inner.claim_insert(r)
+    }
+    fn claim_get(&self, id: &str) -> StoreResult<Option<ClaimRecord>> {
+        self.check()?;
+        self.inner.claim_get(id)
+    }
+    fn claim_replace(&self, old: &ClaimRecord, new: Option<&ClaimRecord>) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.claim_replace(old, new)
+    }
+    fn claim_scan_newest_first(
+        &self,
+        before: Option<(i64, &str)>,
+        f: &mut dyn FnMut(&ClaimRecord) -> bool,
+    ) -> StoreResult<()> {
+        self.check()?;
+        self.inner.claim_scan_newest_first(before, f)
+    }
+    fn context_put(&self, c: &StoredContext) -> StoreResult<()> {
+        self.check()?;
+        self.inner.context_put(c)
+    }
+    fn context_delete(&self, name: &str) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.context_delete(name)
+    }
+    fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+        self.check()?;
+        self.inner.context_list()
+    }
+    fn flush(&self) -> StoreResult<()> {
+        self.check()?;
+        self.inner.flush()
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tool, tool_base) = common::start_tool().await;
+    let keys = common::Keys::new();
+    let config_path = common::write_config(dir.path(), &keys, &tool_base, "", "");
+    let config = sealgate::config::Config::from_yaml(
+        &std::fs::read_to_string(&config_path).unwrap(),
+        dir.path(),
+        &[("TEST_TOOL_CREDENTIAL".into(), "Bearer tool-secret".into())],
+    )
+    .unwrap();
+    let store = Arc::new(SwitchableStore {
+        inner: SledStore::open(&dir.path().join("data")).unwrap(),
+        down: AtomicBool::new(false),
+    });
+    let gateway = sealgate::gateway::Gateway::build_with_store(config, store.clone())
+        .await
+        .unwrap();
+
+    let key = sealgate::envelope::generate_signing_key().unwrap();
+    store
+        .session_insert(&SessionRecord {
+            session_id: "exec-store".into(),
+            public_key: Some(sealgate::session::encode_key(
+                &key.verifying_key().to_bytes(),
+            )),
+            security_context: "test".into(),
+            expires_at: sealgate::clock::now_secs() + 600,
+            agent_id: None,
+            workload_id: None,
+            allowed_tool_patterns: vec!["*".into()],
+            max_calls: None,
+            security_token: None,
+            created_at_ms: 0,
+            revoked_at_ms: None,
+        })
+        .unwrap();
+    let token = keys.agent_token("exec-store");
+    let call = |id: u64| {
+        let envelope = sealgate::envelope::sign_envelope(
+            &key,
+            common::tool_call(
+                id,
+                "tool.write",
+                json!({"path": format!("/workspace/{id}")}),
+            ),
+            &token,
+            sealgate::clock::now_secs(),
+        );
+        serde_json::to_vec(&envelope).unwrap()
+    };
+    let answer = |response: axum::response::Response| async move {
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+    };
+
+    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(1), None).await).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(tool.count(), 1);
+
+    store.down.store(true, Ordering::SeqCst);
+    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(2), None).await).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(5005)),
+        "{body}"
+    );
+    assert_eq!(
+        tool.count(),
+        1,
+        "nothing is forwarded while the store is down"
+    );
+
+    store.down.store(false, Ordering::SeqCst);
+    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(3), None).await).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the gateway recovers with its store: {body}"
+    );
+    assert_eq!(tool.count(), 2);
+}
