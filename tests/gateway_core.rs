@@ -351,51 +351,21 @@ async fn sessions_api_with_its_auth() {
                       "expires_at": expires, "budget": {"max_calls": 5}});
 
     // 401 without a token, with a bad one, with an agent token; 403 without the scope.
-    let (status, answer) = gw
-        .operator(Method::POST, "/v1/seal/sessions", None, Some(body.clone()))
-        .await;
+    let (status, answer) = gw.register(None, body.clone()).await;
     assert_eq!((status, code(&answer)), (401, 6001));
-    let (status, _) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some("nonsense"),
-            Some(body.clone()),
-        )
-        .await;
+    let (status, _) = gw.register(Some("nonsense"), body.clone()).await;
     assert_eq!(status, 401);
     let agent = gw.keys.agent_token("exec-api");
-    let (status, _) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&agent),
-            Some(body.clone()),
-        )
-        .await;
+    let (status, _) = gw.register(Some(&agent), body.clone()).await;
     assert_eq!(status, 401);
     let reader = gw.keys.operator_token("seal.session.read");
-    let (status, answer) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&reader),
-            Some(body.clone()),
-        )
-        .await;
+    let (status, answer) = gw.register(Some(&reader), body.clone()).await;
     assert_eq!((status, code(&answer)), (403, 6002));
 
     let creator = gw
         .keys
         .operator_token("seal.session.create seal.session.read");
-    let (status, created) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&creator),
-            Some(body.clone()),
-        )
-        .await;
+    let (status, created) = gw.register(Some(&creator), body.clone()).await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["status"], "active");
     assert_eq!(created["security_context"], "test");
@@ -403,14 +373,7 @@ async fn sessions_api_with_its_auth() {
     let mut again = body.clone();
     again["public_key"] = json!(hex::encode(key.verifying_key().to_bytes()));
     again["note"] = json!("ignored");
-    let (status, repeated) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&creator),
-            Some(again),
-        )
-        .await;
+    let (status, repeated) = gw.register(Some(&creator), again).await;
     assert_eq!((status, &repeated), (200, &created));
     // Another key or context for the same id: 409.
     let mut hijack = body.clone();
@@ -419,28 +382,11 @@ async fn sessions_api_with_its_auth() {
             .unwrap()
             .verifying_key()
     ));
-    let (status, answer) = gw
-        .operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&creator),
-            Some(hijack),
-        )
-        .await;
+    let (status, answer) = gw.register(Some(&creator), hijack).await;
     assert_eq!((status, code(&answer)), (409, 6004));
     let mut other = body.clone();
     other["security_context"] = json!("other");
-    assert_eq!(
-        gw.operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&creator),
-            Some(other)
-        )
-        .await
-        .0,
-        409
-    );
+    assert_eq!(gw.register(Some(&creator), other).await.0, 409);
     // Validation: 422 for an unknown context, a bad key, a past or too distant expiry; 400 for non-JSON.
     for (field, value) in [
         ("security_context", json!("nope")),
@@ -451,9 +397,7 @@ async fn sessions_api_with_its_auth() {
         let mut bad = body.clone();
         bad["session_id"] = json!("exec-invalid");
         bad[field] = value;
-        let (status, answer) = gw
-            .operator(Method::POST, "/v1/seal/sessions", Some(&creator), Some(bad))
-            .await;
+        let (status, answer) = gw.register(Some(&creator), bad).await;
         assert_eq!((status, code(&answer)), (422, 6005), "{field}: {answer}");
     }
     let raw = gw
@@ -530,17 +474,7 @@ async fn sessions_api_with_its_auth() {
         )
         .await;
     assert_eq!(read["status"], "revoked");
-    assert_eq!(
-        gw.operator(
-            Method::POST,
-            "/v1/seal/sessions",
-            Some(&creator),
-            Some(body)
-        )
-        .await
-        .0,
-        409
-    );
+    assert_eq!(gw.register(Some(&creator), body).await.0, 409);
 }
 
 #[tokio::test]

@@ -324,6 +324,17 @@ impl Gateway {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// `POST /v1/seal/sessions` with the given operator token (or none).
+    pub async fn register(&self, token: Option<&str>, body: Value) -> (u16, Value) {
+        self.operator(
+            reqwest::Method::POST,
+            "/v1/seal/sessions",
+            token,
+            Some(body),
+        )
+        .await
+    }
+
     pub async fn admin(
         &self,
         method: reqwest::Method,
