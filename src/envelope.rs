@@ -74,6 +74,14 @@ impl Envelope {
         canonical_message_for(&self.payload, &self.security_token, self.timestamp)
     }
 
+    /// The canonical message and the byte range in it that holds JCS(payload), so the audit's
+    /// `payload_sha256` is hashed from the same bytes instead of canonicalising the payload twice.
+    pub fn canonical_message_with_payload(&self) -> (Vec<u8>, std::ops::Range<usize>) {
+        let (message, payload_end) =
+            write_canonical(&self.payload, &self.security_token, self.timestamp);
+        (message, PAYLOAD_PREFIX.len()..payload_end)
+    }
+
     /// Checks 6 and 7 in one step: rebuilds the canonical message, decodes the signature (1001) and
     /// verifies it strictly under `key` (1002). Returns the verified signature: key replay detection
     /// (check 8) on its bytes or [`signature_text`], never on the received text, which has several
@@ -90,18 +98,28 @@ pub fn signature_text(signature: &Signature) -> String {
     STANDARD.encode(signature.to_bytes())
 }
 
+const PAYLOAD_PREFIX: &[u8] = b"{\"payload\":";
+const TOKEN_PREFIX: &[u8] = b",\"security_token\":";
+const TIMESTAMP_PREFIX: &[u8] = b",\"timestamp\":";
+
 /// The canonical message for the given parts, written straight into one buffer (no copy of the
 /// payload). The three keys are already in JCS order.
 pub fn canonical_message_for(payload: &Value, security_token: &str, timestamp: i64) -> Vec<u8> {
+    write_canonical(payload, security_token, timestamp).0
+}
+
+/// Writes the canonical message and returns it with the offset where JCS(payload) ends.
+fn write_canonical(payload: &Value, security_token: &str, timestamp: i64) -> (Vec<u8>, usize) {
     let mut out = Vec::with_capacity(256 + security_token.len());
-    out.extend_from_slice(b"{\"payload\":");
+    out.extend_from_slice(PAYLOAD_PREFIX);
     jcs::write_value(&mut out, payload);
-    out.extend_from_slice(b",\"security_token\":");
+    let payload_end = out.len();
+    out.extend_from_slice(TOKEN_PREFIX);
     jcs::write_string(&mut out, security_token);
-    out.extend_from_slice(b",\"timestamp\":");
+    out.extend_from_slice(TIMESTAMP_PREFIX);
     jcs::write_i64(&mut out, timestamp);
     out.push(b'}');
-    out
+    (out, payload_end)
 }
 
 /// Check 1 (all but the byte-size limit, which the HTTP layer enforces before reading the body).

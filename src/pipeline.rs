@@ -116,11 +116,13 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
             return ApiError::new(Code::MalformedEnvelope, e.to_string()).into_response();
         }
     };
+    // Check 6's message, built once: its payload bytes also give the audit's payload_sha256.
+    let (message, payload) = env.canonical_message_with_payload();
     let mut facts = CallFacts {
-        payload_sha256: envelope::jcs_sha256_hex(&env.payload),
+        payload_sha256: envelope::sha256_hex(&message[payload]),
         ..CallFacts::default()
     };
-    match run_checks(gw, &env, &mut facts, started).await {
+    match run_checks(gw, &env, &message, &mut facts, started).await {
         Ok(response) => response,
         Err(refusal) => {
             let mut event = facts
@@ -147,6 +149,7 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
 async fn run_checks(
     gw: &Gateway,
     env: &Envelope,
+    message: &[u8],
     facts: &mut CallFacts,
     started: Instant,
 ) -> Result<Response, Refused> {
@@ -188,12 +191,11 @@ async fn run_checks(
         ));
     }
 
-    // Checks 6–7: the canonical message, and the signature under the session's key.
-    let message = env.canonical_message();
+    // Checks 6–7: the canonical message (built by the caller), and the signature under the session's key.
     let signature = envelope::decode_signature(&env.signature)
         .map_err(|e| Refusal::new(Code::InvalidSignature, e.to_string()))?;
     let key = session_key(&session)?;
-    key.verify(&message, &signature).map_err(|_| {
+    key.verify(message, &signature).map_err(|_| {
         Refusal::new(
             Code::SignatureVerificationFailed,
             "the signature does not verify under the session key",

@@ -419,3 +419,19 @@ proptest! {
         let _ = parse_envelope(&bytes);
     }
 }
+
+#[test]
+fn the_payload_range_of_the_canonical_message_is_the_payload_jcs() {
+    let envelope = parse_envelope(
+        br#"{"protocol":"seal/v1","security_token":"t\"ok","signature":"x","timestamp":12,
+             "payload":{"b":[1.0,"\u00e9"],"a":{"z":1,"y":2}}}"#,
+    )
+    .unwrap();
+    let (message, payload) = envelope.canonical_message_with_payload();
+    assert_eq!(message, envelope.canonical_message());
+    assert_eq!(&message[payload.clone()], jcs(&envelope.payload).as_slice());
+    assert_eq!(
+        sha256_hex(&message[payload]),
+        jcs_sha256_hex(&envelope.payload)
+    );
+}
