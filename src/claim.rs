@@ -1,5 +1,6 @@
-//! Claims, the exactly-once guard of SPEC section 7: request-id derivation, the receipt's action_ref, and
-//! the CLAIMABLE → PENDING → COMMITTED state machine on top of the store's atomic operations.
+//! Claims, the exactly-once guard of SPEC section 7: request-id derivation, the call binding
+//! (`call_digest`), the receipt's action_ref, the CLAIMABLE → PENDING → COMMITTED state machine on top of
+//! the store's atomic operations, and what each upstream outcome does to a claim.
 
 use serde_json::{json, Map, Value};
 
@@ -7,8 +8,9 @@ use crate::clock;
 use crate::envelope::jcs_sha256_hex;
 use crate::policy::ClaimMode;
 use crate::store::{
-    ClaimOutcome, ClaimRecord, ClaimStatus, Resolution, Store, StoreError, StoreResult,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus, Resolution, Store, StoreError, StoreResult,
 };
+use crate::upstream::UpstreamError;
 
 /// hex(SHA-256(JCS({"agent", "key"}))): stable across sessions and restarts of the same agent.
 pub fn request_id_for_key(agent: &str, idempotency_key: &str) -> String {
@@ -44,6 +46,11 @@ pub fn request_id(
     }
 }
 
+/// hex(SHA-256(JCS({"tool", "arguments"}))): what a claim is bound to (SPEC 7.1 r2).
+pub fn call_digest(tool: &str, arguments: &Map<String, Value>) -> String {
+    jcs_sha256_hex(&json!({"tool": tool, "arguments": arguments}))
+}
+
 /// SHA-256 (hex) of JCS({"agent_id", "action_type", "scope", "timestamp"}) (SPEC 7.3).
 pub fn action_ref(agent_id: &str, action_type: &str, scope: &str, timestamp: &str) -> String {
     jcs_sha256_hex(&json!({
@@ -60,19 +67,26 @@ pub enum Taken {
     Skip(ClaimRecord),
     /// PENDING elsewhere (in flight or outcome unknown): refuse with 4001.
     Pending(ClaimRecord),
+    /// Taken by a different call (the same idempotency key, other tool or arguments): refuse with 4002
+    /// and leave it as it is.
+    OtherCall(ClaimRecord),
 }
 
-/// A new PENDING record with claim time, receipt fields fixed now.
+/// A new PENDING record with claim time and receipt fields fixed now.
 pub fn new_pending(
+    kind: ClaimKind,
     request_id: &str,
     action: &str,
     agent_id: &str,
     session_id: Option<&str>,
+    call_digest: Option<String>,
 ) -> ClaimRecord {
     let claimed_at_ms = clock::now_millis();
     let claimed_at = clock::rfc3339_millis(claimed_at_ms);
     ClaimRecord {
+        kind,
         request_id: request_id.to_string(),
+        call_digest,
         action: action.to_string(),
         agent_id: agent_id.to_string(),
         session_id: session_id.map(str::to_string),
@@ -86,18 +100,26 @@ pub fn new_pending(
     }
 }
 
-/// CLAIMABLE → PENDING, durably; or what is already there.
-pub fn take(store: &dyn Store, pending: ClaimRecord) -> StoreResult<Taken> {
-    Ok(match store.claim_insert(&pending)? {
+/// What an insert-if-absent of `pending` means, given the record it found (None: it was inserted).
+pub fn classify(pending: ClaimRecord, existing: Option<ClaimRecord>) -> Taken {
+    match existing {
         None => Taken::Proceed(pending),
+        // Bound to the call (SPEC 7.1 r2): a SKIP never returns the answer of a different call.
+        Some(existing) if existing.call_digest != pending.call_digest => Taken::OtherCall(existing),
         Some(existing) if existing.status == ClaimStatus::Committed => Taken::Skip(existing),
         Some(existing) => Taken::Pending(existing),
-    })
+    }
 }
 
-/// PENDING → COMMITTED with the outcome, durably. If someone else settled it first (an operator's
-/// resolution), their record stands and is returned.
-pub fn commit(
+/// CLAIMABLE → PENDING; or what is already there. Durable with the caller's next audit event.
+pub async fn take(store: &dyn Store, pending: ClaimRecord) -> StoreResult<Taken> {
+    let existing = store.claim_insert(&pending).await?;
+    Ok(classify(pending, existing))
+}
+
+/// PENDING → COMMITTED with the outcome. If someone else settled it first (an operator's resolution),
+/// their record stands and is returned.
+pub async fn commit(
     store: &dyn Store,
     pending: &ClaimRecord,
     outcome: ClaimOutcome,
@@ -106,20 +128,90 @@ pub fn commit(
     committed.status = ClaimStatus::Committed;
     committed.committed_at = Some(clock::rfc3339_millis(clock::now_millis()));
     committed.outcome = Some(outcome);
-    if store.claim_replace(pending, Some(&committed))? {
+    if store.claim_replace(pending, Some(&committed)).await? {
         return Ok(committed);
     }
-    store.claim_get(&pending.request_id)?.ok_or_else(|| {
-        StoreError(format!(
-            "claim {} vanished while settling",
-            pending.request_id
-        ))
-    })
+    store
+        .claim_get(pending.kind, &pending.request_id)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "claim {} vanished while settling",
+                pending.request_id
+            ))
+        })
 }
 
 /// PENDING → CLAIMABLE: nothing of the call reached the tool. False when it was no longer that PENDING record.
-pub fn release(store: &dyn Store, pending: &ClaimRecord) -> StoreResult<bool> {
-    store.claim_replace(pending, None)
+pub async fn release(store: &dyn Store, pending: &ClaimRecord) -> StoreResult<bool> {
+    store.claim_replace(pending, None).await
+}
+
+/// What the tool's outcome does to the call's PENDING claim (SPEC 7.2).
+pub async fn settle_forwarded(
+    store: &dyn Store,
+    pending: &ClaimRecord,
+    outcome: &Result<Value, UpstreamError>,
+) -> StoreResult<()> {
+    match outcome {
+        // Any answer, a JSON-RPC error or an isError result included, is the tool's outcome.
+        Ok(response) => {
+            let answer = ClaimOutcome::Answer {
+                response: response.clone(),
+            };
+            commit(store, pending, answer).await.map(drop)
+        }
+        // Nothing reached the tool: a retry may run it.
+        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute) => {
+            release(store, pending).await.map(drop)
+        }
+        // The tool ran; its answer is withheld now and on every SKIP.
+        Err(UpstreamError::TooLarge { limit }) => {
+            let withheld = ClaimOutcome::ResponseTooLarge { limit: *limit };
+            commit(store, pending, withheld).await.map(drop)
+        }
+        // Sent, outcome unknown: the claim stays PENDING until an operator resolves it.
+        Err(UpstreamError::Timeout(_) | UpstreamError::BadResponse(_)) => Ok(()),
+    }
+}
+
+/// Why a COMMITTED invoke claim gives no answer on SKIP.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Withheld {
+    /// The tool's answer was larger than the limit in force when it ran.
+    WasTooLarge { limit: u64 },
+    /// The stored answer is larger than the capability's current `max_response_size` (SPEC 7.2 r2).
+    TooLargeNow { limit: u64 },
+    /// The record holds no answer (never written by this gateway).
+    Missing,
+}
+
+/// The answer a SKIP returns: the stored JSON-RPC response with the caller's id, held to the current
+/// response cap.
+pub fn skip_answer(
+    record: &ClaimRecord,
+    id: &Value,
+    max_response_size: Option<u64>,
+) -> Result<Value, Withheld> {
+    let response = match &record.outcome {
+        Some(ClaimOutcome::Answer { response }) => response,
+        Some(ClaimOutcome::ResponseTooLarge { limit }) => {
+            return Err(Withheld::WasTooLarge { limit: *limit })
+        }
+        Some(ClaimOutcome::Settled { .. }) | None => return Err(Withheld::Missing),
+    };
+    if let Some(limit) = max_response_size {
+        let size = serde_json::to_vec(response).map_or(u64::MAX, |b| b.len() as u64);
+        if size > limit {
+            return Err(Withheld::TooLargeNow { limit });
+        }
+    }
+    let mut answer = response.clone();
+    if let Some(obj) = answer.as_object_mut() {
+        obj.insert("id".into(), id.clone());
+        obj.entry("jsonrpc").or_insert_with(|| json!("2.0"));
+    }
+    Ok(answer)
 }
 
 /// Why a manual resolution or settlement was refused.
@@ -127,31 +219,35 @@ pub fn release(store: &dyn Store, pending: &ClaimRecord) -> StoreResult<bool> {
 pub enum SettleError {
     NotFound,
     NotPending(Box<ClaimRecord>),
-    Store(String),
+    Store(StoreError),
 }
 
 impl From<StoreError> for SettleError {
     fn from(err: StoreError) -> Self {
-        SettleError::Store(err.0)
+        SettleError::Store(err)
     }
 }
 
-/// How an operator resolves a PENDING claim (SPEC 7.4).
+/// How an operator resolves a PENDING invoke claim (SPEC 7.4).
 pub enum ManualOutcome {
+    /// A JSON-RPC response object that later SKIPs return.
     Committed(Value),
     Released,
 }
 
-/// Resolves a PENDING claim by hand; only PENDING claims can be resolved.
+/// Resolves a PENDING invoke claim by hand; only PENDING claims can be resolved.
 /// Returns the new record (None once released) and the record it replaced.
-pub fn resolve(
+pub async fn resolve(
     store: &dyn Store,
     request_id: &str,
     outcome: ManualOutcome,
     actor: &str,
     evidence: Option<String>,
 ) -> Result<(Option<ClaimRecord>, ClaimRecord), SettleError> {
-    let current = store.claim_get(request_id)?.ok_or(SettleError::NotFound)?;
+    let current = store
+        .claim_get(ClaimKind::Invoke, request_id)
+        .await?
+        .ok_or(SettleError::NotFound)?;
     if current.status != ClaimStatus::Pending {
         return Err(SettleError::NotPending(Box::new(current)));
     }
@@ -175,33 +271,40 @@ pub fn resolve(
         });
         record
     });
-    if store.claim_replace(&current, next.as_ref())? {
+    if store.claim_replace(&current, next.as_ref()).await? {
         Ok((next, current))
     } else {
         // Settled by the call itself in the meantime: report what stands now.
-        match store.claim_get(request_id)? {
+        match store.claim_get(ClaimKind::Invoke, request_id).await? {
             Some(record) => Err(SettleError::NotPending(Box::new(record))),
             None => Err(SettleError::NotFound),
         }
     }
 }
 
-/// `POST /settle/{id}`: commits a standalone claim with its result. Ok(true) when it was already
-/// committed (the first result stands).
-pub fn settle(store: &dyn Store, request_id: &str, result: Value) -> Result<bool, SettleError> {
-    let current = store.claim_get(request_id)?.ok_or(SettleError::NotFound)?;
+/// `POST /settle/{id}`: commits a standalone claim with its result. Ok(None) when it was already
+/// committed (the first result stands); otherwise the committed record.
+pub async fn settle(
+    store: &dyn Store,
+    request_id: &str,
+    result: Value,
+) -> Result<Option<ClaimRecord>, SettleError> {
+    let current = store
+        .claim_get(ClaimKind::Standalone, request_id)
+        .await?
+        .ok_or(SettleError::NotFound)?;
     if current.status == ClaimStatus::Committed {
-        return Ok(true);
+        return Ok(None);
     }
     let mut committed = current.clone();
     committed.status = ClaimStatus::Committed;
     committed.committed_at = Some(clock::rfc3339_millis(clock::now_millis()));
     committed.outcome = Some(ClaimOutcome::Settled { result });
-    if store.claim_replace(&current, Some(&committed))? {
-        return Ok(false);
+    if store.claim_replace(&current, Some(&committed)).await? {
+        return Ok(Some(committed));
     }
-    match store.claim_get(request_id)? {
-        Some(record) if record.status == ClaimStatus::Committed => Ok(true),
+    match store.claim_get(ClaimKind::Standalone, request_id).await? {
+        Some(record) if record.status == ClaimStatus::Committed => Ok(None),
         Some(record) => Err(SettleError::NotPending(Box::new(record))),
         None => Err(SettleError::NotFound),
     }
@@ -216,6 +319,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
         (dir, store)
+    }
+
+    fn invoke(id: &str, digest: &str) -> ClaimRecord {
+        new_pending(
+            ClaimKind::Invoke,
+            id,
+            "t",
+            "a",
+            Some("s"),
+            Some(digest.into()),
+        )
+    }
+
+    fn standalone(id: &str) -> ClaimRecord {
+        new_pending(ClaimKind::Standalone, id, "transfer", "a", None, None)
     }
 
     #[test]
@@ -262,27 +380,20 @@ mod tests {
         assert_eq!(auto.len(), 64);
     }
 
-    #[test]
-    fn proceed_then_pending_then_skip_after_commit() {
+    #[tokio::test]
+    async fn proceed_then_pending_then_skip_after_commit() {
         let (_dir, store) = store();
-        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", Some("s"))).unwrap()
-        else {
+        let Taken::Proceed(pending) = take(&store, invoke("r", "d")).await.unwrap() else {
             panic!("first take must proceed")
         };
         assert!(
-            matches!(take(&store, new_pending("r", "t", "a", Some("s"))).unwrap(), Taken::Pending(p) if p == pending)
+            matches!(take(&store, invoke("r", "d")).await.unwrap(), Taken::Pending(p) if p == pending)
         );
         let answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"ok": true}});
-        let committed = commit(
-            &store,
-            &pending,
-            ClaimOutcome::Answer {
-                response: answer.clone(),
-            },
-        )
-        .unwrap();
-        assert_eq!(committed.status, ClaimStatus::Committed);
-        let Taken::Skip(skip) = take(&store, new_pending("r", "t", "a", Some("s"))).unwrap() else {
+        settle_forwarded(&store, &pending, &Ok(answer.clone()))
+            .await
+            .unwrap();
+        let Taken::Skip(skip) = take(&store, invoke("r", "d")).await.unwrap() else {
             panic!("committed claim must skip")
         };
         assert_eq!(
@@ -296,35 +407,114 @@ mod tests {
         assert_eq!(skip.claimed_at, pending.claimed_at);
     }
 
-    #[test]
-    fn release_reopens_and_a_released_claim_cannot_be_committed() {
+    #[tokio::test]
+    async fn a_claim_is_bound_to_its_call() {
         let (_dir, store) = store();
-        let Taken::Proceed(pending) = take(&store, new_pending("r", "t", "a", None)).unwrap()
+        take(&store, invoke("r", "read /secret")).await.unwrap();
+        let Taken::OtherCall(existing) =
+            take(&store, invoke("r", "read /workspace")).await.unwrap()
         else {
+            panic!("another call with the same request id must be refused")
+        };
+        assert_eq!(existing.call_digest.as_deref(), Some("read /secret"));
+        assert_eq!(
+            call_digest("t", &Map::new()),
+            jcs_sha256_hex(&json!({"arguments": {}, "tool": "t"}))
+        );
+    }
+
+    #[test]
+    fn skip_answers_carry_the_callers_id_under_the_current_cap() {
+        let mut record = invoke("r", "d");
+        record.status = ClaimStatus::Committed;
+        record.outcome = Some(ClaimOutcome::Answer {
+            response: json!({"jsonrpc": "2.0", "id": 1, "result": {"text": "x".repeat(100)}}),
+        });
+        let answer = skip_answer(&record, &json!("mine"), Some(1000)).unwrap();
+        assert_eq!(answer["id"], "mine");
+        assert_eq!(
+            skip_answer(&record, &json!(1), Some(50)),
+            Err(Withheld::TooLargeNow { limit: 50 })
+        );
+        record.outcome = Some(ClaimOutcome::ResponseTooLarge { limit: 9 });
+        assert_eq!(
+            skip_answer(&record, &json!(1), None),
+            Err(Withheld::WasTooLarge { limit: 9 })
+        );
+    }
+
+    #[tokio::test]
+    async fn upstream_outcomes_settle_the_claim_by_spec_7_2() {
+        let (_dir, store) = store();
+        let cases: [(Result<Value, UpstreamError>, Option<ClaimStatus>); 5] = [
+            (
+                Ok(json!({"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": "no"}})),
+                Some(ClaimStatus::Committed),
+            ),
+            (Err(UpstreamError::Unavailable("refused".into())), None),
+            (
+                Err(UpstreamError::TooLarge { limit: 5 }),
+                Some(ClaimStatus::Committed),
+            ),
+            (
+                Err(UpstreamError::Timeout("slow".into())),
+                Some(ClaimStatus::Pending),
+            ),
+            (
+                Err(UpstreamError::BadResponse("junk".into())),
+                Some(ClaimStatus::Pending),
+            ),
+        ];
+        for (i, (outcome, expected)) in cases.into_iter().enumerate() {
+            let id = format!("c{i}");
+            let Taken::Proceed(pending) = take(&store, invoke(&id, "d")).await.unwrap() else {
+                panic!()
+            };
+            settle_forwarded(&store, &pending, &outcome).await.unwrap();
+            let now = store.claim_get(ClaimKind::Invoke, &id).await.unwrap();
+            assert_eq!(now.map(|c| c.status), expected, "case {i}");
+        }
+    }
+
+    #[tokio::test]
+    async fn release_reopens_and_a_released_claim_cannot_be_committed() {
+        let (_dir, store) = store();
+        let Taken::Proceed(pending) = take(&store, invoke("r", "d")).await.unwrap() else {
             panic!()
         };
-        assert!(release(&store, &pending).unwrap());
-        assert!(!release(&store, &pending).unwrap());
+        assert!(release(&store, &pending).await.unwrap());
+        assert!(!release(&store, &pending).await.unwrap());
         assert!(commit(
             &store,
             &pending,
             ClaimOutcome::ResponseTooLarge { limit: 1 }
         )
+        .await
         .is_err());
         assert!(matches!(
-            take(&store, new_pending("r", "t", "a", None)).unwrap(),
+            take(&store, invoke("r", "d")).await.unwrap(),
             Taken::Proceed(_)
         ));
     }
 
-    #[test]
-    fn operator_resolution_only_for_pending_claims() {
+    #[tokio::test]
+    async fn operator_resolution_only_for_pending_invoke_claims() {
         let (_dir, store) = store();
         assert_eq!(
-            resolve(&store, "missing", ManualOutcome::Released, "op", None).unwrap_err(),
+            resolve(&store, "missing", ManualOutcome::Released, "op", None)
+                .await
+                .unwrap_err(),
             SettleError::NotFound
         );
-        take(&store, new_pending("r", "t", "a", None)).unwrap();
+        take(&store, standalone("r")).await.unwrap();
+        assert_eq!(
+            resolve(&store, "r", ManualOutcome::Released, "op", None)
+                .await
+                .unwrap_err(),
+            SettleError::NotFound,
+            "a standalone claim is not resolved as an invoke claim"
+        );
+        take(&store, invoke("r", "d")).await.unwrap();
         let answer = json!({"jsonrpc": "2.0", "id": 0, "result": {"done": 1}});
         let (next, _) = resolve(
             &store,
@@ -333,31 +523,50 @@ mod tests {
             "op",
             Some("checked the ledger".into()),
         )
+        .await
         .unwrap();
         let next = next.unwrap();
         assert_eq!(next.status, ClaimStatus::Committed);
         assert_eq!(next.resolution.as_ref().unwrap().actor, "op");
         assert!(matches!(
-            resolve(&store, "r", ManualOutcome::Released, "op", None),
+            resolve(&store, "r", ManualOutcome::Released, "op", None).await,
             Err(SettleError::NotPending(_))
         ));
-        take(&store, new_pending("q", "t", "a", None)).unwrap();
-        let (gone, _) = resolve(&store, "q", ManualOutcome::Released, "op", None).unwrap();
+        take(&store, invoke("q", "d")).await.unwrap();
+        let (gone, _) = resolve(&store, "q", ManualOutcome::Released, "op", None)
+            .await
+            .unwrap();
         assert!(gone.is_none());
-        assert_eq!(store.claim_get("q").unwrap(), None);
+        assert_eq!(store.claim_get(ClaimKind::Invoke, "q").await.unwrap(), None);
     }
 
-    #[test]
-    fn settle_commits_once() {
+    #[tokio::test]
+    async fn settle_commits_standalone_claims_once() {
         let (_dir, store) = store();
         assert_eq!(
-            settle(&store, "none", json!(1)).unwrap_err(),
+            settle(&store, "none", json!(1)).await.unwrap_err(),
             SettleError::NotFound
         );
-        take(&store, new_pending("s", "transfer", "a", None)).unwrap();
-        assert!(!settle(&store, "s", json!({"tx": 1})).unwrap());
-        assert!(settle(&store, "s", json!({"tx": 2})).unwrap());
-        let record = store.claim_get("s").unwrap().unwrap();
+        take(&store, invoke("s", "d")).await.unwrap();
+        assert_eq!(
+            settle(&store, "s", json!(1)).await.unwrap_err(),
+            SettleError::NotFound,
+            "an invoke claim is never settled through /settle"
+        );
+        take(&store, standalone("s")).await.unwrap();
+        assert!(settle(&store, "s", json!({"tx": 1}))
+            .await
+            .unwrap()
+            .is_some());
+        assert!(settle(&store, "s", json!({"tx": 2}))
+            .await
+            .unwrap()
+            .is_none());
+        let record = store
+            .claim_get(ClaimKind::Standalone, "s")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             record.outcome,
             Some(ClaimOutcome::Settled {

@@ -35,6 +35,14 @@ pub struct Config {
 pub struct Limits {
     pub max_body_bytes: usize,
     pub max_clock_skew_secs: i64,
+    /// A request whose head has not fully arrived within this many seconds gets 408 (SPEC 11 r2).
+    pub header_read_timeout_secs: u64,
+    /// Likewise for the body, counted from the end of the head.
+    pub body_read_timeout_secs: u64,
+    /// `/v1/invoke` calls in progress beyond which a new one gets 5006 at once (SPEC 11 r2).
+    pub max_concurrent_calls: usize,
+    /// How long a call that reached the tool retries writing its outcome before it answers 5005 (SPEC 3 r2).
+    pub store_retry_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,6 +56,10 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 1024 * 1024,
             max_clock_skew_secs: 30,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 10,
+            max_concurrent_calls: 1024,
+            store_retry_secs: 10,
         }
     }
 }
@@ -155,6 +167,15 @@ impl Config {
         }
         if self.limits.max_clock_skew_secs < 0 {
             return Err("limits.max_clock_skew_secs must not be negative".into());
+        }
+        if self.limits.header_read_timeout_secs == 0 || self.limits.body_read_timeout_secs == 0 {
+            return Err(
+                "limits.header_read_timeout_secs and body_read_timeout_secs must be at least 1"
+                    .into(),
+            );
+        }
+        if self.limits.max_concurrent_calls == 0 {
+            return Err("limits.max_concurrent_calls must be at least 1".into());
         }
         if self.sessions.max_lifetime_secs <= 0 {
             return Err("sessions.max_lifetime_secs must be positive".into());

@@ -12,13 +12,18 @@ use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::policy::{ContextRegistry, ReloadEvent, WatcherHandle};
-use crate::store::{SledStore, Store, StoreResult};
+use crate::session::SessionCache;
+use crate::store::{SledStore, Store};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
 pub struct Gateway {
     pub config: Config,
     pub store: Arc<dyn Store>,
+    /// Sessions decoded in memory; revocation invalidates (SPEC 5: refused from that moment).
+    pub sessions: SessionCache,
+    /// `/v1/invoke` calls in progress; none left → 5006 at once (SPEC 11 r2 admission control).
+    pub call_slots: Arc<tokio::sync::Semaphore>,
     pub contexts: Arc<ContextRegistry>,
     pub agent_tokens: AgentTokenVerifier,
     pub operators: OperatorVerifier,
@@ -91,13 +96,7 @@ impl Gateway {
         }
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
-        let stored = {
-            let store = store.clone();
-            tokio::task::spawn_blocking(move || store.context_list())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?
-        };
+        let stored = store.context_list().await.map_err(|e| e.to_string())?;
         for context in stored {
             let loaded = crate::policy::parse_context_json(&context.spec)
                 .map_err(|e| e.to_string())
@@ -116,8 +115,12 @@ impl Gateway {
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
+            call_slots: Arc::new(tokio::sync::Semaphore::new(
+                config.limits.max_concurrent_calls,
+            )),
             config,
             store,
+            sessions: SessionCache::default(),
             contexts,
             agent_tokens,
             operators,
@@ -178,30 +181,14 @@ impl Gateway {
             loop {
                 tick.tick().await;
                 let Some(store) = store.upgrade() else { break };
-                let now = crate::clock::now_millis();
-                let purged = tokio::task::spawn_blocking(move || store.purge_signatures(now)).await;
-                if let Ok(Err(e)) = purged {
+                if let Err(e) = store.purge_signatures(crate::clock::now_millis()).await {
                     tracing::warn!(error = %e, "could not purge expired replay records");
                 }
             }
         });
     }
 
-    /// Runs a blocking store operation off the async runtime; a failure is a 5005 (fail closed).
-    pub async fn with_store<T, F>(&self, op: F) -> Result<T, ApiError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
-    {
-        let store = self.store.clone();
-        match tokio::task::spawn_blocking(move || op(store.as_ref())).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(ApiError::store(e)),
-            Err(e) => Err(ApiError::store(e)),
-        }
-    }
-
-    /// Records an event durably; an audit trail that cannot be written refuses the request (5005).
+    /// Records an event durably (with every store write made before it); an audit trail that cannot be written refuses the request (5005).
     pub async fn record(&self, event: AuditEvent) -> Result<crate::audit::Recorded, ApiError> {
         self.audit.record(event).await.map_err(ApiError::store)
     }
@@ -227,17 +214,14 @@ pub async fn serve_on(
     tracing::info!(listen = %local, "sealgate ready");
     // The ready line is also printed plainly so scripts and tests can wait for it and learn the port.
     println!("sealgate ready on http://{local}");
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
-    .map_err(|e| e.to_string())?;
+    let header_timeout = Duration::from_secs(gateway.config.limits.header_read_timeout_secs);
+    crate::api::server::serve(listener, app, header_timeout, shutdown).await;
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();
-    let _ = tokio::task::spawn_blocking(move || store.flush()).await;
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.sync()).await {
+        tracing::error!(error = %e, "the store could not be synced at shutdown");
+    }
     tracing::info!("sealgate stopped");
     Ok(())
 }

@@ -1,52 +1,57 @@
-//! The one path every tool call travels (SPEC section 3), top to bottom in one function so that the order
-//! of the security checks can be read in one place: parse → token → session → signature → window and
-//! replay → binding → policy → rate and budget → claim → forward → settle → reply. Every step that
-//! decides writes its audit event before the response leaves.
+//! The one path every tool call travels (SPEC section 3), as a spine of named steps in SPEC order: verify
+//! the token, the live session, the signature, the window and replay, the binding, decide, charge and
+//! claim, forward, settle. Each step lives in the module that owns its rules; this file only orders them
+//! and records the audit event of every decision. It returns an [`Outcome`]; `api/` turns it into HTTP.
+//!
+//! State is made durable at most twice per call (SPEC 12): before the forward, when a claim was taken
+//! (its `ToolCallAuthorized` event's group commit syncs the claim with it), and before the reply (the
+//! final event's group commit syncs the settled claim, the replay record and the counters).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use axum::response::{IntoResponse, Response};
+use ed25519_dalek::Signature;
 use serde_json::{json, Map, Value};
 
 use crate::audit::{AuditEvent, Decision as Verdict, EventType};
-use crate::claim::{self, Taken};
+use crate::claim::{self, Taken, Withheld};
 use crate::clock;
-use crate::envelope::{self, Call, Envelope, SessionKey};
+use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
-use crate::policy::{self, Decision, Pattern, SecurityContext};
-use crate::session;
-use crate::store::{ClaimOutcome, ClaimRecord, SessionRecord};
+use crate::policy::{self, Capability, Decision, SecurityContext};
+use crate::session::LiveSession;
+use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord};
 use crate::token::{AgentClaims, TokenError};
 use crate::upstream::UpstreamError;
 
-/// A refusal with the audit event type that records it (SPEC 9.1's table).
+/// What a call came to: the answer and its receipt, or a refusal with its SPEC code.
+pub enum Outcome {
+    Success { payload: Value, receipt: Value },
+    Refused(ApiError),
+}
+
+/// A refusal, with the rule that made it when the policy decided.
 struct Refusal {
     error: ApiError,
-    event: EventType,
     rule: Option<policy::Rule>,
 }
 
 /// Refusals travel boxed: the happy path's `Result` stays small.
 type Refused = Box<Refusal>;
 
-impl Refusal {
-    fn new(code: Code, message: impl Into<String>) -> Refused {
-        let event = match code.number() {
-            1001 | 1002 => EventType::SignatureVerificationFailed,
-            1003 => EventType::SecurityTokenExpired,
-            2000..=2006 | 2008 => EventType::PolicyViolationBlocked,
-            4001 => EventType::ClaimBlocked,
-            2007 | 5001..=5005 => EventType::ToolCallFailed,
-            _ => EventType::EnvelopeRejected,
-        };
-        Box::new(Refusal {
-            error: ApiError::new(code, message),
-            event,
-            rule: None,
-        })
-    }
+fn refuse(code: Code, message: impl Into<String>) -> Refused {
+    Box::new(Refusal {
+        error: ApiError::new(code, message),
+        rule: None,
+    })
+}
+
+fn store_refusal(error: impl std::fmt::Display) -> Refused {
+    refuse(
+        Code::StoreUnavailable,
+        format!("store unavailable: {error}"),
+    )
 }
 
 /// What the audit events of one call share, filled in as the checks learn it.
@@ -54,6 +59,8 @@ impl Refusal {
 struct CallFacts {
     /// hex(SHA-256(JCS(payload))), computed once per call.
     payload_sha256: String,
+    /// The envelope's signature text, only when it decodes to 64 bytes (SPEC 9.1 r2: bounded fields).
+    signature: Option<String>,
     session_id: Option<String>,
     claims: Option<Arc<AgentClaims>>,
     tool: Option<String>,
@@ -67,7 +74,6 @@ struct CallFacts {
 impl CallFacts {
     fn event(&self, gw: &Gateway, kind: EventType, env: &Envelope) -> AuditEvent {
         let mut event = AuditEvent::new(kind)
-            .signature(&env.signature)
             .envelope_timestamp(env.timestamp)
             .payload_sha256(&self.payload_sha256);
         if let Some(claims) = &self.claims {
@@ -79,6 +85,9 @@ impl CallFacts {
             if let Some(wid) = &claims.wid {
                 event = event.wid(wid);
             }
+        }
+        if let Some(signature) = &self.signature {
+            event = event.signature(signature);
         }
         if let Some(session_id) = &self.session_id {
             event = event.session_id(session_id);
@@ -103,107 +112,188 @@ impl CallFacts {
         }
         event
     }
+
+    fn note_claim(&mut self, record: &ClaimRecord, outcome: &'static str) {
+        self.request_id = Some(record.request_id.clone());
+        self.action_ref = Some(record.action_ref.clone());
+        self.claimed_at = Some(record.claimed_at.clone());
+        self.claim = Some(outcome);
+    }
 }
 
 /// `POST /v1/invoke`: the whole path of one call. `body` has already been read within the size limit.
-pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAddr>) -> Response {
+pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAddr>) -> Outcome {
     let started = Instant::now();
     // Check 1: a body that is not an envelope at all gets one rate-limited event with no content.
     let env = match envelope::parse_envelope(body) {
         Ok(env) => env,
         Err(e) => {
             gw.audit.record_unreadable(client, body.len());
-            return ApiError::new(Code::MalformedEnvelope, e.to_string()).into_response();
+            return Outcome::Refused(ApiError::new(Code::MalformedEnvelope, e.to_string()));
         }
     };
     // Check 6's message, built once: its payload bytes also give the audit's payload_sha256.
     let (message, payload) = env.canonical_message_with_payload();
     let mut facts = CallFacts {
         payload_sha256: envelope::sha256_hex(&message[payload]),
+        signature: envelope::decode_signature(&env.signature)
+            .is_ok()
+            .then(|| env.signature.clone()),
         ..CallFacts::default()
     };
-    match run_checks(gw, &env, &message, &mut facts, started).await {
-        Ok(response) => response,
-        Err(refusal) => {
-            let mut event = facts
-                .event(gw, refusal.event, &env)
-                .code(refusal.error.code.number())
-                .detail(&refusal.error.message)
-                .duration_ms(started.elapsed().as_millis() as u64);
-            if let Some(rule) = &refusal.rule {
-                event = event.rule(serde_json::to_value(rule).unwrap_or(Value::Null));
-            }
-            // A failure after authorisation is not a second decision: only refusals say "deny".
-            if refusal.event != EventType::ToolCallFailed {
-                event = event.decision(Verdict::Deny);
-            }
-            match gw.record(event).await {
-                Ok(_) => refusal.error.into_response(),
-                Err(store_error) => store_error.into_response(),
-            }
-        }
+    match run(gw, &env, &message, &mut facts, started).await {
+        Ok(outcome) => outcome,
+        Err(refusal) => record_refusal(gw, &env, &facts, *refusal, client, started).await,
     }
 }
 
-/// Checks 2–9, the policy, the claim and the forward. Refusals come back as `Err` and are audited by the caller.
-async fn run_checks(
+/// The spine: checks 2–9, the policy, the claim, the forward and the settlement, in SPEC order.
+async fn run(
     gw: &Gateway,
     env: &Envelope,
     message: &[u8],
     facts: &mut CallFacts,
     started: Instant,
-) -> Result<Response, Refused> {
+) -> Result<Outcome, Refused> {
     let now = clock::now_secs();
+    let claims = verify_token(gw, env, now)?; // checks 2–4
+    facts.claims = Some(claims.clone());
+    let session = live_session(gw, &claims, now).await?; // check 5
+    facts.session_id = Some(session.record.session_id.clone());
+    let signature = verify_signature(env, message, &session)?; // checks 6–7
+    check_window_and_replay(gw, env, &signature, now).await?; // check 8
+    bind_token(env, &claims, &session)?; // check 9
+    let call =
+        envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
+    let context = gw.contexts.get(&session.record.security_context);
+    facts.context_version = context.as_ref().map(|c| c.version.clone());
+    let (id, tool, arguments, idempotency_key) = match call {
+        Call::ToolsList { id } => return list_tools(gw, env, facts, context, &session, id).await,
+        Call::ToolsCall {
+            id,
+            tool,
+            arguments,
+            idempotency_key,
+        } => (id, tool.as_str().to_string(), arguments, idempotency_key),
+    };
+    facts.tool = Some(tool.clone());
+    let (context, index, rule) = decide(context, &session, &tool, &arguments)?; // SPEC 6.3
+    let capability = &context.capabilities[index];
+    if !gw.upstreams.has_route(&tool) {
+        return Err(refuse(
+            Code::NoRouteForTool,
+            format!("no upstream serves {tool:?}"),
+        ));
+    }
+    let claim_record = new_claim(
+        &claims,
+        &session,
+        capability,
+        &tool,
+        &arguments,
+        idempotency_key.as_deref(),
+    );
+    // Rate, budget and claim are one store call; what it finds decides whether anything runs.
+    let pending = match admit(gw, &session, &context, index, claim_record).await? {
+        None => {
+            facts.claim = Some("NONE");
+            None
+        }
+        Some(Taken::Proceed(record)) => {
+            facts.note_claim(&record, "PROCEED");
+            Some(record)
+        }
+        Some(Taken::Skip(record)) => {
+            facts.note_claim(&record, "SKIP");
+            return skip(gw, env, facts, &context, index, &record, &id).await;
+        }
+        Some(Taken::Pending(record)) => {
+            facts.note_claim(&record, "PENDING");
+            return Err(refuse(
+                Code::ClaimPending,
+                "this call is already in flight or its outcome is unknown",
+            ));
+        }
+        Some(Taken::OtherCall(record)) => {
+            facts.note_claim(&record, "PENDING");
+            facts.claim = None;
+            return Err(refuse(
+                Code::IdempotencyKeyReused,
+                "this idempotency key was used for a different tool or different arguments",
+            ));
+        }
+    };
+    authorize(gw, env, facts, &rule, pending.as_ref()).await?; // durable before the forward when claimed
+    let answer = gw
+        .upstreams
+        .call(&tool, &id, &arguments, capability.max_response_size)
+        .await;
+    settle(gw, env, facts, &context, pending.as_ref(), answer, started).await
+}
 
-    // Checks 2–4: the token decodes, verifies with a pinned key, and is current.
-    let claims = gw
-        .agent_tokens
+/// Checks 2–4: the token decodes, verifies with a pinned key, and is current.
+fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<AgentClaims>, Refused> {
+    gw.agent_tokens
         .verify(&env.security_token, now)
         .map_err(|e| match e {
-            TokenError::Invalid(m) => Refusal::new(Code::TokenVerificationFailed, m),
-            TokenError::Expired(m) => Refusal::new(Code::TokenExpired, m),
-        })?;
-    facts.claims = Some(claims.clone());
+            TokenError::Invalid(m) => refuse(Code::TokenVerificationFailed, m),
+            TokenError::Expired(m) => refuse(Code::TokenExpired, m),
+        })
+}
 
-    // Check 5: a live session for the token's execution.
-    let exec_id = claims.exec_id.clone();
+/// Check 5: a live session for the token's execution, from memory.
+async fn live_session(
+    gw: &Gateway,
+    claims: &AgentClaims,
+    now: i64,
+) -> Result<Arc<LiveSession>, Refused> {
     let session = gw
-        .with_store(move |s| s.session_get(&exec_id))
+        .sessions
+        .get(gw.store.as_ref(), &claims.exec_id)
         .await
         .map_err(store_refusal)?
-        .ok_or_else(|| {
-            Refusal::new(
-                Code::SessionNotFound,
-                format!("no session {:?}", claims.exec_id),
-            )
-        })?;
-    facts.session_id = Some(session.session_id.clone());
-    if session.revoked_at_ms.is_some() {
-        return Err(Refusal::new(
+        .ok_or_else(|| refuse(Code::SessionNotFound, "no session for the token's exec_id"))?;
+    if session.record.revoked_at_ms.is_some() {
+        return Err(refuse(
             Code::SessionInactive,
             "the session has been revoked",
         ));
     }
-    if now >= session.expires_at {
-        return Err(Refusal::new(
-            Code::SessionInactive,
-            "the session has expired",
-        ));
+    if now >= session.record.expires_at {
+        return Err(refuse(Code::SessionInactive, "the session has expired"));
     }
+    Ok(session)
+}
 
-    // Checks 6–7: the canonical message (built by the caller), and the signature under the session's key.
+/// Checks 6–7: the signature decodes and verifies under the session's key (`message` is check 6's).
+fn verify_signature(
+    env: &Envelope,
+    message: &[u8],
+    session: &LiveSession,
+) -> Result<Signature, Refused> {
     let signature = envelope::decode_signature(&env.signature)
-        .map_err(|e| Refusal::new(Code::InvalidSignature, e.to_string()))?;
-    let key = session_key(&session)?;
+        .map_err(|e| refuse(Code::InvalidSignature, e.to_string()))?;
+    let key = session
+        .key
+        .as_ref()
+        .ok_or_else(|| refuse(Code::SessionInactive, "the session's key has been erased"))?;
     key.verify(message, &signature).map_err(|_| {
-        Refusal::new(
+        refuse(
             Code::SignatureVerificationFailed,
             "the signature does not verify under the session key",
         )
     })?;
+    Ok(signature)
+}
 
-    // Check 8: freshness, then replay. A verified signature is remembered for as long as its timestamp
-    // could still fall inside the window, whatever this envelope's outcome.
+/// Check 8: freshness, then replay. A verified signature is remembered for as long as its timestamp
+/// could still fall inside the window, whatever this envelope's outcome.
+async fn check_window_and_replay(
+    gw: &Gateway,
+    env: &Envelope,
+    signature: &Signature,
+    now: i64,
+) -> Result<(), Refused> {
     let skew = gw.config.limits.max_clock_skew_secs;
     let window_end_ms = env
         .timestamp
@@ -211,225 +301,234 @@ async fn run_checks(
         .saturating_add(1)
         .saturating_mul(1000);
     let first_use = if window_end_ms > clock::now_millis() {
-        let sig = signature.to_bytes();
-        gw.with_store(move |s| s.remember_signature(&sig, window_end_ms))
+        gw.store
+            .remember_signature(&signature.to_bytes(), window_end_ms)
             .await
             .map_err(store_refusal)?
     } else {
         true
     };
     if now.saturating_sub(env.timestamp).abs() > skew {
-        return Err(Refusal::new(
+        return Err(refuse(
             Code::TimestampOutOfWindow,
-            format!(
-                "timestamp {} is more than {skew} s from the gateway's clock",
-                env.timestamp
-            ),
+            format!("the timestamp is more than {skew} s from the gateway's clock"),
         ));
     }
     if !first_use {
-        return Err(Refusal::new(
+        return Err(refuse(
             Code::EnvelopeReplayed,
             "this envelope's signature was seen before",
         ));
     }
+    Ok(())
+}
 
-    // Check 9: the token is bound to this session.
-    if claims.scp != session.security_context {
-        return Err(Refusal::new(
+/// Check 9: the token is bound to this session and workload.
+fn bind_token(env: &Envelope, claims: &AgentClaims, session: &LiveSession) -> Result<(), Refused> {
+    let record = &session.record;
+    if claims.scp != record.security_context {
+        return Err(refuse(
             Code::AttestationScopeMismatch,
-            format!(
-                "token scope {:?} is not the session's context {:?}",
-                claims.scp, session.security_context
-            ),
+            "the token's scp is not the session's security context",
         ));
     }
-    if session
+    if record
         .agent_id
         .as_ref()
         .is_some_and(|agent| *agent != claims.sub)
     {
-        return Err(Refusal::new(
+        return Err(refuse(
             Code::TokenVerificationFailed,
             "token sub is not the session's agent",
         ));
     }
     if let Some(wid) = &claims.wid {
         let container_differs = env.container_id.as_ref().is_some_and(|c| c != wid);
-        let workload_differs = session.workload_id.as_ref().is_some_and(|w| w != wid);
+        let workload_differs = record.workload_id.as_ref().is_some_and(|w| w != wid);
         if container_differs || workload_differs {
-            return Err(Refusal::new(
+            return Err(refuse(
                 Code::TokenVerificationFailed,
                 "token wid does not match the workload",
             ));
         }
     }
-    let call =
-        envelope::parse_call(&env.payload).map_err(|m| Refusal::new(Code::MalformedEnvelope, m))?;
+    Ok(())
+}
 
-    let context = gw.contexts.get(&session.security_context);
-    facts.context_version = context.as_ref().map(|c| c.version.clone());
-    let patterns: Vec<Pattern> = session
-        .allowed_tool_patterns
-        .iter()
-        .filter_map(|p| Pattern::parse(p).ok())
-        .collect();
-    let (id, tool, arguments, idempotency_key) = match call {
-        Call::ToolsList { id } => {
-            return list_tools(gw, env, facts, context.as_deref(), &patterns, id, started).await;
-        }
-        Call::ToolsCall {
-            id,
-            tool,
-            arguments,
-            idempotency_key,
-        } => (id, tool, arguments, idempotency_key),
-    };
-    let tool_name = tool.as_str().to_string();
-    facts.tool = Some(tool_name.clone());
-
-    // The policy (SPEC 6.3): deny list, first matching capability and its argument checks.
-    let (capability_index, rule) =
-        match policy::decide(context.as_deref(), &patterns, &tool_name, &arguments) {
-            Decision::Allow { capability, rule } => (capability, rule),
-            Decision::Deny {
-                code,
-                rule,
-                message,
-            } => {
-                let code = Code::from_number(code).unwrap_or(Code::NoMatchingCapability);
-                let mut refusal = Refusal::new(code, message);
-                refusal.rule = Some(rule);
-                return Err(refusal);
+/// SPEC 6.3: deny list, the first matching capability and its argument checks. Returns the context in
+/// force for this call and the index of the capability that allowed it.
+fn decide(
+    context: Option<Arc<SecurityContext>>,
+    session: &LiveSession,
+    tool: &str,
+    arguments: &Map<String, Value>,
+) -> Result<(Arc<SecurityContext>, usize, policy::Rule), Refused> {
+    match policy::decide(context.as_deref(), &session.patterns, tool, arguments) {
+        Decision::Allow { capability, rule } => match context {
+            Some(context) if capability < context.capabilities.len() => {
+                Ok((context, capability, rule))
             }
-        };
-    let Some(context) = context else {
-        return Err(missing_context());
-    };
-    let Some(capability) = context.capabilities.get(capability_index) else {
-        let mut refusal = Refusal::new(Code::NoMatchingCapability, "no capability matches");
-        refusal.rule = Some(rule);
-        return Err(refusal);
-    };
-
-    // Rate limit, then budget: both count only calls the policy allowed.
-    charge_rate_and_budget(gw, &session, &context, capability_index, capability)
-        .await
-        .map_err(|mut r| {
-            r.rule = Some(rule.clone());
-            r
-        })?;
-
-    if !gw.upstreams.has_route(&tool_name) {
-        return Err(Refusal::new(
-            Code::NoRouteForTool,
-            format!("no upstream serves {tool_name:?}"),
-        ));
+            _ => Err(missing_context()),
+        },
+        Decision::Deny {
+            code,
+            rule,
+            message,
+        } => Err(Box::new(Refusal {
+            error: ApiError::new(
+                Code::from_number(code).unwrap_or(Code::NoMatchingCapability),
+                message,
+            ),
+            rule: Some(rule),
+        })),
     }
+}
 
-    // The claim: durably PENDING before one byte goes to the tool.
+/// 2000 for a session whose context is gone (deleted since registration).
+fn missing_context() -> Refused {
+    Box::new(Refusal {
+        error: ApiError::new(
+            Code::ToolNotAllowed,
+            "the session's security context does not exist",
+        ),
+        rule: Some(policy::Rule {
+            kind: policy::RuleKind::NoMatch,
+            index: None,
+            pattern: None,
+        }),
+    })
+}
+
+/// The PENDING record this call would take, or None when its capability takes no claim (SPEC 7.1).
+fn new_claim(
+    claims: &AgentClaims,
+    session: &LiveSession,
+    capability: &Capability,
+    tool: &str,
+    arguments: &Map<String, Value>,
+    idempotency_key: Option<&str>,
+) -> Option<ClaimRecord> {
     let request_id = claim::request_id(
         capability.claim,
         &claims.sub,
         &claims.exec_id,
-        &tool_name,
-        &arguments,
-        idempotency_key.as_deref(),
-    );
-    let pending = match request_id {
-        None => {
-            facts.claim = Some("NONE");
-            None
-        }
-        Some(request_id) => {
-            let record = claim::new_pending(
-                &request_id,
-                &tool_name,
-                &claims.sub,
-                Some(&session.session_id),
-            );
-            let taken = gw
-                .with_store(move |s| claim::take(s, record))
-                .await
-                .map_err(store_refusal)?;
-            match taken {
-                Taken::Proceed(record) => {
-                    note_claim(facts, &record, "PROCEED");
-                    Some(record)
-                }
-                Taken::Pending(record) => {
-                    note_claim(facts, &record, "PENDING");
-                    return Err(Refusal::new(
-                        Code::ClaimPending,
-                        "this call is already in flight or its outcome is unknown",
-                    ));
-                }
-                Taken::Skip(record) => {
-                    note_claim(facts, &record, "SKIP");
-                    return skip(gw, env, facts, &context, &record, &id).await;
-                }
-            }
-        }
-    };
+        tool,
+        arguments,
+        idempotency_key,
+    )?;
+    Some(claim::new_pending(
+        ClaimKind::Invoke,
+        &request_id,
+        tool,
+        &claims.sub,
+        Some(&session.record.session_id),
+        Some(claim::call_digest(tool, arguments)),
+    ))
+}
 
-    let authorized = gw
-        .record(
-            facts
-                .event(gw, EventType::ToolCallAuthorized, env)
-                .decision(Verdict::Allow)
-                .rule(serde_json::to_value(&rule).unwrap_or(Value::Null)),
-        )
-        .await;
-    if let Err(e) = authorized {
-        // Nothing was sent: give the claim back so that a retry is not blocked by 4001 forever.
-        if let Some(pending) = pending {
-            let _ = gw.with_store(move |s| claim::release(s, &pending)).await;
+/// Charges the capability's rate window and the session's budget, then takes the claim: one store call.
+/// Returns what taking the claim found, or None when the call takes no claim.
+async fn admit(
+    gw: &Gateway,
+    session: &LiveSession,
+    context: &SecurityContext,
+    capability_index: usize,
+    claim_record: Option<ClaimRecord>,
+) -> Result<Option<Taken>, Refused> {
+    let capability = &context.capabilities[capability_index];
+    let record = &session.record;
+    let admission = Admission {
+        rate: capability.rate_limit.map(|limit| {
+            (
+                format!(
+                    "rate\0{}\0{}\0{capability_index}",
+                    record.session_id, context.spec.name
+                ),
+                policy::rate::SlidingWindow::new(limit.calls.get(), limit.per_seconds.get()),
+            )
+        }),
+        budget: record
+            .max_calls
+            .map(|max| (crate::session::budget_key(&record.session_id), max)),
+        claim: claim_record,
+        now_ms: clock::now_millis(),
+    };
+    let admitted = gw.store.admit(&admission).await.map_err(store_refusal)?;
+    match admitted {
+        Admitted::RateLimited { retry_after_ms } => {
+            let secs = u64::try_from(retry_after_ms)
+                .unwrap_or(0)
+                .div_ceil(1000)
+                .max(1);
+            Err(Box::new(Refusal {
+                error: ApiError::new(
+                    Code::RateLimitExceeded,
+                    format!(
+                        "rate limit of capability {capability_index} exceeded; retry in {secs} s"
+                    ),
+                )
+                .with_retry_after(secs),
+                rule: None,
+            }))
         }
+        Admitted::BudgetExhausted => Err(refuse(
+            Code::BudgetExhausted,
+            "the session's call budget is used up",
+        )),
+        Admitted::Charged { existing_claim } => Ok(admission
+            .claim
+            .map(|pending| claim::classify(pending, existing_claim))),
+    }
+}
+
+/// Records `ToolCallAuthorized`. With a claim, it is awaited: its group commit makes the claim durable
+/// before anything is sent (SPEC 7.2). Without one it is only queued; the reply's event makes it durable.
+async fn authorize(
+    gw: &Gateway,
+    env: &Envelope,
+    facts: &CallFacts,
+    rule: &policy::Rule,
+    pending: Option<&ClaimRecord>,
+) -> Result<(), Refused> {
+    let event = facts
+        .event(gw, EventType::ToolCallAuthorized, env)
+        .decision(Verdict::Allow)
+        .rule(serde_json::to_value(rule).unwrap_or(Value::Null));
+    let Some(pending) = pending else {
+        return gw.audit.record_deferred(event).await.map_err(store_refusal);
+    };
+    if let Err(e) = gw.audit.record(event).await {
+        // Nothing was sent: give the claim back so that a retry is not blocked by 4001 forever.
+        let _ = claim::release(gw.store.as_ref(), pending).await;
         return Err(store_refusal(e));
     }
+    Ok(())
+}
 
-    // Forward, then settle the claim by what happened (SPEC 7.2).
-    let forwarded = Instant::now();
-    let outcome = gw
-        .upstreams
-        .call(&tool_name, &id, &arguments, capability.max_response_size)
-        .await;
-    metrics::histogram!("sealgate_upstream_duration_seconds", "upstream" => tool.upstream().to_string())
-        .record(forwarded.elapsed().as_secs_f64());
-    let response = match outcome {
-        Ok(response) => response,
-        Err(err) => {
-            let (code, message) = upstream_failure(&err);
-            if let Some(pending) = pending {
-                match &err {
-                    UpstreamError::Unavailable(_) | UpstreamError::NoRoute => {
-                        gw.with_store(move |s| claim::release(s, &pending))
-                            .await
-                            .map_err(store_refusal)?;
-                    }
-                    UpstreamError::TooLarge { limit } => {
-                        let limit = *limit;
-                        gw.with_store(move |s| {
-                            claim::commit(s, &pending, ClaimOutcome::ResponseTooLarge { limit })
-                        })
-                        .await
-                        .map_err(store_refusal)?;
-                    }
-                    // Sent, outcome unknown: the claim stays PENDING until an operator resolves it.
-                    UpstreamError::Timeout(_) | UpstreamError::BadResponse(_) => {}
-                }
-            }
-            return Err(Refusal::new(code, message));
-        }
-    };
+/// After the forward: settle the claim by what happened (SPEC 7.2) and record the outcome, both made
+/// durable by the final event before the reply leaves.
+async fn settle(
+    gw: &Gateway,
+    env: &Envelope,
+    facts: &CallFacts,
+    context: &SecurityContext,
+    pending: Option<&ClaimRecord>,
+    answer: Result<Value, UpstreamError>,
+    started: Instant,
+) -> Result<Outcome, Refused> {
     if let Some(pending) = pending {
-        let answer = ClaimOutcome::Answer {
-            response: response.clone(),
-        };
-        gw.with_store(move |s| claim::commit(s, &pending, answer))
-            .await
-            .map_err(store_refusal)?;
+        let settled = retry_after_forward(gw, || {
+            claim::settle_forwarded(gw.store.as_ref(), pending, &answer)
+        })
+        .await;
+        if let Err(e) = settled {
+            return Err(forwarded_but_unrecorded(e));
+        }
     }
+    let response = match answer {
+        Ok(response) => response,
+        Err(err) => return Err(upstream_refusal(&err)),
+    };
     let mut completed = facts
         .event(gw, EventType::ToolCallCompleted, env)
         .decision(Verdict::Allow)
@@ -437,119 +536,44 @@ async fn run_checks(
     if gw.config.audit.include_payloads {
         completed = completed.result(response.clone());
     }
-    let recorded = gw.record(completed).await.map_err(store_refusal)?;
-    Ok(success(response, facts, &context, &recorded.event_id))
-}
-
-/// 2000 for a session whose context is gone (deleted since registration).
-fn missing_context() -> Refused {
-    let mut refusal = Refusal::new(
-        Code::ToolNotAllowed,
-        "the session's security context does not exist",
-    );
-    refusal.rule = Some(policy::Rule {
-        kind: policy::RuleKind::NoMatch,
-        index: None,
-        pattern: None,
-    });
-    refusal
-}
-
-fn store_refusal(error: ApiError) -> Refused {
-    Refusal::new(Code::StoreUnavailable, error.message)
-}
-
-fn session_key(session: &SessionRecord) -> Result<SessionKey, Refused> {
-    use base64::Engine;
-    let encoded = session
-        .public_key
-        .as_deref()
-        .ok_or_else(|| Refusal::new(Code::SessionInactive, "the session's key has been erased"))?;
-    let bytes: [u8; 32] = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| Refusal::new(Code::StoreUnavailable, "stored session key is corrupt"))?;
-    SessionKey::from_bytes(&bytes).map_err(|e| Refusal::new(Code::StoreUnavailable, e))
-}
-
-fn note_claim(facts: &mut CallFacts, record: &ClaimRecord, outcome: &'static str) {
-    facts.request_id = Some(record.request_id.clone());
-    facts.action_ref = Some(record.action_ref.clone());
-    facts.claimed_at = Some(record.claimed_at.clone());
-    facts.claim = Some(outcome);
-}
-
-/// Charges the capability's rate limit (GCRA in the store) and the session's call budget.
-async fn charge_rate_and_budget(
-    gw: &Gateway,
-    session: &SessionRecord,
-    context: &SecurityContext,
-    capability_index: usize,
-    capability: &policy::Capability,
-) -> Result<(), Refused> {
-    let rate = capability.rate_limit.map(|limit| {
-        (
-            format!(
-                "rate\0{}\0{}\0{}",
-                session.session_id, context.spec.name, capability_index
-            ),
-            policy::rate::Gcra::new(limit.calls.get(), limit.per_seconds.get()),
-        )
-    });
-    let budget = session
-        .max_calls
-        .map(|max| (session::budget_key(&session.session_id), max));
-    let now_ms = clock::now_millis();
-    let verdict = gw
-        .with_store(move |s| {
-            if let Some((key, gcra)) = &rate {
-                let mut retry_after_ms = 0;
-                let charged = s.counter_update(key, &mut |tat| match gcra.admit(tat, now_ms) {
-                    Ok(next) => Some(next),
-                    Err(wait) => {
-                        retry_after_ms = wait;
-                        None
-                    }
-                })?;
-                if charged.is_none() {
-                    return Ok(Err((Code::RateLimitExceeded, retry_after_ms)));
-                }
-            }
-            if let Some((key, max)) = &budget {
-                let max = i64::try_from(*max).unwrap_or(i64::MAX);
-                let counted = s.counter_update(key, &mut |n| {
-                    let n = n.unwrap_or(0);
-                    (n < max).then_some(n + 1)
-                })?;
-                if counted.is_none() {
-                    // The budget refused the call, so the rate limit must not count it either.
-                    if let Some((key, gcra)) = &rate {
-                        s.counter_update(key, &mut |tat| tat.map(|t| gcra.refund(t)))?;
-                    }
-                    return Ok(Err((Code::BudgetExhausted, 0)));
-                }
-            }
-            Ok(Ok(()))
-        })
+    let recorded = retry_after_forward(gw, || gw.audit.record(completed.clone()))
         .await
-        .map_err(store_refusal)?;
-    match verdict {
-        Ok(()) => Ok(()),
-        Err((Code::RateLimitExceeded, wait_ms)) => {
-            let secs = (wait_ms as u64).div_ceil(1000).max(1);
-            let mut refusal = Refusal::new(
-                Code::RateLimitExceeded,
-                format!("rate limit of capability {capability_index} exceeded; retry in {secs} s"),
-            );
-            refusal.error = refusal.error.with_retry_after(secs);
-            Err(refusal)
+        .map_err(forwarded_but_unrecorded)?;
+    Ok(success(response, facts, context, &recorded.event_id))
+}
+
+/// Once a call has reached the tool its outcome must not be dropped by a passing store fault: the write
+/// is retried for `limits.store_retry_secs` (SPEC 3 r2).
+async fn retry_after_forward<T, E, F, Fut>(gw: &Gateway, mut write: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let deadline = Instant::now() + Duration::from_secs(gw.config.limits.store_retry_secs);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match write().await {
+            Ok(value) => return Ok(value),
+            Err(e) if Instant::now() + pause >= deadline => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "store write after a forward failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
         }
-        Err((code, _)) => Err(Refusal::new(code, "the session's call budget is used up")),
     }
 }
 
-fn upstream_failure(err: &UpstreamError) -> (Code, String) {
+/// 5005 for a call that reached the tool but whose outcome could not be made durable: the answer is
+/// withheld and the claim stays PENDING for an operator.
+fn forwarded_but_unrecorded(error: impl std::fmt::Display) -> Refused {
+    let mut refusal = store_refusal(error);
+    refusal.error = refusal.error.with_details(json!({"forwarded": true}));
+    refusal
+}
+
+fn upstream_refusal(err: &UpstreamError) -> Refused {
     let code = match err {
         UpstreamError::NoRoute => Code::NoRouteForTool,
         UpstreamError::Unavailable(_) => Code::UpstreamUnavailable,
@@ -557,35 +581,33 @@ fn upstream_failure(err: &UpstreamError) -> (Code, String) {
         UpstreamError::BadResponse(_) => Code::UpstreamBadResponse,
         UpstreamError::TooLarge { .. } => Code::ResponseTooLarge,
     };
-    (code, err.to_string())
+    refuse(code, err.to_string())
 }
 
-/// A COMMITTED claim: the stored answer with this caller's id, or 2007 again for a withheld answer.
+/// A COMMITTED claim: the stored answer with this caller's id, held to today's response cap.
 async fn skip(
     gw: &Gateway,
     env: &Envelope,
     facts: &CallFacts,
     context: &SecurityContext,
+    capability_index: usize,
     record: &ClaimRecord,
     id: &Value,
-) -> Result<Response, Refused> {
-    let response = match &record.outcome {
-        Some(ClaimOutcome::Answer { response }) => with_id(response.clone(), id),
-        Some(ClaimOutcome::Settled { result }) => with_id(result.clone(), id),
-        Some(ClaimOutcome::ResponseTooLarge { limit }) => {
-            return Err(Refusal::new(
-                Code::ResponseTooLarge,
-                format!("the tool's answer was larger than {limit} bytes and was withheld"),
-            ));
-        }
-        None => {
-            return Err(Refusal::new(
-                Code::StoreUnavailable,
-                "committed claim without an outcome",
-            ));
-        }
-    };
+) -> Result<Outcome, Refused> {
+    let cap = context.capabilities[capability_index].max_response_size;
+    let response = claim::skip_answer(record, id, cap).map_err(|withheld| match withheld {
+        Withheld::WasTooLarge { limit } => refuse(
+            Code::ResponseTooLarge,
+            format!("the tool's answer was larger than {limit} bytes and was withheld"),
+        ),
+        Withheld::TooLargeNow { limit } => refuse(
+            Code::ResponseTooLarge,
+            format!("the stored answer is larger than this capability's max_response_size ({limit} bytes)"),
+        ),
+        Withheld::Missing => store_refusal("committed claim without an answer"),
+    })?;
     let recorded = gw
+        .audit
         .record(
             facts
                 .event(gw, EventType::ClaimSkipped, env)
@@ -596,21 +618,12 @@ async fn skip(
     Ok(success(response, facts, context, &recorded.event_id))
 }
 
-/// The answer returned to the agent carries the caller's JSON-RPC id.
-fn with_id(mut response: Value, id: &Value) -> Value {
-    if let Some(obj) = response.as_object_mut() {
-        obj.insert("id".into(), id.clone());
-        obj.entry("jsonrpc").or_insert_with(|| json!("2.0"));
-    }
-    response
-}
-
 fn success(
     payload: Value,
     facts: &CallFacts,
     context: &SecurityContext,
     event_id: &str,
-) -> Response {
+) -> Outcome {
     let mut receipt = Map::new();
     if let Some(request_id) = &facts.request_id {
         receipt.insert("request_id".into(), json!(request_id));
@@ -625,13 +638,48 @@ fn success(
     receipt.insert("event_id".into(), json!(event_id));
     receipt.insert("context".into(), json!(context.spec.name));
     receipt.insert("context_version".into(), json!(context.version));
-    axum::Json(json!({
-        "protocol": "seal/v1",
-        "status": "success",
-        "payload": payload,
-        "receipt": receipt,
-    }))
-    .into_response()
+    Outcome::Success {
+        payload,
+        receipt: Value::Object(receipt),
+    }
+}
+
+/// Records the refusal's event (SPEC 9.1's table, kept in `error.rs`) durably before it is answered.
+/// Refusals before the token verifies are rate-limited per client address: anyone can cause them.
+async fn record_refusal(
+    gw: &Gateway,
+    env: &Envelope,
+    facts: &CallFacts,
+    refusal: Refusal,
+    client: Option<std::net::SocketAddr>,
+    started: Instant,
+) -> Outcome {
+    let code = refusal.error.code;
+    let Some(kind) = code.event() else {
+        return Outcome::Refused(refusal.error);
+    };
+    let unauthenticated = (1000..=1004).contains(&code.number());
+    if unauthenticated && !gw.audit.admit_unauthenticated(client) {
+        metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => code.number().to_string())
+            .increment(1);
+        return Outcome::Refused(refusal.error);
+    }
+    let mut event = facts
+        .event(gw, kind, env)
+        .code(code.number())
+        .detail(&refusal.error.message)
+        .duration_ms(started.elapsed().as_millis() as u64);
+    if let Some(rule) = &refusal.rule {
+        event = event.rule(serde_json::to_value(rule).unwrap_or(Value::Null));
+    }
+    // A failure after authorisation is not a second decision: only refusals say "deny".
+    if kind != EventType::ToolCallFailed {
+        event = event.decision(Verdict::Deny);
+    }
+    match gw.audit.record(event).await {
+        Ok(_) => Outcome::Refused(refusal.error),
+        Err(e) => Outcome::Refused(ApiError::store(e)),
+    }
 }
 
 /// `tools/list`: the routed tools this session could ever be allowed to call. No claim; audited like a call.
@@ -639,23 +687,24 @@ async fn list_tools(
     gw: &Gateway,
     env: &Envelope,
     facts: &mut CallFacts,
-    context: Option<&SecurityContext>,
-    patterns: &[Pattern],
+    context: Option<Arc<SecurityContext>>,
+    session: &LiveSession,
     id: Value,
-    started: Instant,
-) -> Result<Response, Refused> {
+) -> Result<Outcome, Refused> {
     facts.tool = Some("tools/list".into());
     facts.claim = Some("NONE");
     let Some(context) = context else {
         return Err(missing_context());
     };
-    gw.record(
-        facts
-            .event(gw, EventType::ToolCallAuthorized, env)
-            .decision(Verdict::Allow),
-    )
-    .await
-    .map_err(store_refusal)?;
+    gw.audit
+        .record_deferred(
+            facts
+                .event(gw, EventType::ToolCallAuthorized, env)
+                .decision(Verdict::Allow),
+        )
+        .await
+        .map_err(store_refusal)?;
+    let started = Instant::now();
     let tools: Vec<Value> = gw
         .upstreams
         .list_tools()
@@ -664,11 +713,12 @@ async fn list_tools(
         .filter(|tool| {
             tool.get("name")
                 .and_then(Value::as_str)
-                .is_some_and(|name| policy::could_allow(Some(context), patterns, name))
+                .is_some_and(|name| policy::could_allow(Some(&context), &session.patterns, name))
         })
         .collect();
     let response = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}});
     let recorded = gw
+        .audit
         .record(
             facts
                 .event(gw, EventType::ToolCallCompleted, env)
@@ -677,5 +727,5 @@ async fn list_tools(
         )
         .await
         .map_err(store_refusal)?;
-    Ok(success(response, facts, context, &recorded.event_id))
+    Ok(success(response, facts, &context, &recorded.event_id))
 }

@@ -1,6 +1,10 @@
 //! Sessions (SPEC section 5): the registration request and its validation, idempotent re-registration,
 //! revocation with key erasure, and the status rules (active, revoked, expired, exhausted).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -8,7 +12,7 @@ use serde_json::{json, Value};
 use crate::clock;
 use crate::envelope::SessionKey;
 use crate::policy::Pattern;
-use crate::store::SessionRecord;
+use crate::store::{SessionRecord, Store, StoreError, StoreResult};
 
 /// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5).
 #[derive(Debug, Deserialize)]
@@ -246,6 +250,92 @@ pub fn revoked(record: &SessionRecord, now_ms: i64) -> SessionRecord {
     }
 }
 
+/// A session as every call needs it: the record with its key and patterns decoded once, when it is read
+/// from the store, never on every call.
+#[derive(Debug)]
+pub struct LiveSession {
+    pub record: SessionRecord,
+    /// None once revoked (the key is erased).
+    pub key: Option<SessionKey>,
+    pub patterns: Vec<Pattern>,
+}
+
+impl LiveSession {
+    fn decode(record: SessionRecord) -> StoreResult<LiveSession> {
+        let key = match &record.public_key {
+            None => None,
+            Some(encoded) => {
+                let bytes: [u8; 32] = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| StoreError::Corrupt("stored session key".into()))?;
+                Some(SessionKey::from_bytes(&bytes).map_err(StoreError::Corrupt)?)
+            }
+        };
+        let patterns = record
+            .allowed_tool_patterns
+            .iter()
+            .map(|p| Pattern::parse(p))
+            .collect::<Result<_, _>>()
+            .map_err(|e| StoreError::Corrupt(format!("stored session pattern: {e}")))?;
+        Ok(LiveSession {
+            record,
+            key,
+            patterns,
+        })
+    }
+}
+
+/// Most sessions kept decoded in memory; past it the cache starts afresh (a miss only costs a read).
+const SESSION_CACHE_CAPACITY: usize = 100_000;
+
+/// The sessions that calls read, from memory. A record changes only by revocation, and revocation
+/// through this gateway invalidates the entry before it answers, so the very next call reads the revoked
+/// record. A generation counter keeps a read that raced with a revocation from caching the stale record.
+#[derive(Default)]
+pub struct SessionCache {
+    entries: RwLock<HashMap<String, Arc<LiveSession>>>,
+    generation: AtomicU64,
+}
+
+impl SessionCache {
+    pub async fn get(
+        &self,
+        store: &dyn Store,
+        session_id: &str,
+    ) -> StoreResult<Option<Arc<LiveSession>>> {
+        if let Some(hit) = self
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+        {
+            return Ok(Some(hit.clone()));
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let Some(record) = store.session_get(session_id).await? else {
+            return Ok(None);
+        };
+        let live = Arc::new(LiveSession::decode(record)?);
+        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        if self.generation.load(Ordering::Acquire) == generation {
+            if entries.len() >= SESSION_CACHE_CAPACITY {
+                entries.clear();
+            }
+            entries.insert(session_id.to_string(), live.clone());
+        }
+        Ok(Some(live))
+    }
+
+    /// Forgets a session whose record changed (revocation).
+    pub fn invalidate(&self, session_id: &str) {
+        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        entries.remove(session_id);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +380,36 @@ mod tests {
             let err = request(body).validate(1_999_999_000, 86_400).unwrap_err();
             assert!(err.contains(field), "{field}={value}: {err}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_cache_serves_decoded_sessions_and_forgets_revoked_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SledStore::open(dir.path()).unwrap();
+        let record = request(valid())
+            .validate(1_999_999_000, 86_400)
+            .unwrap()
+            .into_record(None, 0);
+        store.session_insert(&record).await.unwrap();
+        let cache = SessionCache::default();
+        assert!(cache.get(&store, "missing").await.unwrap().is_none());
+        let live = cache.get(&store, "exec-1").await.unwrap().unwrap();
+        assert_eq!(live.key.as_ref().unwrap().to_base64(), KEY);
+        assert!(live.patterns[0].matches("any.tool"));
+        let gone = revoked(&record, 5);
+        assert!(store.session_replace(&record, &gone).await.unwrap());
+        // Still the cached record until this gateway's revocation invalidates it.
+        assert!(cache
+            .get(&store, "exec-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .key
+            .is_some());
+        cache.invalidate("exec-1");
+        let now = cache.get(&store, "exec-1").await.unwrap().unwrap();
+        assert!(now.key.is_none());
+        assert_eq!(now.record.revoked_at_ms, Some(5));
     }
 
     #[test]

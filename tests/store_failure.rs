@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use sealgate::audit::{AuditBackend, ChainHead};
+use sealgate::pipeline::Outcome;
 use sealgate::store::{
-    ClaimRecord, SessionRecord, SledStore, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ClaimCursor, ClaimKind, ClaimRecord, SessionRecord, SledStore, Store,
+    StoreError, StoreResult, StoredContext,
 };
 use serde_json::{json, Value};
 
@@ -22,7 +24,7 @@ struct SwitchableStore {
 impl SwitchableStore {
     fn check(&self) -> StoreResult<()> {
         if self.down.load(Ordering::SeqCst) {
-            Err(StoreError("connection refused".into()))
+            Err(StoreError::unavailable("connection refused"))
         } else {
             Ok(())
         }
@@ -30,96 +32,98 @@ impl SwitchableStore {
 }
 
 impl AuditBackend for SwitchableStore {
-    fn head(&self) -> Result<Option<ChainHead>, String> {
-        self.check().map_err(|e| e.0)?;
+    fn head(&self) -> StoreResult<Option<ChainHead>> {
+        self.check()?;
         self.inner.head()
     }
-    fn append(&self, events: &[Value]) -> Result<(), String> {
-        self.check().map_err(|e| e.0)?;
+    fn append(&self, events: &[Value]) -> StoreResult<()> {
+        self.check()?;
         self.inner.append(events)
+    }
+    fn sync(&self) -> StoreResult<()> {
+        self.check()?;
+        self.inner.sync()
     }
     fn scan_newest_first(
         &self,
         before: Option<u64>,
         f: &mut dyn FnMut(&Value) -> bool,
-    ) -> Result<(), String> {
-        self.check().map_err(|e| e.0)?;
+    ) -> StoreResult<()> {
+        self.check()?;
         self.inner.scan_newest_first(before, f)
     }
 }
 
+#[async_trait::async_trait]
 impl Store for SwitchableStore {
-    fn ping(&self) -> StoreResult<()> {
+    async fn ping(&self) -> StoreResult<()> {
         self.check()?;
-        self.inner.ping()
+        self.inner.ping().await
     }
-    fn session_insert(&self, r: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
+    async fn session_insert(&self, r: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
         self.check()?;
-        self.inner.session_insert(r)
+        self.inner.session_insert(r).await
     }
-    fn session_get(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
+    async fn session_get(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
         self.check()?;
-        self.inner.session_get(id)
+        self.inner.session_get(id).await
     }
-    fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
+    async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
         self.check()?;
-        self.inner.session_replace(old, new)
+        self.inner.session_replace(old, new).await
     }
-    fn counter_update(
+    async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
+        self.check()?;
+        self.inner.counter_get(key).await
+    }
+    async fn remember_signature(&self, sig: &[u8], until: i64) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.remember_signature(sig, until).await
+    }
+    async fn purge_signatures(&self, now: i64) -> StoreResult<usize> {
+        self.check()?;
+        self.inner.purge_signatures(now).await
+    }
+    async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        self.check()?;
+        self.inner.admit(admission).await
+    }
+    async fn claim_insert(&self, r: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+        self.check()?;
+        self.inner.claim_insert(r).await
+    }
+    async fn claim_get(&self, kind: ClaimKind, id: &str) -> StoreResult<Option<ClaimRecord>> {
+        self.check()?;
+        self.inner.claim_get(kind, id).await
+    }
+    async fn claim_replace(
         &self,
-        key: &str,
-        f: &mut dyn FnMut(Option<i64>) -> Option<i64>,
-    ) -> StoreResult<Option<i64>> {
+        old: &ClaimRecord,
+        new: Option<&ClaimRecord>,
+    ) -> StoreResult<bool> {
         self.check()?;
-        self.inner.counter_update(key, f)
+        self.inner.claim_replace(old, new).await
     }
-    fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
-        self.check()?;
-        self.inner.counter_get(key)
-    }
-    fn remember_signature(&self, sig: &[u8], until: i64) -> StoreResult<bool> {
-        self.check()?;
-        self.inner.remember_signature(sig, until)
-    }
-    fn purge_signatures(&self, now: i64) -> StoreResult<usize> {
-        self.check()?;
-        self.inner.purge_signatures(now)
-    }
-    fn claim_insert(&self, r: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
-        self.check()?;
-        self.inner.claim_insert(r)
-    }
-    fn claim_get(&self, id: &str) -> StoreResult<Option<ClaimRecord>> {
-        self.check()?;
-        self.inner.claim_get(id)
-    }
-    fn claim_replace(&self, old: &ClaimRecord, new: Option<&ClaimRecord>) -> StoreResult<bool> {
-        self.check()?;
-        self.inner.claim_replace(old, new)
-    }
-    fn claim_scan_newest_first(
+    async fn claim_page(
         &self,
-        before: Option<(i64, &str)>,
-        f: &mut dyn FnMut(&ClaimRecord) -> bool,
-    ) -> StoreResult<()> {
+        before: Option<&ClaimCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ClaimRecord>, bool)> {
         self.check()?;
-        self.inner.claim_scan_newest_first(before, f)
+        self.inner.claim_page(before, limit, keep).await
     }
-    fn context_put(&self, c: &StoredContext) -> StoreResult<()> {
+    async fn context_put(&self, c: &StoredContext) -> StoreResult<()> {
         self.check()?;
-        self.inner.context_put(c)
+        self.inner.context_put(c).await
     }
-    fn context_delete(&self, name: &str) -> StoreResult<bool> {
+    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
         self.check()?;
-        self.inner.context_delete(name)
+        self.inner.context_delete(name).await
     }
-    fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
         self.check()?;
-        self.inner.context_list()
-    }
-    fn flush(&self) -> StoreResult<()> {
-        self.check()?;
-        self.inner.flush()
+        self.inner.context_list().await
     }
 }
 
@@ -160,6 +164,7 @@ async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
             created_at_ms: 0,
             revoked_at_ms: None,
         })
+        .await
         .unwrap();
     let token = keys.agent_token("exec-store");
     let call = |id: u64| {
@@ -175,12 +180,11 @@ async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
         );
         serde_json::to_vec(&envelope).unwrap()
     };
-    let answer = |response: axum::response::Response| async move {
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+    let answer = |outcome: Outcome| async move {
+        match outcome {
+            Outcome::Success { payload, .. } => (StatusCode::OK, payload),
+            Outcome::Refused(error) => (error.code.status(), error.body()),
+        }
     };
 
     let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(1), None).await).await;

@@ -10,11 +10,12 @@ use super::{json_body, limit_param, query_params, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::claim::{self, ManualOutcome, SettleError, Taken};
 use crate::error::{ApiError, Code};
-use crate::store::{ClaimOutcome, ClaimRecord, ClaimStatus};
+use crate::store::{ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus};
 
 /// A claim as the API shows it.
 fn claim_json(record: &ClaimRecord) -> Value {
     let mut view = Map::new();
+    view.insert("kind".into(), json!(record.kind.as_str()));
     view.insert("request_id".into(), json!(record.request_id));
     view.insert("action".into(), json!(record.action));
     view.insert("agent_id".into(), json!(record.agent_id));
@@ -54,6 +55,7 @@ fn claim_json(record: &ClaimRecord) -> Value {
 /// Which claims a listing shows; every criterion that is set must hold.
 #[derive(Default)]
 struct ClaimFilter {
+    kind: Option<ClaimKind>,
     status: Option<ClaimStatus>,
     agent: Option<String>,
     action: Option<String>,
@@ -64,7 +66,8 @@ struct ClaimFilter {
 impl ClaimFilter {
     fn matches(&self, claim: &ClaimRecord) -> bool {
         let secs = claim.claimed_at_ms.div_euclid(1000);
-        self.status.is_none_or(|s| claim.status == s)
+        self.kind.is_none_or(|k| claim.kind == k)
+            && self.status.is_none_or(|s| claim.status == s)
             && self.agent.as_ref().is_none_or(|a| *a == claim.agent_id)
             && self.action.as_ref().is_none_or(|a| *a == claim.action)
             && self.from_secs.is_none_or(|f| secs >= f)
@@ -84,14 +87,44 @@ fn status_param(raw: Option<&String>) -> Result<Option<ClaimStatus>, ApiError> {
     }
 }
 
-/// Cursor of the claim listing: "<claimed_at_ms>.<request_id>" of the last item shown.
-fn parse_cursor(raw: Option<&String>) -> Result<Option<(i64, String)>, ApiError> {
+fn kind_param(raw: Option<&String>) -> Result<Option<ClaimKind>, ApiError> {
+    match raw.map(String::as_str) {
+        None => Ok(None),
+        Some("invoke") => Ok(Some(ClaimKind::Invoke)),
+        Some("standalone") => Ok(Some(ClaimKind::Standalone)),
+        Some(_) => Err(ApiError::new(
+            Code::InvalidRequest,
+            "kind must be invoke or standalone",
+        )),
+    }
+}
+
+/// Cursor of the claim listing: "<claimed_at_ms>.<kind>.<request_id>" of the last item shown.
+fn format_cursor(claim: &ClaimRecord) -> String {
+    format!(
+        "{}.{}.{}",
+        claim.claimed_at_ms,
+        claim.kind.as_str(),
+        claim.request_id
+    )
+}
+
+fn parse_cursor(raw: Option<&String>) -> Result<Option<ClaimCursor>, ApiError> {
     raw.map(|c| {
-        c.split_once('.')
-            .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
-            .ok_or_else(|| {
-                ApiError::new(Code::InvalidRequest, "cursor is not one this API gave out")
+        let mut parts = c.splitn(3, '.');
+        let cursor = (|| {
+            let claimed_at_ms = parts.next()?.parse::<i64>().ok()?;
+            let kind = kind_param(Some(&parts.next()?.to_string())).ok()??;
+            let request_id = parts.next()?.to_string();
+            Some(ClaimCursor {
+                claimed_at_ms,
+                kind,
+                request_id,
             })
+        })();
+        cursor.ok_or_else(|| {
+            ApiError::new(Code::InvalidRequest, "cursor is not one this API gave out")
+        })
     })
     .transpose()
 }
@@ -104,45 +137,27 @@ pub async fn list(
     operator.require("seal.claim.read")?;
     let params = query_params(
         raw.as_deref(),
-        &["status", "agent_id", "tool", "limit", "cursor"],
+        &["kind", "status", "agent_id", "tool", "limit", "cursor"],
     )?;
-    let status = status_param(params.get("status"))?;
-    let limit = limit_param(&params, 100)?;
-    let cursor = parse_cursor(params.get("cursor"))?;
     let filter = ClaimFilter {
-        status,
+        kind: kind_param(params.get("kind"))?,
+        status: status_param(params.get("status"))?,
         agent: params.get("agent_id").cloned(),
         action: params.get("tool").cloned(),
         ..ClaimFilter::default()
     };
+    let limit = limit_param(&params, 100)?;
+    let cursor = parse_cursor(params.get("cursor"))?;
     let (items, more) = gw
-        .with_store(move |s| {
-            let mut items = Vec::new();
-            let mut more = false;
-            s.claim_scan_newest_first(
-                cursor.as_ref().map(|(ms, id)| (*ms, id.as_str())),
-                &mut |c| {
-                    if !filter.matches(c) {
-                        return true;
-                    }
-                    if items.len() == limit {
-                        more = true;
-                        return false;
-                    }
-                    items.push(c.clone());
-                    true
-                },
-            )?;
-            Ok((items, more))
-        })
-        .await?;
-    let next_cursor = more
-        .then(|| {
-            items
-                .last()
-                .map(|c| format!("{}.{}", c.claimed_at_ms, c.request_id))
-        })
-        .flatten();
+        .store
+        .claim_page(cursor.as_ref(), limit, &|c| filter.matches(c))
+        .await
+        .map_err(ApiError::store)?;
+    let next_cursor = if more {
+        items.last().map(format_cursor)
+    } else {
+        None
+    };
     Ok(axum::Json(json!({"items": items.iter().map(claim_json).collect::<Vec<_>>(), "next_cursor": next_cursor})).into_response())
 }
 
@@ -150,9 +165,10 @@ async fn get_claim(
     gw: &crate::gateway::Gateway,
     request_id: &str,
 ) -> Result<ClaimRecord, ApiError> {
-    let id = request_id.to_string();
-    gw.with_store(move |s| s.claim_get(&id))
-        .await?
+    gw.store
+        .claim_get(ClaimKind::Invoke, request_id)
+        .await
+        .map_err(ApiError::store)?
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no claim {request_id:?}")))
 }
 
@@ -242,11 +258,15 @@ pub async fn resolve(
         ManualOutcome::Released => "released",
     };
     let actor = operator.name().to_string();
-    let (id, who, evidence) = (request_id.clone(), actor.clone(), request.evidence.clone());
-    let resolved = gw
-        .with_store(move |s| Ok(claim::resolve(s, &id, outcome, &who, evidence)))
-        .await?
-        .map_err(|e| settle_error(e, &request_id))?;
+    let resolved = claim::resolve(
+        gw.store.as_ref(),
+        &request_id,
+        outcome,
+        &actor,
+        request.evidence.clone(),
+    )
+    .await
+    .map_err(|e| settle_error(e, &request_id))?;
     let (next, previous) = resolved;
     let mut event = AuditEvent::new(EventType::ClaimResolved)
         .request_id(&request_id)
@@ -300,12 +320,37 @@ pub async fn standalone_claim(
         .agent_id
         .unwrap_or_else(|| operator.name().to_string());
     bounded("agent_id", &agent)?;
-    let record = claim::new_pending(&request.request_id, &request.action, &agent, None);
-    let taken = gw.with_store(move |s| claim::take(s, record)).await?;
+    let record = claim::new_pending(
+        ClaimKind::Standalone,
+        &request.request_id,
+        &request.action,
+        &agent,
+        None,
+        None,
+    );
+    let taken = claim::take(gw.store.as_ref(), record)
+        .await
+        .map_err(ApiError::store)?;
     let (status, existing) = match &taken {
-        Taken::Proceed(_) => ("PROCEED", None),
-        Taken::Skip(record) => ("SKIP", Some(claim_json(record))),
-        Taken::Pending(record) => ("PENDING", Some(claim_json(record))),
+        Taken::Proceed(record) => {
+            gw.record(
+                AuditEvent::new(EventType::ClaimTaken)
+                    .request_id(&record.request_id)
+                    .tool(&record.action)
+                    .sub(&record.agent_id)
+                    .claim("PROCEED")
+                    .action_ref(&record.action_ref)
+                    .actor(operator.name()),
+            )
+            .await?;
+            ("PROCEED", None)
+        }
+        // SafeAgent's clients return `existing` as the action's outcome: exactly what was settled.
+        Taken::Skip(record) => match &record.outcome {
+            Some(ClaimOutcome::Settled { result }) => ("SKIP", Some(result.clone())),
+            _ => ("SKIP", None),
+        },
+        Taken::Pending(_) | Taken::OtherCall(_) => ("PENDING", None),
     };
     let mut body = json!({"status": status, "request_id": request.request_id});
     if let (Some(existing), Some(obj)) = (existing, body.as_object_mut()) {
@@ -328,15 +373,25 @@ pub async fn settle(
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
     let request: SettleRequest = json_body(&body)?;
-    let id = request_id.clone();
-    let already = gw
-        .with_store(move |s| Ok(claim::settle(s, &id, request.result)))
-        .await?
+    let settled = claim::settle(gw.store.as_ref(), &request_id, request.result)
+        .await
         .map_err(|e| settle_error(e, &request_id))?;
-    let status = if already {
-        "already_committed"
-    } else {
-        "committed"
+    let status = match settled {
+        Some(record) => {
+            gw.record(
+                AuditEvent::new(EventType::ClaimSettled)
+                    .request_id(&record.request_id)
+                    .tool(&record.action)
+                    .sub(&record.agent_id)
+                    .claim("COMMITTED")
+                    .action_ref(&record.action_ref)
+                    .actor(operator.name()),
+            )
+            .await?;
+            "committed"
+        }
+        // The first result stands; nothing changed, so nothing is recorded.
+        None => "already_committed",
     };
     Ok(axum::Json(json!({"status": status, "request_id": request_id})).into_response())
 }
@@ -378,6 +433,7 @@ pub async fn standalone_audit(
         Some(s) => status_param(Some(&s))?,
     };
     let filter = ClaimFilter {
+        kind: None,
         status,
         agent: params.get("agent_id").cloned(),
         action: params.get("action").cloned(),
@@ -385,22 +441,18 @@ pub async fn standalone_audit(
         to_secs: to,
     };
     let offset = offset as usize;
-    let (items, total) = gw
-        .with_store(move |s| {
-            let mut items = Vec::new();
-            let mut total = 0usize;
-            s.claim_scan_newest_first(None, &mut |c| {
-                if filter.matches(c) {
-                    if total >= offset && items.len() < limit {
-                        items.push(claim_json(c));
-                    }
-                    total += 1;
-                }
-                true
-            })?;
-            Ok((items, total))
-        })
-        .await?;
+    let (matching, _) = gw
+        .store
+        .claim_page(None, usize::MAX, &|c| filter.matches(c))
+        .await
+        .map_err(ApiError::store)?;
+    let total = matching.len();
+    let items: Vec<Value> = matching
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(claim_json)
+        .collect();
     Ok(
         axum::Json(json!({"items": items, "total": total, "limit": limit, "offset": offset}))
             .into_response(),

@@ -94,7 +94,10 @@ pub async fn put(
         name: name.clone(),
         spec: spec.clone(),
     };
-    gw.with_store(move |s| s.context_put(&stored)).await?;
+    gw.store
+        .context_put(&stored)
+        .await
+        .map_err(ApiError::store)?;
     let version = context.version.clone();
     let contexts = gw.contexts.clone();
     tokio::task::spawn_blocking(move || contexts.put_store_context(context))
@@ -126,8 +129,10 @@ pub async fn delete(
     if let Some(conflict) = file_backed(&current) {
         return Err(conflict);
     }
-    let key = name.clone();
-    gw.with_store(move |s| s.context_delete(&key)).await?;
+    gw.store
+        .context_delete(&name)
+        .await
+        .map_err(ApiError::store)?;
     let (contexts, key) = (gw.contexts.clone(), name.clone());
     tokio::task::spawn_blocking(move || contexts.remove_store_context(&key))
         .await

@@ -12,14 +12,14 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// Ready when the store answers and the policies are loaded.
 pub async fn readyz(axum::extract::State(gw): State) -> impl IntoResponse {
-    match gw.with_store(|s| s.ping()).await {
+    match gw.store.ping().await {
         Ok(()) => (
             StatusCode::OK,
             axum::Json(json!({"status": "ready", "contexts": gw.contexts.list().len()})),
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "unavailable", "reason": e.message})),
+            axum::Json(json!({"status": "unavailable", "reason": e.to_string()})),
         ),
     }
 }

@@ -1,33 +1,72 @@
-//! `POST /v1/invoke` (alias `/v1/seal/invoke`): reads the body within the size limit and hands it to the pipeline.
+//! `POST /v1/invoke` (alias `/v1/seal/invoke`): admission control, the body read within its size and time
+//! limits, the pipeline, and its outcome as HTTP.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde_json::json;
 
-use super::State;
+use super::{read_body, BodyError, State};
 use crate::error::{ApiError, Code};
+use crate::pipeline::Outcome;
 
 pub async fn invoke(
     axum::extract::State(gw): State,
     ConnectInfo(client): ConnectInfo<SocketAddr>,
     body: Body,
 ) -> Response {
-    let limit = gw.config.limits.max_body_bytes;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    // Shed before any check (SPEC 11 r2): an overloaded gateway keeps its admitted calls fast instead of
+    // queueing every call until all are slow. Nothing of a shed call is remembered or charged.
+    let Ok(_slot) = gw.call_slots.clone().try_acquire_owned() else {
+        metrics::counter!("sealgate_calls_shed_total").increment(1);
+        gw.audit.count_shed();
+        return ApiError::new(
+            Code::GatewayOverloaded,
+            format!(
+                "more than limits.max_concurrent_calls ({}) calls are in progress",
+                gw.config.limits.max_concurrent_calls
+            ),
+        )
+        .with_retry_after(1)
+        .into_response();
+    };
+    let limits = &gw.config.limits;
+    let timeout = Duration::from_secs(limits.body_read_timeout_secs);
+    let bytes = match read_body(body, limits.max_body_bytes, timeout).await {
         Ok(bytes) => bytes,
-        Err(_) => {
+        Err(BodyError::TooLarge) => {
             gw.audit
-                .record_unreadable(Some(client), limit.saturating_add(1));
+                .record_unreadable(Some(client), limits.max_body_bytes.saturating_add(1));
             return ApiError::new(
                 Code::MalformedEnvelope,
-                format!("the body is larger than limits.max_body_bytes ({limit} bytes) or could not be read"),
+                format!(
+                    "the body is larger than limits.max_body_bytes ({} bytes) or could not be read",
+                    limits.max_body_bytes
+                ),
             )
             .with_status(StatusCode::PAYLOAD_TOO_LARGE)
             .into_response();
         }
+        Err(BodyError::TimedOut) => {
+            return ApiError::new(
+                Code::MalformedEnvelope,
+                "the body did not arrive within limits.body_read_timeout_secs",
+            )
+            .request_timeout()
+        }
     };
-    crate::pipeline::invoke(&gw, &bytes, Some(client)).await
+    match crate::pipeline::invoke(&gw, &bytes, Some(client)).await {
+        Outcome::Success { payload, receipt } => axum::Json(json!({
+            "protocol": "seal/v1",
+            "status": "success",
+            "payload": payload,
+            "receipt": receipt,
+        }))
+        .into_response(),
+        Outcome::Refused(error) => error.into_response(),
+    }
 }

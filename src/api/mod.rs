@@ -6,6 +6,7 @@ mod claims;
 mod contexts;
 mod health;
 mod invoke;
+pub mod server;
 mod sessions;
 
 use std::sync::Arc;
@@ -118,27 +119,70 @@ impl Operator {
     }
 }
 
-/// A control-API body, read within `limits.max_body_bytes` (413 with the API's error shape beyond it).
+/// Why a request body could not be read.
+pub enum BodyError {
+    /// Larger than `limits.max_body_bytes` (413).
+    TooLarge,
+    /// Not complete within `limits.body_read_timeout_secs` (408, SPEC 11 r2).
+    TimedOut,
+}
+
+/// Reads a whole body within a size limit and a time limit.
+pub async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<axum::body::Bytes, BodyError> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(BodyError::TooLarge),
+        Err(_) => Err(BodyError::TimedOut),
+    }
+}
+
+impl ApiError {
+    /// 408 with the error body, and the connection closed (SPEC 11 r2).
+    pub fn request_timeout(self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let mut response = self
+            .with_status(StatusCode::REQUEST_TIMEOUT)
+            .into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        response
+    }
+}
+
+/// A control-API body, read within `limits.max_body_bytes` (413 with the API's error shape beyond it)
+/// and `limits.body_read_timeout_secs` (408).
 pub struct ControlBody(pub axum::body::Bytes);
 
 impl axum::extract::FromRequest<Arc<Gateway>> for ControlBody {
-    type Rejection = ApiError;
+    type Rejection = axum::response::Response;
 
     async fn from_request(
         request: axum::extract::Request,
         gw: &Arc<Gateway>,
-    ) -> Result<Self, ApiError> {
-        let limit = gw.config.limits.max_body_bytes;
-        axum::body::to_bytes(request.into_body(), limit)
-            .await
-            .map(ControlBody)
-            .map_err(|_| {
-                ApiError::new(
-                    Code::InvalidRequest,
-                    format!("the body is larger than {limit} bytes"),
-                )
-                .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-            })
+    ) -> Result<Self, axum::response::Response> {
+        use axum::response::IntoResponse;
+        let limits = &gw.config.limits;
+        let timeout = std::time::Duration::from_secs(limits.body_read_timeout_secs);
+        match read_body(request.into_body(), limits.max_body_bytes, timeout).await {
+            Ok(bytes) => Ok(ControlBody(bytes)),
+            Err(BodyError::TooLarge) => Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("the body is larger than {} bytes", limits.max_body_bytes),
+            )
+            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+            .into_response()),
+            Err(BodyError::TimedOut) => Err(ApiError::new(
+                Code::InvalidRequest,
+                "the body did not arrive within limits.body_read_timeout_secs",
+            )
+            .request_timeout()),
+        }
     }
 }
 

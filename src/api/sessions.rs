@@ -31,10 +31,11 @@ pub async fn create(
             ),
         ));
     }
-    let existing = {
-        let id = new.session_id.clone();
-        gw.with_store(move |s| s.session_get(&id)).await?
-    };
+    let existing = gw
+        .store
+        .session_get(&new.session_id)
+        .await
+        .map_err(ApiError::store)?;
     if let Some(existing) = existing {
         return repeat_or_conflict(&new, &existing);
     }
@@ -56,10 +57,11 @@ pub async fn create(
         None => None,
     };
     let record = new.clone().into_record(token, clock::now_millis());
-    let inserted = {
-        let record = record.clone();
-        gw.with_store(move |s| s.session_insert(&record)).await?
-    };
+    let inserted = gw
+        .store
+        .session_insert(&record)
+        .await
+        .map_err(ApiError::store)?;
     if let Some(existing) = inserted {
         // Another registration of the same id won the race.
         return repeat_or_conflict(&new, &existing);
@@ -99,7 +101,7 @@ fn repeat_or_conflict(
 
 async fn calls_allowed(gw: &crate::gateway::Gateway, session_id: &str) -> Result<u64, ApiError> {
     let key = session::budget_key(session_id);
-    let count = gw.with_store(move |s| s.counter_get(&key)).await?;
+    let count = gw.store.counter_get(&key).await.map_err(ApiError::store)?;
     Ok(count.unwrap_or(0).max(0) as u64)
 }
 
@@ -109,10 +111,11 @@ pub async fn read(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.session.read")?;
-    let lookup = id.clone();
     let record = gw
-        .with_store(move |s| s.session_get(&lookup))
-        .await?
+        .store
+        .session_get(&id)
+        .await
+        .map_err(ApiError::store)?
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session {id:?}")))?;
     let calls = calls_allowed(&gw, &id).await?;
     Ok(axum::Json(session::describe(&record, clock::now_secs(), calls)).into_response())
@@ -125,10 +128,11 @@ pub async fn revoke(
 ) -> Result<Response, ApiError> {
     operator.require("seal.session.revoke")?;
     loop {
-        let lookup = id.clone();
         let record = gw
-            .with_store(move |s| s.session_get(&lookup))
-            .await?
+            .store
+            .session_get(&id)
+            .await
+            .map_err(ApiError::store)?
             .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session {id:?}")))?;
         if let Some(at) = record.revoked_at_ms {
             return Ok(revoked_body(&id, at));
@@ -136,9 +140,13 @@ pub async fn revoke(
         let now_ms = clock::now_millis();
         let next = session::revoked(&record, now_ms);
         if gw
-            .with_store(move |s| s.session_replace(&record, &next))
-            .await?
+            .store
+            .session_replace(&record, &next)
+            .await
+            .map_err(ApiError::store)?
         {
+            // The very next call reads the revoked record (SPEC 5: refused from this moment).
+            gw.sessions.invalidate(&id);
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)

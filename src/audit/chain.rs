@@ -275,7 +275,7 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
 
 /// Walks a store from its head down to seq 1 (see [`super::AuditLog::verify_store`]).
 pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport, ChainBreak> {
-    let unreadable = |e: String| ChainBreak {
+    let unreadable = |e: crate::store::StoreError| ChainBreak {
         line: 0,
         seq: None,
         event_id: None,

@@ -27,11 +27,13 @@ pub enum EventType {
     ClaimResolved,
     SecurityContextChanged,
     SecurityContextRejected,
+    ClaimTaken,
+    ClaimSettled,
 }
 
 impl EventType {
     /// Every type, in the order of SPEC 9.1.
-    pub const ALL: [EventType; 14] = [
+    pub const ALL: [EventType; 16] = [
         EventType::SessionCreated,
         EventType::SessionRevoked,
         EventType::ToolCallAuthorized,
@@ -46,6 +48,8 @@ impl EventType {
         EventType::ClaimResolved,
         EventType::SecurityContextChanged,
         EventType::SecurityContextRejected,
+        EventType::ClaimTaken,
+        EventType::ClaimSettled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +68,8 @@ impl EventType {
             EventType::ClaimResolved => "ClaimResolved",
             EventType::SecurityContextChanged => "SecurityContextChanged",
             EventType::SecurityContextRejected => "SecurityContextRejected",
+            EventType::ClaimTaken => "ClaimTaken",
+            EventType::ClaimSettled => "ClaimSettled",
         }
     }
 
@@ -80,19 +86,16 @@ impl EventType {
         }
     }
 
-    /// Which codes an event of this type may carry (SPEC 9.1 table) and whether it must carry one.
+    /// Which codes an event of this type may carry (SPEC 9.1 table, kept in `error.rs`) and whether it
+    /// must carry one.
     fn code_rule(self) -> CodeRule {
         match self {
-            EventType::EnvelopeRejected => {
-                CodeRule::Required(&[1000, 1004, 1005, 1006, 1007, 1008, 3001])
-            }
-            EventType::SignatureVerificationFailed => CodeRule::Required(&[1001, 1002]),
-            EventType::SecurityTokenExpired => CodeRule::Required(&[1003]),
-            EventType::PolicyViolationBlocked => {
-                CodeRule::Required(&[2000, 2001, 2002, 2003, 2004, 2005, 2006, 2008])
-            }
-            EventType::ClaimBlocked => CodeRule::Required(&[4001]),
-            EventType::ToolCallFailed => CodeRule::Required(&[2007, 5001, 5002, 5003, 5004, 5005]),
+            EventType::EnvelopeRejected
+            | EventType::SignatureVerificationFailed
+            | EventType::SecurityTokenExpired
+            | EventType::PolicyViolationBlocked
+            | EventType::ClaimBlocked
+            | EventType::ToolCallFailed => CodeRule::Required(self),
             EventType::ToolCallAuthorized
             | EventType::ClaimSkipped
             | EventType::ToolCallCompleted => CodeRule::Forbidden,
@@ -101,17 +104,34 @@ impl EventType {
             | EventType::SessionRevoked
             | EventType::ClaimResolved
             | EventType::SecurityContextChanged
-            | EventType::SecurityContextRejected => {
-                CodeRule::Optional(&[6001, 6002, 6003, 6004, 6005])
-            }
+            | EventType::SecurityContextRejected
+            | EventType::ClaimTaken
+            | EventType::ClaimSettled => CodeRule::Optional(&[6001, 6002, 6003, 6004, 6005]),
         }
     }
 }
 
 enum CodeRule {
-    Required(&'static [u16]),
+    /// A refusal: it carries one of the codes that `error.rs` records with this type.
+    Required(EventType),
     Optional(&'static [u16]),
     Forbidden,
+}
+
+/// Most characters a string field of an event holds (SPEC 9.1 r2): fields are copied from input that may
+/// not be authenticated yet, and must not carry unbounded text into the durable chain.
+pub const MAX_FIELD_CHARS: usize = 256;
+
+/// `value`, or its first 255 characters followed by `…` when it is longer than [`MAX_FIELD_CHARS`].
+fn bounded(value: String) -> String {
+    match value.char_indices().nth(MAX_FIELD_CHARS) {
+        None => value,
+        Some(_) => {
+            let mut cut: String = value.chars().take(MAX_FIELD_CHARS - 1).collect();
+            cut.push('…');
+            cut
+        }
+    }
 }
 
 impl fmt::Display for EventType {
@@ -388,7 +408,7 @@ impl AuditEvent {
         ];
         for (key, value) in strings {
             if let Some(value) = value {
-                object.insert(key.to_owned(), Value::from(value));
+                object.insert(key.to_owned(), Value::from(bounded(value)));
             }
         }
         let numbers = [
@@ -448,9 +468,15 @@ impl AuditEvent {
             (CodeRule::Required(_), None) => {
                 return Err(format!("{event_type} must carry the code of the refusal"));
             }
-            (CodeRule::Required(allowed) | CodeRule::Optional(allowed), Some(code))
-                if !allowed.contains(&code) =>
+            (CodeRule::Required(recorded_as), Some(code))
+                if crate::error::Code::from_number(code).and_then(crate::error::Code::event)
+                    != Some(recorded_as) =>
             {
+                return Err(format!(
+                    "code {code} is not one that {event_type} reports (SPEC 9.1)"
+                ));
+            }
+            (CodeRule::Optional(allowed), Some(code)) if !allowed.contains(&code) => {
                 return Err(format!(
                     "code {code} is not one that {event_type} reports (SPEC 9.1)"
                 ));

@@ -5,6 +5,9 @@
 //! The pipeline builds an [`AuditEvent`] where a decision is made and awaits [`AuditLog::record`]; an
 //! error there means the event is not durable, and the call must be refused with 5005. The store is
 //! behind [`AuditBackend`], so this module knows nothing about sled or PostgreSQL.
+//!
+//! The writer's sync is the gateway's durability barrier: it syncs the whole store, so every store write
+//! made before an event was queued (a claim, a replay record, a counter) is durable when that event is.
 
 mod chain;
 mod event;
@@ -16,7 +19,8 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,33 +37,10 @@ pub use writer::WriterOptions;
 use sink::FileSink;
 use writer::{Command, Job, Writer};
 
-/// Where events are stored durably: implemented by the store (sled, PostgreSQL). Calls block; the audit
-/// log makes them on blocking threads.
-pub trait AuditBackend: Send + Sync + 'static {
-    /// The last event written (its seq and hash), `None` when the store holds no event.
-    fn head(&self) -> Result<Option<ChainHead>, String>;
-    /// Stores chained events, given in seq order and continuing the head. `Ok` means every one of them
-    /// is durable (flushed); on `Err` the writer re-reads the head before the next batch, so a store that
-    /// kept part of the batch is continued from what it kept.
-    fn append(&self, events: &[serde_json::Value]) -> Result<(), String>;
-    /// Calls `visit` with stored events in descending seq order, starting below `before_seq` (from the
-    /// newest when `None`), until `visit` returns false or the events run out.
-    fn scan_newest_first(
-        &self,
-        before_seq: Option<u64>,
-        visit: &mut dyn FnMut(&serde_json::Value) -> bool,
-    ) -> Result<(), String>;
-}
-
-/// The last event of a chain.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChainHead {
-    pub seq: u64,
-    pub hash: String,
-}
+pub use crate::store::{AuditBackend, ChainHead};
 
 /// `audit:` in the configuration (SPEC 11).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuditConfig {
     /// JSON-lines copy of every event.
@@ -70,6 +51,21 @@ pub struct AuditConfig {
     pub include_payloads: bool,
     /// Rotate `file` once it reaches this size: it is renamed to `<file>.<first_seq>-<last_seq>`.
     pub rotate_bytes: Option<u64>,
+    /// Refusals before the token verifies (1000–1004) recorded per second and client address; the rest
+    /// are counted and reported every 10 s (SPEC 9.1 r2), so that nobody unauthenticated floods the chain.
+    pub unauthenticated_per_second: u32,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            file: None,
+            stdout: false,
+            include_payloads: false,
+            rotate_bytes: None,
+            unauthenticated_per_second: 20,
+        }
+    }
 }
 
 /// What a durable event got.
@@ -84,8 +80,10 @@ pub struct Recorded {
 /// Why an event is not durable. Any of them means: refuse the call with 5005, forward nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuditError {
-    #[error("audit store unavailable: {0}")]
-    Store(String),
+    #[error("audit {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("audit worker thread failed: {0}")]
+    Worker(String),
     #[error("audit file could not be written: {0}")]
     FileSink(String),
     /// The event breaks the SPEC 9.1 table (a bug in the caller).
@@ -93,6 +91,49 @@ pub enum AuditError {
     InvalidEvent(String),
     #[error("audit log is shut down")]
     Closed,
+}
+
+/// Makes the file agree with the store after a crash: the store is the truth. The writer syncs the store
+/// before the file, so the file can only lag: it is extended with the events it lacks. A file ahead of
+/// the store means the store lost durable events; starting would reuse their sequence numbers and fork
+/// the chain, so start-up is refused.
+fn catch_up_file(
+    backend: &dyn AuditBackend,
+    sink: &mut FileSink,
+    head: &ChainHead,
+) -> Result<(), String> {
+    let Some(file_last) = sink.last_seq() else {
+        return Ok(());
+    };
+    if file_last > head.seq {
+        return Err(format!(
+            "audit file {} ends at seq {file_last} but the store's chain ends at seq {}: the store lost \
+             events that the file holds; refusing to start rather than fork the chain (move the file aside \
+             to continue)",
+            sink.path().display(),
+            head.seq
+        ));
+    }
+    if file_last == head.seq {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    backend
+        .scan_newest_first(None, &mut |event| {
+            let seq = event.get("seq").and_then(serde_json::Value::as_u64);
+            if seq.is_some_and(|seq| seq > file_last) {
+                missing.push(event.clone());
+                true
+            } else {
+                false
+            }
+        })
+        .map_err(|e| format!("audit store unavailable: {e}"))?;
+    missing.reverse();
+    let lines: Vec<String> = missing.iter().map(serde_json::Value::to_string).collect();
+    tracing::warn!(target: "audit", from = file_last + 1, to = head.seq, file = %sink.path().display(),
+        "audit file lagged the store after a crash; extended from the store");
+    sink.write_batch(&missing, &lines)
 }
 
 /// The audit log handle; cheap to clone.
@@ -105,25 +146,34 @@ struct Inner {
     tx: mpsc::Sender<Command>,
     backend: Arc<dyn AuditBackend>,
     include_payloads: bool,
-    unreadable: Mutex<UnreadableWindow>,
+    unauthenticated: Mutex<UnauthenticatedLimiter>,
     suppressed: Arc<AtomicU64>,
+    shed: Arc<AtomicU64>,
 }
 
-/// A fixed one-second window that admits a few unreadable-body events.
-struct UnreadableWindow {
-    started: Instant,
-    used: u32,
+/// One-second windows per client address that admit a few events of unauthenticated refusals.
+struct UnauthenticatedLimiter {
     per_second: u32,
+    windows: HashMap<Option<IpAddr>, (Instant, u32)>,
+    last_sweep: Instant,
 }
 
-impl UnreadableWindow {
-    fn admit(&mut self, now: Instant) -> bool {
-        if now.duration_since(self.started) >= Duration::from_secs(1) {
-            self.started = now;
-            self.used = 0;
+impl UnauthenticatedLimiter {
+    fn admit(&mut self, client: Option<IpAddr>, now: Instant) -> bool {
+        let second = Duration::from_secs(1);
+        // Windows live one second, so the map holds at most the addresses of the last second.
+        if now.duration_since(self.last_sweep) >= second {
+            self.windows
+                .retain(|_, (started, _)| now.duration_since(*started) < second);
+            self.last_sweep = now;
         }
-        if self.used < self.per_second {
-            self.used += 1;
+        let (started, used) = self.windows.entry(client).or_insert((now, 0));
+        if now.duration_since(*started) >= second {
+            *started = now;
+            *used = 0;
+        }
+        if *used < self.per_second {
+            *used += 1;
             true
         } else {
             false
@@ -163,10 +213,13 @@ impl AuditLog {
             }
         }
         let file = match &cfg.file {
-            Some(path) => Some(Arc::new(Mutex::new(FileSink::open(
-                path.clone(),
-                cfg.rotate_bytes,
-            )?))),
+            Some(path) => {
+                let mut sink = FileSink::open(path.clone(), cfg.rotate_bytes)?;
+                if let Some(head) = &head {
+                    catch_up_file(backend.as_ref(), &mut sink, head)?;
+                }
+                Some(Arc::new(Mutex::new(sink)))
+            }
             None if cfg.rotate_bytes.is_some() => {
                 return Err("audit.rotate_bytes is set but audit.file is not".to_owned());
             }
@@ -174,6 +227,7 @@ impl AuditLog {
         };
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let suppressed = Arc::new(AtomicU64::new(0));
+        let shed = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             backend: Arc::clone(&backend),
             head: Some(head.unwrap_or_else(|| ChainHead {
@@ -185,6 +239,7 @@ impl AuditLog {
             max_batch: options.max_batch,
             report_interval: options.suppressed_report_interval,
             suppressed: Arc::clone(&suppressed),
+            shed: Arc::clone(&shed),
             rx,
         };
         runtime.spawn(writer.run());
@@ -193,14 +248,23 @@ impl AuditLog {
                 tx,
                 backend,
                 include_payloads: cfg.include_payloads,
-                unreadable: Mutex::new(UnreadableWindow {
-                    started: Instant::now(),
-                    used: 0,
-                    per_second: options.unreadable_per_second,
+                unauthenticated: Mutex::new(UnauthenticatedLimiter {
+                    per_second: options
+                        .unreadable_per_second
+                        .unwrap_or(cfg.unauthenticated_per_second),
+                    windows: HashMap::new(),
+                    last_sweep: Instant::now(),
                 }),
                 suppressed,
+                shed,
             }),
         })
+    }
+
+    /// Counts a call shed by admission control; the count is recorded periodically (SPEC 9.1: no event
+    /// per shed call).
+    pub fn count_shed(&self) {
+        self.inner.shed.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Records one event and returns once it is durable in the store (and written to the file sink).
@@ -223,6 +287,40 @@ impl AuditLog {
         answer.await.map_err(|_| AuditError::Closed)?
     }
 
+    /// Queues an event without waiting for it to be durable: it is chained before every event queued
+    /// after it, so the next awaited `record` makes it durable too. For events that no response waits on
+    /// by themselves (SPEC 9.2: an event must be durable before the response that it describes).
+    pub async fn record_deferred(&self, event: AuditEvent) -> Result<(), AuditError> {
+        let event = event
+            .into_object(self.inner.include_payloads)
+            .map_err(AuditError::InvalidEvent)?;
+        let job = Job {
+            event,
+            reply: None,
+            count_decision: true,
+        };
+        self.inner
+            .tx
+            .send(Command::Record(job))
+            .await
+            .map_err(|_| AuditError::Closed)
+    }
+
+    /// Whether an unauthenticated refusal (1000–1004) from this client gets an event of its own; when
+    /// not, it is counted, and the count is recorded periodically (SPEC 9.1 r2).
+    pub fn admit_unauthenticated(&self, client: Option<SocketAddr>) -> bool {
+        let admitted = self
+            .inner
+            .unauthenticated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(client.map(|c| c.ip()), Instant::now());
+        if !admitted {
+            self.inner.suppressed.fetch_add(1, Ordering::AcqRel);
+        }
+        admitted
+    }
+
     /// Records that a body could not be read as an envelope (SPEC 3: code 1000, client address and byte
     /// count only). Fire-and-forget and rate-limited, so a flood of garbage cannot flood the store; the
     /// bodies left out are counted and that count is recorded periodically.
@@ -230,14 +328,7 @@ impl AuditLog {
         // Counted here, not by the writer, so suppressed refusals still show in the metric.
         metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => "1000")
             .increment(1);
-        let admitted = self
-            .inner
-            .unreadable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admit(Instant::now());
-        if !admitted {
-            self.inner.suppressed.fetch_add(1, Ordering::AcqRel);
+        if !self.admit_unauthenticated(client_addr) {
             return;
         }
         let mut event = AuditEvent::new(EventType::EnvelopeRejected)

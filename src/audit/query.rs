@@ -163,18 +163,20 @@ impl AuditQuery {
         let mut scanned = 0usize;
         let mut last_seq: Option<u64> = None;
         let mut stopped_early = false;
-        backend.scan_newest_first(before, &mut |event| {
-            scanned += 1;
-            last_seq = event.get("seq").and_then(Value::as_u64);
-            if self.matches(event, from.as_deref(), to.as_deref()) {
-                items.push(event.clone());
-            }
-            if items.len() >= self.limit || scanned >= MAX_SCANNED_PER_PAGE {
-                stopped_early = true;
-                return false;
-            }
-            true
-        })?;
+        backend
+            .scan_newest_first(before, &mut |event| {
+                scanned += 1;
+                last_seq = event.get("seq").and_then(Value::as_u64);
+                if self.matches(event, from.as_deref(), to.as_deref()) {
+                    items.push(event.clone());
+                }
+                if items.len() >= self.limit || scanned >= MAX_SCANNED_PER_PAGE {
+                    stopped_early = true;
+                    return false;
+                }
+                true
+            })
+            .map_err(|e| e.to_string())?;
         // Nothing lies below seq 1, so a page that ends there has no successor.
         let next_cursor = match last_seq {
             Some(seq) if stopped_early && seq > 1 => Some(seq.to_string()),

@@ -70,6 +70,18 @@ impl FileSink {
         Ok(sink)
     }
 
+    /// The seq of the file's last event, when the file ends on a whole, chained line.
+    pub(crate) fn last_seq(&self) -> Option<u64> {
+        match &self.tail {
+            Tail::Linked { last_seq, .. } => Some(*last_seq),
+            Tail::Empty | Tail::Unknown => None,
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Appends one batch of chained events (`lines` are their JSON texts) and syncs the file.
     pub(crate) fn write_batch(&mut self, events: &[Value], lines: &[String]) -> Result<(), String> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {

@@ -11,12 +11,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{AuditBackend, ChainHead};
+use crate::store::{StoreError, StoreResult};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn head_of(event: &Value) -> Result<ChainHead, String> {
+fn head_of(event: &Value) -> StoreResult<ChainHead> {
     match (
         event.get("seq").and_then(Value::as_u64),
         event.get("hash").and_then(Value::as_str),
@@ -25,11 +26,11 @@ fn head_of(event: &Value) -> Result<ChainHead, String> {
             seq,
             hash: hash.to_owned(),
         }),
-        _ => Err("event lacks seq or hash".to_owned()),
+        _ => Err(StoreError::Corrupt("event lacks seq or hash".to_owned())),
     }
 }
 
-/// Keeps events in memory; counts `append` calls and can be told to fail.
+/// Keeps events in memory; counts `append` calls and can be told to fail; `sync` costs a set delay.
 #[derive(Default)]
 pub struct MemoryBackend {
     events: Mutex<Vec<Value>>,
@@ -37,7 +38,7 @@ pub struct MemoryBackend {
     fail_appends: AtomicUsize,
     keep_on_failure: AtomicUsize,
     fail_heads: AtomicUsize,
-    append_delay: Mutex<Duration>,
+    sync_delay: Mutex<Duration>,
 }
 
 impl MemoryBackend {
@@ -45,10 +46,10 @@ impl MemoryBackend {
         Self::default()
     }
 
-    /// Every `append` sleeps this long first, as a flush would.
-    pub fn with_append_delay(delay: Duration) -> Self {
+    /// Every `sync` sleeps this long, as an fsync would.
+    pub fn with_sync_delay(delay: Duration) -> Self {
         let backend = Self::default();
-        *lock(&backend.append_delay) = delay;
+        *lock(&backend.sync_delay) = delay;
         backend
     }
 
@@ -86,19 +87,17 @@ impl MemoryBackend {
 }
 
 impl AuditBackend for MemoryBackend {
-    fn head(&self) -> Result<Option<ChainHead>, String> {
+    fn head(&self) -> StoreResult<Option<ChainHead>> {
         if Self::take_one(&self.fail_heads) {
-            return Err("memory backend: head failed on purpose".to_owned());
+            return Err(StoreError::unavailable(
+                "memory backend: head failed on purpose",
+            ));
         }
         lock(&self.events).last().map(head_of).transpose()
     }
 
-    fn append(&self, events: &[Value]) -> Result<(), String> {
+    fn append(&self, events: &[Value]) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
-        let delay = *lock(&self.append_delay);
-        if !delay.is_zero() {
-            std::thread::sleep(delay);
-        }
         let mut stored = lock(&self.events);
         if Self::take_one(&self.fail_appends) {
             let keep = self
@@ -106,9 +105,19 @@ impl AuditBackend for MemoryBackend {
                 .load(Ordering::SeqCst)
                 .min(events.len());
             stored.extend(events.iter().take(keep).cloned());
-            return Err("memory backend: append failed on purpose".to_owned());
+            return Err(StoreError::unavailable(
+                "memory backend: append failed on purpose",
+            ));
         }
         stored.extend(events.iter().cloned());
+        Ok(())
+    }
+
+    fn sync(&self) -> StoreResult<()> {
+        let delay = *lock(&self.sync_delay);
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         Ok(())
     }
 
@@ -116,7 +125,7 @@ impl AuditBackend for MemoryBackend {
         &self,
         before_seq: Option<u64>,
         visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> Result<(), String> {
+    ) -> StoreResult<()> {
         // Copy first so that the visitor runs without the lock held.
         let events = self.events();
         for event in events.iter().rev() {
@@ -132,8 +141,8 @@ impl AuditBackend for MemoryBackend {
     }
 }
 
-/// Appends events as JSON lines to a file and syncs it on every `append`: a store whose durability cost
-/// is real, to measure group commit against.
+/// Appends events as JSON lines to a file and fdatasyncs it on every `sync`: a store whose durability
+/// cost is real, to measure group commit against.
 pub struct JsonlFileBackend {
     path: PathBuf,
     file: Mutex<File>,
@@ -143,13 +152,13 @@ pub struct JsonlFileBackend {
 
 impl JsonlFileBackend {
     /// Opens (or creates) the file; the head is its last line.
-    pub fn open(path: &Path) -> Result<Self, String> {
+    pub fn open(path: &Path) -> StoreResult<Self> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| StoreError::unavailable(format!("{}: {e}", path.display())))?;
         let backend = JsonlFileBackend {
             path: path.to_owned(),
             file: Mutex::new(file),
@@ -168,24 +177,25 @@ impl JsonlFileBackend {
         self.append_calls.load(Ordering::SeqCst)
     }
 
-    fn read_all(&self) -> Result<Vec<Value>, String> {
-        let file = File::open(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+    fn read_all(&self) -> StoreResult<Vec<Value>> {
+        let file = File::open(&self.path)
+            .map_err(|e| StoreError::unavailable(format!("{}: {e}", self.path.display())))?;
         BufReader::new(file)
             .lines()
             .map(|line| {
-                let line = line.map_err(|e| e.to_string())?;
-                serde_json::from_str(&line).map_err(|e| e.to_string())
+                let line = line.map_err(StoreError::unavailable)?;
+                serde_json::from_str(&line).map_err(|e| StoreError::Corrupt(e.to_string()))
             })
             .collect()
     }
 }
 
 impl AuditBackend for JsonlFileBackend {
-    fn head(&self) -> Result<Option<ChainHead>, String> {
+    fn head(&self) -> StoreResult<Option<ChainHead>> {
         Ok(lock(&self.head).clone())
     }
 
-    fn append(&self, events: &[Value]) -> Result<(), String> {
+    fn append(&self, events: &[Value]) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
         let Some(last) = events.last() else {
             return Ok(());
@@ -196,19 +206,24 @@ impl AuditBackend for JsonlFileBackend {
             buffer.extend_from_slice(event.to_string().as_bytes());
             buffer.push(b'\n');
         }
-        let mut file = lock(&self.file);
-        file.write_all(&buffer)
-            .and_then(|()| file.sync_data())
-            .map_err(|e| e.to_string())?;
+        lock(&self.file)
+            .write_all(&buffer)
+            .map_err(StoreError::unavailable)?;
         *lock(&self.head) = Some(new_head);
         Ok(())
+    }
+
+    fn sync(&self) -> StoreResult<()> {
+        lock(&self.file)
+            .sync_data()
+            .map_err(StoreError::unavailable)
     }
 
     fn scan_newest_first(
         &self,
         before_seq: Option<u64>,
         visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> Result<(), String> {
+    ) -> StoreResult<()> {
         for event in self.read_all()?.iter().rev() {
             let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
             if before_seq.is_some_and(|before| seq >= before) {

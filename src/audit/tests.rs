@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -14,6 +14,7 @@ use super::chain::parse_strict;
 use super::testing::{JsonlFileBackend, MemoryBackend};
 use super::writer::metric_updates;
 use super::*;
+use crate::store::StoreResult;
 
 fn authorized(n: usize) -> AuditEvent {
     AuditEvent::new(EventType::ToolCallAuthorized)
@@ -221,8 +222,8 @@ async fn events_are_chained_and_seq_continues_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_records_share_appends() {
-    // Each append costs 5 ms, like a flush: 200 callers must not pay for 200 of them.
-    let backend = Arc::new(MemoryBackend::with_append_delay(Duration::from_millis(5)));
+    // Each sync costs 5 ms, like an fsync: 200 callers must not pay for 200 of them.
+    let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(5)));
     let log = memory_log(&backend, &AuditConfig::default());
     let mut tasks = Vec::new();
     for n in 0..200 {
@@ -243,7 +244,7 @@ async fn concurrent_records_share_appends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_append_fails_every_waiter_and_the_chain_does_not_fork() {
-    let backend = Arc::new(MemoryBackend::with_append_delay(Duration::from_millis(2)));
+    let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(2)));
     let log = memory_log(&backend, &AuditConfig::default());
     for n in 0..3 {
         record_ok(&log, authorized(n)).await;
@@ -570,7 +571,7 @@ async fn rotated_files_each_verify_and_join_up() {
 }
 
 #[tokio::test]
-async fn file_sink_links_across_restarts_and_starts_anew_after_a_gap() {
+async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
     let Some(dir) = tempfile::tempdir().ok() else {
         panic!("no tempdir")
     };
@@ -588,7 +589,8 @@ async fn file_sink_links_across_restarts_and_starts_anew_after_a_gap() {
     second.shutdown().await;
     assert_eq!(verify_lines(&read_lines(&path)).map(|r| r.events), Ok(8));
 
-    // Events reach the store while the file sink is off: the file can no longer link to them.
+    // Events reach the store but not the file (a crash between the two syncs, or the sink was off):
+    // the store is the truth, and the next start extends the file from it.
     let without_file = memory_log(&backend, &AuditConfig::default());
     for n in 8..10 {
         record_ok(&without_file, authorized(n)).await;
@@ -597,52 +599,64 @@ async fn file_sink_links_across_restarts_and_starts_anew_after_a_gap() {
     let third = memory_log(&backend, &file_cfg(&path));
     record_ok(&third, authorized(10)).await;
     third.shutdown().await;
+    let lines = read_lines(&path);
+    assert_eq!(
+        verify_lines(&lines).map(|r| (r.first_seq, r.last_seq)),
+        Ok((1, 11))
+    );
+    let stored: Vec<String> = backend.events().iter().map(Value::to_string).collect();
+    assert_eq!(lines, stored, "the file holds exactly the store's chain");
 
-    let old = dir.path().join("audit.jsonl.1-8");
-    assert_eq!(verify_lines(&read_lines(&old)).map(|r| r.events), Ok(8));
-    let current = verify_lines(&read_lines(&path));
-    assert_eq!(
-        current.as_ref().map(|r| (r.first_seq, r.events)),
-        Ok((11, 1))
+    // A file ahead of the store means the store lost events: starting would reuse their numbers.
+    backend.replace_events(backend.events()[..9].to_vec());
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let refused = AuditLog::start(dyn_backend, &file_cfg(&path));
+    assert!(
+        refused
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.contains("ends at seq 11")),
+        "{:?}",
+        refused.err()
     );
-    let stored = backend.events();
-    assert_eq!(
-        current.map(|r| r.first_prev_hash),
-        Ok(text(&stored[9], "hash").to_owned())
-    );
+    assert_eq!(read_lines(&path).len(), 11, "the file is left as it was");
 }
 
-/// A file-backed store whose `append` waits for a gate, and notes what the file sink held at that moment.
+/// A file-backed store whose `sync` waits for a gate, and notes what the file sink held at that moment.
 struct GatedBackend {
     inner: JsonlFileBackend,
     sink_path: PathBuf,
     gate: Arc<(Mutex<bool>, Condvar)>,
-    sink_lines_at_append: Mutex<Vec<usize>>,
+    sink_lines_at_sync: Mutex<Vec<usize>>,
 }
 
 impl AuditBackend for GatedBackend {
-    fn head(&self) -> Result<Option<ChainHead>, String> {
+    fn head(&self) -> StoreResult<Option<ChainHead>> {
         self.inner.head()
     }
 
-    fn append(&self, events: &[Value]) -> Result<(), String> {
+    fn append(&self, events: &[Value]) -> StoreResult<()> {
+        self.inner.append(events)
+    }
+
+    fn sync(&self) -> StoreResult<()> {
         let (open, changed) = &*self.gate;
-        let mut guard = open.lock().map_err(|e| e.to_string())?;
+        let mut guard = open.lock().unwrap_or_else(PoisonError::into_inner);
         while !*guard {
-            guard = changed.wait(guard).map_err(|e| e.to_string())?;
+            guard = changed.wait(guard).unwrap_or_else(PoisonError::into_inner);
         }
         drop(guard);
-        if let Ok(mut seen) = self.sink_lines_at_append.lock() {
+        if let Ok(mut seen) = self.sink_lines_at_sync.lock() {
             seen.push(read_lines(&self.sink_path).len());
         }
-        self.inner.append(events)
+        self.inner.sync()
     }
 
     fn scan_newest_first(
         &self,
         before_seq: Option<u64>,
         visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> Result<(), String> {
+    ) -> StoreResult<()> {
         self.inner.scan_newest_first(before_seq, visit)
     }
 }
@@ -662,7 +676,7 @@ async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
         inner,
         sink_path: sink_path.clone(),
         gate: Arc::clone(&gate),
-        sink_lines_at_append: Mutex::new(Vec::new()),
+        sink_lines_at_sync: Mutex::new(Vec::new()),
     });
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let Ok(log) = AuditLog::start(dyn_backend, &file_cfg(&sink_path)) else {
@@ -701,7 +715,7 @@ async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
     assert_eq!(sink_lines.len(), 1);
     assert_eq!(id_of(&sink_lines[0]), recorded.map(|r| r.event_id));
     assert_eq!(
-        backend.sink_lines_at_append.lock().map(|v| v.clone()).ok(),
+        backend.sink_lines_at_sync.lock().map(|v| v.clone()).ok(),
         Some(vec![0])
     );
 }
@@ -1028,7 +1042,7 @@ async fn suppressed_count_is_reported_periodically() {
     let backend = Arc::new(MemoryBackend::new());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let options = WriterOptions {
-        unreadable_per_second: 2,
+        unreadable_per_second: Some(2),
         suppressed_report_interval: Duration::from_millis(50),
         ..WriterOptions::default()
     };

@@ -1,9 +1,10 @@
 //! The single writer task: group commit of audit events.
 //!
 //! Callers queue an event with a reply channel; the writer takes every event waiting (up to a cap),
-//! chains them, makes the whole batch durable with one `append` (one flush) and one file sync on a
-//! blocking thread, and only then answers every caller. One writer means one chain with no forks; one
-//! flush per batch is what lets a durable audit keep up with many concurrent calls.
+//! chains them, appends them to the store (in memory), and then makes the batch durable with one blocking
+//! job: the store's sync (which also covers every store write made before these events were queued) and
+//! then the file's. Only then does it answer every caller. One writer means one chain with no forks; one
+//! sync per batch is the group commit that lets durable calls keep up with many concurrent callers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -41,8 +42,9 @@ pub struct WriterOptions {
     pub max_batch: usize,
     /// Events that may wait for the writer before `record` waits for room.
     pub queue_capacity: usize,
-    /// Unreadable-body events recorded per second; the rest are only counted.
-    pub unreadable_per_second: u32,
+    /// Unauthenticated refusals recorded per second and client address, when set; otherwise
+    /// `audit.unauthenticated_per_second`. The rest are only counted.
+    pub unreadable_per_second: Option<u32>,
     /// How often the count of suppressed unreadable-body events is recorded.
     pub suppressed_report_interval: Duration,
 }
@@ -52,7 +54,7 @@ impl Default for WriterOptions {
         WriterOptions {
             max_batch: 512,
             queue_capacity: 8192,
-            unreadable_per_second: 10,
+            unreadable_per_second: None,
             suppressed_report_interval: Duration::from_secs(10),
         }
     }
@@ -68,6 +70,8 @@ pub(crate) struct Writer {
     pub(crate) max_batch: usize,
     pub(crate) report_interval: Duration,
     pub(crate) suppressed: Arc<AtomicU64>,
+    /// Calls shed by admission control (5006) since the last report.
+    pub(crate) shed: Arc<AtomicU64>,
     pub(crate) rx: mpsc::Receiver<Command>,
 }
 
@@ -85,8 +89,9 @@ impl Writer {
                     None => break,
                 },
                 _ = report.tick() => {
-                    if let Some(job) = self.suppressed_summary() {
-                        self.commit(vec![job]).await;
+                    let summaries = self.summaries();
+                    if !summaries.is_empty() {
+                        self.commit(summaries).await;
                     }
                     continue;
                 }
@@ -103,8 +108,9 @@ impl Writer {
                 self.commit(batch).await;
             }
         }
-        if let Some(job) = self.suppressed_summary() {
-            self.commit(vec![job]).await;
+        let summaries = self.summaries();
+        if !summaries.is_empty() {
+            self.commit(summaries).await;
         }
         for waiter in shutdown_waiters {
             let _ = waiter.send(());
@@ -127,50 +133,59 @@ impl Writer {
         }
     }
 
-    fn suppressed_summary(&self) -> Option<Job> {
-        let count = self.suppressed.swap(0, Ordering::AcqRel);
-        if count == 0 {
-            return None;
-        }
-        let event = AuditEvent::new(EventType::EnvelopeRejected)
-            .code(1000)
-            .suppressed(count)
-            .detail(format!(
-                "{count} unreadable request bodies were refused without an event of their own (rate limit)"
-            ));
-        match event.into_object(false) {
-            Ok(event) => Some(Job {
-                event,
-                reply: None,
-                count_decision: false,
-            }),
-            Err(e) => {
-                tracing::error!(target: "audit", error = %e, "suppressed-count event is invalid");
-                None
+    /// The counts of refusals that got no event of their own since the last report, one
+    /// `EnvelopeRejected` event each: unreadable bodies (1000) and calls shed while overloaded (5006).
+    fn summaries(&self) -> Vec<Job> {
+        let counted = [
+            (
+                &self.suppressed,
+                1000,
+                "request bodies were refused without an event of their own (rate limit)",
+            ),
+            (
+                &self.shed,
+                5006,
+                "calls were shed while more than limits.max_concurrent_calls were in progress",
+            ),
+        ];
+        let mut jobs = Vec::new();
+        for (counter, code, what) in counted {
+            let count = counter.swap(0, Ordering::AcqRel);
+            if count == 0 {
+                continue;
+            }
+            let event = AuditEvent::new(EventType::EnvelopeRejected)
+                .code(code)
+                .suppressed(count)
+                .detail(format!("{count} {what}"));
+            match event.into_object(false) {
+                Ok(event) => jobs.push(Job {
+                    event,
+                    reply: None,
+                    count_decision: false,
+                }),
+                Err(e) => {
+                    tracing::error!(target: "audit", error = %e, "suppressed-count event is invalid")
+                }
             }
         }
+        jobs
     }
 
     /// Chains one batch, makes it durable, and answers its callers.
     async fn commit(&mut self, batch: Vec<Job>) {
         let head = match self.head.clone() {
             Some(head) => head,
-            None => {
-                let backend = Arc::clone(&self.backend);
-                match run_blocking(move || backend.head())
-                    .await
-                    .and_then(|head| head)
-                {
-                    Ok(head) => head.unwrap_or_else(|| ChainHead {
-                        seq: 0,
-                        hash: GENESIS_HASH.to_owned(),
-                    }),
-                    Err(e) => {
-                        fail_all(batch, &AuditError::Store(e));
-                        return;
-                    }
+            None => match self.backend.head() {
+                Ok(head) => head.unwrap_or_else(|| ChainHead {
+                    seq: 0,
+                    hash: GENESIS_HASH.to_owned(),
+                }),
+                Err(e) => {
+                    fail_all(batch, &AuditError::Store(e));
+                    return;
                 }
-            }
+            },
         };
 
         let mut chained = Vec::with_capacity(batch.len());
@@ -181,7 +196,7 @@ impl Writer {
             let Some(next_seq) = seq.checked_add(1) else {
                 answer(
                     job.reply,
-                    Err(AuditError::Store("audit seq overflow".to_owned())),
+                    Err(AuditError::InvalidEvent("audit seq overflow".to_owned())),
                 );
                 continue;
             };
@@ -204,13 +219,20 @@ impl Writer {
             hash: prev_hash,
         };
 
+        // In memory first (cheap, inline); a failure here fails the batch before anything is synced.
+        if let Err(e) = self.backend.append(&chained) {
+            self.head = None;
+            tracing::error!(target: "audit", error = %e, "audit store append failed");
+            fail_pending(pending, &AuditError::Store(e));
+            return;
+        }
         let backend = Arc::clone(&self.backend);
         let file = self.file.clone();
         let stdout = self.stdout;
         let outcome = run_blocking(move || {
             // The store first: it is the record of truth, and the file must never hold an event that the
-            // store lost.
-            backend.append(&chained).map_err(AuditError::Store)?;
+            // store could lose.
+            backend.sync().map_err(AuditError::Store)?;
             let lines: Vec<String> = chained.iter().map(Value::to_string).collect();
             if let Some(file) = file {
                 let mut sink = file.lock().unwrap_or_else(PoisonError::into_inner);
@@ -247,7 +269,7 @@ impl Writer {
             }
             Err(e) => {
                 self.head = None;
-                fail_pending(pending, &AuditError::Store(e));
+                fail_pending(pending, &AuditError::Worker(e));
                 return;
             }
         };
@@ -259,7 +281,7 @@ impl Writer {
     }
 }
 
-/// Runs blocking store or file work off the runtime; a panic there becomes an error.
+/// Runs the batch's sync off the runtime (once per batch, never per event); a panic there becomes an error.
 async fn run_blocking<T, F>(work: F) -> Result<T, String>
 where
     F: FnOnce() -> T + Send + 'static,

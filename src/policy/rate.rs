@@ -1,79 +1,44 @@
-//! Rate limits as a generic cell rate algorithm (GCRA): one stored number per session and capability (the
-//! theoretical arrival time), so a limit of `calls` per `per_seconds` admits a burst of `calls` and then
-//! one call per `per_seconds / calls`, and the check is a single compare-and-set in the store.
+//! Rate limits as a sliding window (SPEC 6.3 r2). PLACEHOLDER until the policy branch lands.
 
-/// A compiled `rate_limit: {calls, per_seconds}`; times are microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gcra {
-    interval_us: i64,
-    tolerance_us: i64,
+pub struct SlidingWindow {
+    calls: u32,
+    per_ms: i64,
 }
 
-impl Gcra {
-    pub fn new(calls: u32, per_seconds: u32) -> Gcra {
-        let period_us = i64::from(per_seconds.max(1)) * 1_000_000;
-        let interval_us = period_us / i64::from(calls.max(1));
-        Gcra {
-            interval_us,
-            tolerance_us: period_us - interval_us,
+impl SlidingWindow {
+    pub fn new(calls: u32, per_seconds: u32) -> SlidingWindow {
+        SlidingWindow {
+            calls: calls.max(1),
+            per_ms: i64::from(per_seconds.max(1)) * 1000,
         }
     }
 
-    /// Given the stored arrival time (None for a fresh limit), admits the call and returns the new one,
-    /// or refuses with the milliseconds to wait.
-    pub fn admit(&self, stored_us: Option<i64>, now_ms: i64) -> Result<i64, i64> {
-        let now_us = now_ms.saturating_mul(1000);
-        let tat = stored_us.unwrap_or(now_us).max(now_us);
-        let ahead = tat - now_us;
-        if ahead > self.tolerance_us {
-            Err((ahead - self.tolerance_us).div_euclid(1000).max(1))
-        } else {
-            Ok(tat + self.interval_us)
+    fn times(state: Option<&[u8]>) -> Vec<i64> {
+        state
+            .unwrap_or_default()
+            .chunks_exact(8)
+            .map(|c| i64::from_be_bytes(c.try_into().unwrap_or_default()))
+            .collect()
+    }
+
+    pub fn admit(&self, state: Option<&[u8]>, now_ms: i64) -> Result<Vec<u8>, i64> {
+        let mut times: Vec<i64> = Self::times(state)
+            .into_iter()
+            .filter(|t| *t > now_ms - self.per_ms)
+            .collect();
+        if times.len() >= self.calls as usize {
+            return Err((times[0] + self.per_ms - now_ms).max(1));
         }
+        times.push(now_ms);
+        Ok(times.iter().flat_map(|t| t.to_be_bytes()).collect())
     }
 
-    /// Gives back one admitted call (used when a later check refused it).
-    pub fn refund(&self, stored_us: i64) -> i64 {
-        stored_us - self.interval_us
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn admits_a_burst_then_one_per_interval() {
-        let gcra = Gcra::new(3, 60);
-        let now = 1_000_000;
-        let mut stored = None;
-        for _ in 0..3 {
-            stored = Some(gcra.admit(stored, now).expect("within the burst"));
+    pub fn refund(&self, state: &[u8], admitted_at_ms: i64) -> Vec<u8> {
+        let mut times = Self::times(Some(state));
+        if let Some(i) = times.iter().rposition(|t| *t == admitted_at_ms) {
+            times.remove(i);
         }
-        let wait = gcra.admit(stored, now).unwrap_err();
-        assert_eq!(
-            wait, 20_000,
-            "the fourth call waits one interval (60 s / 3)"
-        );
-        assert!(gcra.admit(stored, now + 19_999).is_err());
-        assert!(gcra.admit(stored, now + 20_000).is_ok());
-    }
-
-    #[test]
-    fn a_refund_restores_one_slot() {
-        let gcra = Gcra::new(1, 10);
-        let stored = gcra.admit(None, 0).unwrap();
-        assert!(gcra.admit(Some(stored), 0).is_err());
-        assert!(gcra.admit(Some(gcra.refund(stored)), 0).is_ok());
-    }
-
-    #[test]
-    fn idle_time_does_not_bank_more_than_the_burst() {
-        let gcra = Gcra::new(2, 1);
-        let stored = gcra.admit(None, 0).unwrap();
-        let later = 3_600_000;
-        let a = gcra.admit(Some(stored), later).unwrap();
-        let b = gcra.admit(Some(a), later).unwrap();
-        assert!(gcra.admit(Some(b), later).is_err());
+        times.iter().flat_map(|t| t.to_be_bytes()).collect()
     }
 }

@@ -1,7 +1,12 @@
-//! What must be durable, behind one trait: sessions, claims, seen envelope signatures, counters (rate
-//! limits, budgets), store-managed security contexts and the audit chain. Every operation that decides
-//! something is atomic by contract (insert-if-absent, compare-and-set), never by a process-local lock, so
-//! that several replicas can share one store. Calls block: async callers go through `spawn_blocking`.
+//! What must be durable, behind one async trait shaped for a networked backend: sessions, claims, seen
+//! envelope signatures, counters (rate limits, budgets), store-managed security contexts and the audit
+//! chain. Every operation that decides something is atomic by contract (insert-if-absent,
+//! compare-and-set), never by a process-local lock, so that several replicas can share one store.
+//!
+//! Writes are not durable when they return: durability comes from [`crate::audit::AuditBackend::sync`],
+//! the one barrier per phase. Every phase of a call ends in an audit event whose group commit syncs the
+//! store first, so the claim, the replay record and the counters written before the event are durable
+//! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
 pub mod sled_store;
 
@@ -10,13 +15,49 @@ use serde_json::Value;
 
 pub use sled_store::SledStore;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
+/// The last event of the audit chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainHead {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// Where audit events are kept (SPEC 9): implemented by every store. The audit writer is its only caller;
+/// `append` is cheap (memory, or part of a transaction) and `sync` is the one blocking barrier per batch,
+/// which the writer runs off the async runtime.
+pub trait AuditBackend: Send + Sync + 'static {
+    /// The last event written (its seq and hash), `None` when the store holds no event.
+    fn head(&self) -> StoreResult<Option<ChainHead>>;
+    /// Stores chained events, given in seq order and continuing the head. Not yet durable: see `sync`.
+    /// On `Err` the writer re-reads the head before the next batch, so a store that kept part of the
+    /// batch is continued from what it kept.
+    fn append(&self, events: &[Value]) -> StoreResult<()>;
+    /// Makes everything written to the store so far durable (fsync, or a commit): events, claims,
+    /// sessions, replay records, counters. Blocking.
+    fn sync(&self) -> StoreResult<()>;
+    /// Calls `visit` with stored events in descending seq order, starting below `before_seq` (from the
+    /// newest when `None`), until `visit` returns false or the events run out.
+    fn scan_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()>;
+}
+
+/// Why the store could not do what was asked. Any of them is a 5005 at the edge (fail closed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The engine refused or could not reach its storage.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored record does not decode: never acted upon.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
 
 impl StoreError {
-    pub fn new(err: impl std::fmt::Display) -> Self {
-        StoreError(err.to_string())
+    pub fn unavailable(err: impl std::fmt::Display) -> Self {
+        StoreError::Unavailable(err.to_string())
     }
 }
 
@@ -78,10 +119,35 @@ pub struct Resolution {
     pub at: String,
 }
 
+/// Which namespace a claim lives in (SPEC 7.4 r2): a request id given to `POST /claim` never finds,
+/// blocks or settles a claim taken by `/v1/invoke`, and the reverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimKind {
+    #[default]
+    Invoke,
+    Standalone,
+}
+
+impl ClaimKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimKind::Invoke => "invoke",
+            ClaimKind::Standalone => "standalone",
+        }
+    }
+}
+
 /// One claim (SPEC section 7). `claimed_at` and `action_ref` are fixed when it is taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClaimRecord {
+    #[serde(default)]
+    pub kind: ClaimKind,
     pub request_id: String,
+    /// hex(SHA-256(JCS({"tool", "arguments"}))) of the call that took an invoke claim (SPEC 7.1 r2);
+    /// None for standalone claims.
+    #[serde(default)]
+    pub call_digest: Option<String>,
     /// The tool name (claims taken by `/v1/invoke`) or the action given to `POST /claim`.
     pub action: String,
     pub agent_id: String,
@@ -102,52 +168,89 @@ pub struct StoredContext {
     pub spec: Value,
 }
 
-/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default).
-pub trait Store: crate::audit::AuditBackend {
+/// One admitted call's writes before it may be forwarded (SPEC 6.3 rate and budget, then 7 claim), done by
+/// one store call so that a networked store can do them in one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Admission {
+    /// The capability's rate window: (cell key, the window rule).
+    pub rate: Option<(String, crate::policy::rate::SlidingWindow)>,
+    /// The session's call budget: (cell key, max calls).
+    pub budget: Option<(String, u64)>,
+    /// A PENDING claim to insert unless its request id exists.
+    pub claim: Option<ClaimRecord>,
+    pub now_ms: i64,
+}
+
+/// What [`Store::admit`] did. Nothing is charged or claimed unless it says so.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admitted {
+    /// Over the rate limit: nothing charged; retry after this many ms.
+    RateLimited { retry_after_ms: i64 },
+    /// The budget is used up: nothing charged (the rate charge was given back).
+    BudgetExhausted,
+    /// Charged; the claim was inserted (`None` existing) or found (`Some`), or no claim was asked.
+    Charged { existing_claim: Option<ClaimRecord> },
+}
+
+/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default). Every method
+/// is a cheap in-memory operation or one round trip; none blocks the async runtime.
+#[async_trait::async_trait]
+pub trait Store: AuditBackend {
     /// Cheap liveness probe for `/readyz` and fail-closed checks.
-    fn ping(&self) -> StoreResult<()>;
+    async fn ping(&self) -> StoreResult<()>;
 
     /// Inserts the session unless its id exists; returns the existing record otherwise (nothing written).
-    fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>>;
-    fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>>;
-    /// Replaces `old` with `new` only if the stored record still equals `old`; durable when it returns true.
-    fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool>;
+    async fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>>;
+    async fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>>;
+    /// Replaces `old` with `new` only if the stored record still equals `old`.
+    async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool>;
 
-    /// Atomically applies `update` to the integer cell `key` (None = absent). `update` returns the new
-    /// value, or None to leave the cell unchanged; it may run more than once under contention.
-    /// Returns what `update` returned on the run that won.
-    fn counter_update(
-        &self,
-        key: &str,
-        update: &mut dyn FnMut(Option<i64>) -> Option<i64>,
-    ) -> StoreResult<Option<i64>>;
-    fn counter_get(&self, key: &str) -> StoreResult<Option<i64>>;
+    /// The integer cell `key` (a budget's count), None when absent.
+    async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>>;
 
     /// Remembers an envelope signature until `expires_at_ms`; false when it was already remembered.
-    fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool>;
+    async fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool>;
     /// Forgets signatures whose window has passed; returns how many.
-    fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize>;
+    async fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize>;
 
-    /// Inserts a PENDING claim unless the request id exists (then returns the existing record).
-    /// Durable (flushed) before it returns `None`.
-    fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>>;
-    fn claim_get(&self, request_id: &str) -> StoreResult<Option<ClaimRecord>>;
-    /// Compare-and-set: replaces `old` by `new` (None deletes, i.e. releases) only if the stored record
-    /// still equals `old`. Durable before it returns true.
-    fn claim_replace(&self, old: &ClaimRecord, new: Option<&ClaimRecord>) -> StoreResult<bool>;
-    /// Visits claims newest first (by claim time), starting below `before` (a cursor from an earlier
-    /// visit: claimed_at_ms and request id) until `visit` returns false.
-    fn claim_scan_newest_first(
+    /// Charges the rate window, then the budget, then inserts the claim unless its id exists, atomically
+    /// per cell: a refusal leaves every cell as it was.
+    async fn admit(&self, admission: &Admission) -> StoreResult<Admitted>;
+
+    /// Inserts a PENDING claim unless the request id exists in its namespace (then returns the existing
+    /// record).
+    async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>>;
+    async fn claim_get(
         &self,
-        before: Option<(i64, &str)>,
-        visit: &mut dyn FnMut(&ClaimRecord) -> bool,
-    ) -> StoreResult<()>;
+        kind: ClaimKind,
+        request_id: &str,
+    ) -> StoreResult<Option<ClaimRecord>>;
+    /// Compare-and-set: replaces `old` by `new` (None deletes, i.e. releases) only if the stored record
+    /// still equals `old`.
+    async fn claim_replace(
+        &self,
+        old: &ClaimRecord,
+        new: Option<&ClaimRecord>,
+    ) -> StoreResult<bool>;
+    /// Up to `limit` claims newest first (by claim time) that pass `keep`, starting below `before` (a
+    /// cursor from an earlier page: claimed_at_ms, kind and request id); the flag says whether more follow.
+    async fn claim_page(
+        &self,
+        before: Option<&ClaimCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ClaimRecord>, bool)>;
 
-    fn context_put(&self, context: &StoredContext) -> StoreResult<()>;
+    async fn context_put(&self, context: &StoredContext) -> StoreResult<()>;
     /// True when something was deleted.
-    fn context_delete(&self, name: &str) -> StoreResult<bool>;
-    fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+    async fn context_delete(&self, name: &str) -> StoreResult<bool>;
+    async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+}
 
-    /// Makes everything written so far durable.
-    fn flush(&self) -> StoreResult<()>;
+/// Where a claim listing stopped: the last item shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimCursor {
+    pub claimed_at_ms: i64,
+    pub kind: ClaimKind,
+    pub request_id: String,
 }

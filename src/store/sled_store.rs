@@ -1,17 +1,26 @@
 //! The embedded default store on sled. Every decision is one sled compare-and-swap, so it stays atomic
-//! without a process lock. Durability: operations documented as durable call `flush` (an fsync of sled's
-//! log) before they return; the others (seen signatures, counters) become durable with the next flush,
-//! which the audit event of the same request performs before its response leaves the gateway.
+//! without a process lock, and runs inline: sled's operations are in-memory until a flush.
+//!
+//! Durability: sled 0.34's own `flush` ends in `sync_file_range`, which neither flushes the device's write
+//! cache nor the file's size, and sled writes large values ("blobs") to files of their own without any
+//! sync. So [`AuditBackend::sync`] flushes sled and then fdatasyncs its log file and every blob file
+//! written since the last sync: only then is a write durable in the sense of SPEC 12.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use sled::{Db, Tree};
 
-use super::{ClaimRecord, SessionRecord, Store, StoreError, StoreResult, StoredContext};
-use crate::audit::{AuditBackend, ChainHead};
+use super::{
+    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord,
+    SessionRecord, Store, StoreError, StoreResult, StoredContext,
+};
 
 pub struct SledStore {
     db: Db,
@@ -23,41 +32,80 @@ pub struct SledStore {
     claims_by_time: Tree,
     contexts: Tree,
     audit: Tree,
+    /// sled's log file, opened once for fdatasync.
+    log_file: File,
+    blobs_dir: PathBuf,
+    /// Blob files already synced: a sync fsyncs only the new ones.
+    synced_blobs: Mutex<HashSet<OsString>>,
 }
 
 fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
-    serde_json::to_vec(value).map_err(StoreError::new)
+    serde_json::to_vec(value).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError(format!("corrupt record: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// Index key ordering claims by time: big-endian millis (offset to sort negatives), then the id.
-fn time_key(claimed_at_ms: i64, request_id: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + request_id.len());
-    key.extend_from_slice(&((claimed_at_ms as u64) ^ (1 << 63)).to_be_bytes());
+fn io(err: impl std::fmt::Display) -> StoreError {
+    StoreError::unavailable(err)
+}
+
+/// Sortable big-endian form of a signed instant (offset so that negatives sort first).
+fn instant_bytes(ms: i64) -> [u8; 8] {
+    ((ms as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// A claim's key: its namespace, then its request id (SPEC 7.4 r2: the namespaces never meet).
+fn claim_key(kind: ClaimKind, request_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + request_id.len());
+    key.push(match kind {
+        ClaimKind::Invoke => b'i',
+        ClaimKind::Standalone => b's',
+    });
     key.extend_from_slice(request_id.as_bytes());
     key
 }
 
+/// Index key ordering claims by time, then by their claim key.
+fn time_key(claimed_at_ms: i64, kind: ClaimKind, request_id: &str) -> Vec<u8> {
+    let mut key = instant_bytes(claimed_at_ms).to_vec();
+    key.extend_from_slice(&claim_key(kind, request_id));
+    key
+}
+
 fn expiry_key(expires_at_ms: i64, signature: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + signature.len());
-    key.extend_from_slice(&((expires_at_ms as u64) ^ (1 << 63)).to_be_bytes());
+    let mut key = instant_bytes(expires_at_ms).to_vec();
     key.extend_from_slice(signature);
     key
+}
+
+/// Opens a directory and fsyncs it, so that the names of files created in it are durable too.
+fn sync_dir(dir: &Path) -> StoreResult<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(format!("cannot sync {}: {e}", dir.display())))
 }
 
 impl SledStore {
     pub fn open(dir: &Path) -> StoreResult<SledStore> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| io(format!("cannot create {}: {e}", dir.display())))?;
         let db = sled::Config::new()
             .path(dir)
             .mode(sled::Mode::HighThroughput)
             .open()
-            .map_err(|e| StoreError(format!("cannot open store at {}: {e}", dir.display())))?;
-        let tree = |name: &str| db.open_tree(name).map_err(StoreError::new);
+            .map_err(|e| io(format!("cannot open store at {}: {e}", dir.display())))?;
+        let tree = |name: &str| db.open_tree(name).map_err(io);
+        let log_path = dir.join("db");
+        let log_file = File::open(&log_path)
+            .map_err(|e| io(format!("cannot open {}: {e}", log_path.display())))?;
+        let blobs_dir = dir.join("blobs");
+        // The files sled just created must not vanish with their directory entries.
+        sync_dir(dir)?;
+        if blobs_dir.is_dir() {
+            sync_dir(&blobs_dir)?;
+        }
         Ok(SledStore {
             sessions: tree("sessions")?,
             counters: tree("counters")?,
@@ -67,6 +115,9 @@ impl SledStore {
             claims_by_time: tree("claims_by_time")?,
             contexts: tree("contexts")?,
             audit: tree("audit")?,
+            log_file,
+            blobs_dir,
+            synced_blobs: Mutex::new(HashSet::new()),
             db,
         })
     }
@@ -79,7 +130,7 @@ impl SledStore {
     ) -> StoreResult<Option<sled::IVec>> {
         match tree
             .compare_and_swap(key, None::<&[u8]>, Some(value))
-            .map_err(StoreError::new)?
+            .map_err(io)?
         {
             Ok(()) => Ok(None),
             Err(conflict) => Ok(conflict.current),
@@ -89,242 +140,340 @@ impl SledStore {
     fn replace(tree: &Tree, key: &[u8], old: Vec<u8>, new: Option<Vec<u8>>) -> StoreResult<bool> {
         Ok(tree
             .compare_and_swap(key, Some(old), new)
-            .map_err(StoreError::new)?
+            .map_err(io)?
             .is_ok())
+    }
+
+    /// Atomically applies `update` to the byte cell `key` (None = absent); `update` returns the new
+    /// value, or None to leave the cell unchanged, and may run more than once under contention.
+    fn cell_update<T>(
+        &self,
+        key: &[u8],
+        update: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, T>,
+    ) -> StoreResult<Result<Vec<u8>, T>> {
+        loop {
+            let current = self.counters.get(key).map_err(io)?;
+            let next = match update(current.as_deref()) {
+                Ok(next) => next,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let swapped = self
+                .counters
+                .compare_and_swap(key, current, Some(next.clone()))
+                .map_err(io)?;
+            if swapped.is_ok() {
+                return Ok(Ok(next));
+            }
+        }
+    }
+
+    /// fsyncs every blob file sled wrote since the last sync, and their directory.
+    fn sync_new_blobs(&self) -> StoreResult<()> {
+        let entries = match std::fs::read_dir(&self.blobs_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(e)),
+        };
+        let mut synced = self
+            .synced_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut present = HashSet::new();
+        let mut new_files = false;
+        for entry in entries {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name();
+            if !synced.contains(&name) {
+                match File::open(entry.path()) {
+                    Ok(file) => file.sync_data().map_err(io)?,
+                    // sled removed an obsolete blob meanwhile: nothing left to make durable.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io(e)),
+                }
+                new_files = true;
+            }
+            present.insert(name);
+        }
+        *synced = present;
+        drop(synced);
+        if new_files {
+            sync_dir(&self.blobs_dir)?;
+        }
+        Ok(())
     }
 }
 
+fn budget_bytes(count: i64) -> Vec<u8> {
+    count.to_be_bytes().to_vec()
+}
+
+fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
+    match bytes {
+        None => Ok(0),
+        Some(raw) => raw
+            .try_into()
+            .map(i64::from_be_bytes)
+            .map_err(|_| StoreError::Corrupt("budget counter is not 8 bytes".into())),
+    }
+}
+
+#[async_trait::async_trait]
 impl Store for SledStore {
-    fn ping(&self) -> StoreResult<()> {
-        self.sessions
-            .get(b"\0ping")
-            .map(|_| ())
-            .map_err(StoreError::new)
+    async fn ping(&self) -> StoreResult<()> {
+        self.sessions.get(b"\0ping").map(|_| ()).map_err(io)
     }
 
-    fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
+    async fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
         let key = record.session_id.as_bytes();
         match Self::insert_if_absent(&self.sessions, key, encode(record)?)? {
-            None => {
-                self.flush()?;
-                Ok(None)
-            }
+            None => Ok(None),
             Some(existing) => Ok(Some(decode(&existing)?)),
         }
     }
 
-    fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>> {
+    async fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>> {
         self.sessions
             .get(session_id.as_bytes())
-            .map_err(StoreError::new)?
+            .map_err(io)?
             .map(|bytes| decode(&bytes))
             .transpose()
     }
 
-    fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
-        let swapped = Self::replace(
+    async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
+        Self::replace(
             &self.sessions,
             old.session_id.as_bytes(),
             encode(old)?,
             Some(encode(new)?),
-        )?;
-        if swapped {
-            self.flush()?;
-        }
-        Ok(swapped)
+        )
     }
 
-    fn counter_update(
-        &self,
-        key: &str,
-        update: &mut dyn FnMut(Option<i64>) -> Option<i64>,
-    ) -> StoreResult<Option<i64>> {
-        loop {
-            let current = self.counter_get(key)?;
-            let Some(next) = update(current) else {
-                return Ok(None);
-            };
-            let old = current.map(|v| v.to_be_bytes().to_vec());
-            let swapped = self
-                .counters
-                .compare_and_swap(key.as_bytes(), old, Some(next.to_be_bytes().to_vec()))
-                .map_err(StoreError::new)?;
-            if swapped.is_ok() {
-                return Ok(Some(next));
-            }
+    async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
+        match self.counters.get(key.as_bytes()).map_err(io)? {
+            None => Ok(None),
+            Some(bytes) => budget_count(Some(&bytes)).map(Some),
         }
     }
 
-    fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
-        let Some(bytes) = self.counters.get(key.as_bytes()).map_err(StoreError::new)? else {
-            return Ok(None);
-        };
-        let raw: [u8; 8] = bytes
-            .as_ref()
-            .try_into()
-            .map_err(|_| StoreError(format!("corrupt counter {key}")))?;
-        Ok(Some(i64::from_be_bytes(raw)))
-    }
-
-    fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool> {
+    async fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool> {
         let inserted =
             Self::insert_if_absent(&self.seen, signature, expires_at_ms.to_be_bytes().to_vec())?
                 .is_none();
         if inserted {
             self.seen_by_expiry
                 .insert(expiry_key(expires_at_ms, signature), &[])
-                .map_err(StoreError::new)?;
+                .map_err(io)?;
         }
         Ok(inserted)
     }
 
-    fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize> {
+    async fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize> {
         let end = expiry_key(now_ms, &[]);
         let mut purged = 0;
         for entry in self.seen_by_expiry.range(..end) {
-            let (key, _) = entry.map_err(StoreError::new)?;
+            let (key, _) = entry.map_err(io)?;
             if let Some(signature) = key.get(8..) {
-                self.seen.remove(signature).map_err(StoreError::new)?;
+                self.seen.remove(signature).map_err(io)?;
             }
-            self.seen_by_expiry.remove(&key).map_err(StoreError::new)?;
+            self.seen_by_expiry.remove(&key).map_err(io)?;
             purged += 1;
         }
         Ok(purged)
     }
 
-    fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
-        let key = record.request_id.as_bytes();
-        match Self::insert_if_absent(&self.claims, key, encode(record)?)? {
+    async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        let now_ms = admission.now_ms;
+        if let Some((key, window)) = &admission.rate {
+            let charged =
+                self.cell_update(key.as_bytes(), &mut |state| window.admit(state, now_ms))?;
+            if let Err(retry_after_ms) = charged {
+                return Ok(Admitted::RateLimited { retry_after_ms });
+            }
+        }
+        if let Some((key, max)) = &admission.budget {
+            let max = i64::try_from(*max).unwrap_or(i64::MAX);
+            let mut corrupt = None;
+            let counted =
+                self.cell_update(key.as_bytes(), &mut |cell| match budget_count(cell) {
+                    Ok(n) if n < max => Ok(budget_bytes(n + 1)),
+                    Ok(_) => Err(()),
+                    Err(e) => {
+                        corrupt = Some(e);
+                        Err(())
+                    }
+                })?;
+            if let Some(e) = corrupt {
+                return Err(e);
+            }
+            if counted.is_err() {
+                // The budget refused the call, so the rate window must not count it either.
+                if let Some((key, window)) = &admission.rate {
+                    self.cell_update::<()>(key.as_bytes(), &mut |state| {
+                        Ok(window.refund(state.unwrap_or_default(), now_ms))
+                    })?
+                    .ok();
+                }
+                return Ok(Admitted::BudgetExhausted);
+            }
+        }
+        let existing_claim = match &admission.claim {
+            Some(claim) => self.claim_insert(claim).await?,
+            None => None,
+        };
+        Ok(Admitted::Charged { existing_claim })
+    }
+
+    async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+        let key = claim_key(record.kind, &record.request_id);
+        match Self::insert_if_absent(&self.claims, &key, encode(record)?)? {
             None => {
                 self.claims_by_time
-                    .insert(time_key(record.claimed_at_ms, &record.request_id), &[])
-                    .map_err(StoreError::new)?;
-                self.flush()?;
+                    .insert(
+                        time_key(record.claimed_at_ms, record.kind, &record.request_id),
+                        &[],
+                    )
+                    .map_err(io)?;
                 Ok(None)
             }
             Some(existing) => Ok(Some(decode(&existing)?)),
         }
     }
 
-    fn claim_get(&self, request_id: &str) -> StoreResult<Option<ClaimRecord>> {
+    async fn claim_get(
+        &self,
+        kind: ClaimKind,
+        request_id: &str,
+    ) -> StoreResult<Option<ClaimRecord>> {
         self.claims
-            .get(request_id.as_bytes())
-            .map_err(StoreError::new)?
+            .get(claim_key(kind, request_id))
+            .map_err(io)?
             .map(|bytes| decode(&bytes))
             .transpose()
     }
 
-    fn claim_replace(&self, old: &ClaimRecord, new: Option<&ClaimRecord>) -> StoreResult<bool> {
+    async fn claim_replace(
+        &self,
+        old: &ClaimRecord,
+        new: Option<&ClaimRecord>,
+    ) -> StoreResult<bool> {
         let new_bytes = new.map(encode).transpose()?;
         let swapped = Self::replace(
             &self.claims,
-            old.request_id.as_bytes(),
+            &claim_key(old.kind, &old.request_id),
             encode(old)?,
             new_bytes,
         )?;
-        if swapped {
-            if new.is_none() {
-                self.claims_by_time
-                    .remove(time_key(old.claimed_at_ms, &old.request_id))
-                    .map_err(StoreError::new)?;
-            }
-            self.flush()?;
+        if swapped && new.is_none() {
+            self.claims_by_time
+                .remove(time_key(old.claimed_at_ms, old.kind, &old.request_id))
+                .map_err(io)?;
         }
         Ok(swapped)
     }
 
-    fn claim_scan_newest_first(
+    async fn claim_page(
         &self,
-        before: Option<(i64, &str)>,
-        visit: &mut dyn FnMut(&ClaimRecord) -> bool,
-    ) -> StoreResult<()> {
+        before: Option<&ClaimCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ClaimRecord>, bool)> {
         let range = match before {
-            Some((ms, id)) => self.claims_by_time.range(..time_key(ms, id)),
+            Some(c) => self
+                .claims_by_time
+                .range(..time_key(c.claimed_at_ms, c.kind, &c.request_id)),
             None => self.claims_by_time.range::<&[u8], _>(..),
         };
+        let mut items = Vec::new();
         for entry in range.rev() {
-            let (key, _) = entry.map_err(StoreError::new)?;
-            let Some(id) = key.get(8..) else { continue };
-            // A released claim may still be indexed for a moment; skip what is gone.
-            let Some(bytes) = self.claims.get(id).map_err(StoreError::new)? else {
+            let (key, _) = entry.map_err(io)?;
+            let Some(claim_key) = key.get(8..) else {
                 continue;
             };
-            if !visit(&decode(&bytes)?) {
-                break;
+            // A released claim may still be indexed for a moment; skip what is gone.
+            let Some(bytes) = self.claims.get(claim_key).map_err(io)? else {
+                continue;
+            };
+            let record: ClaimRecord = decode(&bytes)?;
+            if !keep(&record) {
+                continue;
             }
+            if items.len() == limit {
+                return Ok((items, true));
+            }
+            items.push(record);
         }
+        Ok((items, false))
+    }
+
+    async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
+        self.contexts
+            .insert(context.name.as_bytes(), encode(context)?)
+            .map_err(io)?;
         Ok(())
     }
 
-    fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
-        self.contexts
-            .insert(context.name.as_bytes(), encode(context)?)
-            .map_err(StoreError::new)?;
-        self.flush()
+    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
+        Ok(self.contexts.remove(name.as_bytes()).map_err(io)?.is_some())
     }
 
-    fn context_delete(&self, name: &str) -> StoreResult<bool> {
-        let removed = self
-            .contexts
-            .remove(name.as_bytes())
-            .map_err(StoreError::new)?
-            .is_some();
-        self.flush()?;
-        Ok(removed)
-    }
-
-    fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
         self.contexts
             .iter()
             .map(|entry| {
-                let (_, bytes) = entry.map_err(StoreError::new)?;
+                let (_, bytes) = entry.map_err(io)?;
                 decode(&bytes)
             })
             .collect()
     }
-
-    fn flush(&self) -> StoreResult<()> {
-        self.db.flush().map(|_| ()).map_err(StoreError::new)
-    }
 }
 
 impl AuditBackend for SledStore {
-    fn head(&self) -> Result<Option<ChainHead>, String> {
-        let Some((_, bytes)) = self.audit.last().map_err(|e| e.to_string())? else {
+    fn head(&self) -> StoreResult<Option<ChainHead>> {
+        let Some((_, bytes)) = self.audit.last().map_err(io)? else {
             return Ok(None);
         };
-        let event: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        let seq = event["seq"].as_u64().ok_or("audit event without seq")?;
-        let hash = event["hash"].as_str().ok_or("audit event without hash")?;
+        let event: Value = decode(&bytes)?;
+        let seq = event["seq"]
+            .as_u64()
+            .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))?;
+        let hash = event["hash"]
+            .as_str()
+            .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
         Ok(Some(ChainHead {
             seq,
             hash: hash.to_string(),
         }))
     }
 
-    fn append(&self, events: &[Value]) -> Result<(), String> {
+    fn append(&self, events: &[Value]) -> StoreResult<()> {
         let mut batch = sled::Batch::default();
         for event in events {
-            let seq = event["seq"].as_u64().ok_or("audit event without seq")?;
-            let bytes = serde_json::to_vec(event).map_err(|e| e.to_string())?;
-            batch.insert(&seq.to_be_bytes(), bytes);
+            let seq = event["seq"]
+                .as_u64()
+                .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))?;
+            batch.insert(&seq.to_be_bytes(), encode(event)?);
         }
-        self.audit.apply_batch(batch).map_err(|e| e.to_string())?;
-        self.db.flush().map(|_| ()).map_err(|e| e.to_string())
+        self.audit.apply_batch(batch).map_err(io)
+    }
+
+    fn sync(&self) -> StoreResult<()> {
+        self.db.flush().map_err(io)?;
+        self.log_file.sync_data().map_err(io)?;
+        self.sync_new_blobs()
     }
 
     fn scan_newest_first(
         &self,
         before_seq: Option<u64>,
         f: &mut dyn FnMut(&Value) -> bool,
-    ) -> Result<(), String> {
+    ) -> StoreResult<()> {
         let range = match before_seq {
             Some(seq) => self.audit.range(..seq.to_be_bytes()),
             None => self.audit.range::<&[u8], _>(..),
         };
         for entry in range.rev() {
-            let (_, bytes) = entry.map_err(|e| e.to_string())?;
-            let event: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+            let (_, bytes) = entry.map_err(io)?;
+            let event: Value = decode(&bytes)?;
             if !f(&event) {
                 break;
             }
@@ -336,11 +485,14 @@ impl AuditBackend for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::rate::SlidingWindow;
     use crate::store::{ClaimOutcome, ClaimStatus};
 
-    fn claim(id: &str, ms: i64) -> ClaimRecord {
+    fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
         ClaimRecord {
+            kind,
             request_id: id.into(),
+            call_digest: None,
             action: "fs.write".into(),
             agent_id: "agent".into(),
             session_id: None,
@@ -354,96 +506,179 @@ mod tests {
         }
     }
 
-    #[test]
-    fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
+    fn open() -> (tempfile::TempDir, SledStore) {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
-        let first = claim("a", 1);
-        assert!(store.claim_insert(&first).unwrap().is_none());
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
+        let (_dir, store) = open();
+        let first = claim(ClaimKind::Invoke, "a", 1);
+        assert!(store.claim_insert(&first).await.unwrap().is_none());
         assert_eq!(
-            store.claim_insert(&claim("a", 2)).unwrap(),
+            store
+                .claim_insert(&claim(ClaimKind::Invoke, "a", 2))
+                .await
+                .unwrap(),
             Some(first.clone())
         );
-
         let mut committed = first.clone();
         committed.status = ClaimStatus::Committed;
         committed.outcome = Some(ClaimOutcome::Answer {
             response: serde_json::json!({"ok": 1}),
         });
-        assert!(store.claim_replace(&first, Some(&committed)).unwrap());
+        assert!(store.claim_replace(&first, Some(&committed)).await.unwrap());
         // A second writer holding the stale PENDING record loses.
-        assert!(!store.claim_replace(&first, None).unwrap());
-        assert_eq!(store.claim_get("a").unwrap(), Some(committed));
+        assert!(!store.claim_replace(&first, None).await.unwrap());
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "a").await.unwrap(),
+            Some(committed)
+        );
     }
 
-    #[test]
-    fn claims_scan_newest_first_with_cursor_and_release_removes() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
+    #[tokio::test]
+    async fn the_two_claim_namespaces_never_meet() {
+        let (_dir, store) = open();
+        store
+            .claim_insert(&claim(ClaimKind::Standalone, "same", 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "same").await.unwrap(),
+            None
+        );
+        assert!(store
+            .claim_insert(&claim(ClaimKind::Invoke, "same", 2))
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn claims_page_newest_first_with_cursor_and_release_removes() {
+        let (_dir, store) = open();
         for (i, id) in ["x", "y", "z"].iter().enumerate() {
-            store.claim_insert(&claim(id, 10 + i as i64)).unwrap();
+            store
+                .claim_insert(&claim(ClaimKind::Invoke, id, 10 + i as i64))
+                .await
+                .unwrap();
         }
-        let mut seen = vec![];
-        store
-            .claim_scan_newest_first(None, &mut |c| {
-                seen.push(c.request_id.clone());
-                true
-            })
+        let ids = |page: &[ClaimRecord]| {
+            page.iter()
+                .map(|c| c.request_id.clone())
+                .collect::<Vec<_>>()
+        };
+        let (page, more) = store.claim_page(None, 2, &|_| true).await.unwrap();
+        assert_eq!(
+            (ids(&page), more),
+            (vec!["z".to_string(), "y".to_string()], true)
+        );
+        let cursor = ClaimCursor {
+            claimed_at_ms: 11,
+            kind: ClaimKind::Invoke,
+            request_id: "y".into(),
+        };
+        let (page, more) = store.claim_page(Some(&cursor), 2, &|_| true).await.unwrap();
+        assert_eq!((ids(&page), more), (vec!["x".to_string()], false));
+        let (page, _) = store
+            .claim_page(None, 10, &|c| c.request_id != "y")
+            .await
             .unwrap();
-        assert_eq!(seen, ["z", "y", "x"]);
-        let mut after = vec![];
-        store
-            .claim_scan_newest_first(Some((11, "y")), &mut |c| {
-                after.push(c.request_id.clone());
-                true
-            })
-            .unwrap();
-        assert_eq!(after, ["x"]);
-        assert!(store.claim_replace(&claim("x", 10), None).unwrap());
-        assert_eq!(store.claim_get("x").unwrap(), None);
+        assert_eq!(ids(&page), ["z", "x"]);
+        assert!(store
+            .claim_replace(&claim(ClaimKind::Invoke, "x", 10), None)
+            .await
+            .unwrap());
+        assert_eq!(store.claim_get(ClaimKind::Invoke, "x").await.unwrap(), None);
     }
 
-    #[test]
-    fn signatures_are_remembered_once_and_purged_after_their_window() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
-        assert!(store.remember_signature(&[1; 64], 1_000).unwrap());
-        assert!(!store.remember_signature(&[1; 64], 1_000).unwrap());
-        assert!(store.remember_signature(&[2; 64], 5_000).unwrap());
-        assert_eq!(store.purge_signatures(2_000).unwrap(), 1);
-        assert!(store.remember_signature(&[1; 64], 9_000).unwrap());
-        assert!(!store.remember_signature(&[2; 64], 9_000).unwrap());
+    #[tokio::test]
+    async fn signatures_are_remembered_once_and_purged_after_their_window() {
+        let (_dir, store) = open();
+        assert!(store.remember_signature(&[1; 64], 1_000).await.unwrap());
+        assert!(!store.remember_signature(&[1; 64], 1_000).await.unwrap());
+        assert!(store.remember_signature(&[2; 64], 5_000).await.unwrap());
+        assert_eq!(store.purge_signatures(2_000).await.unwrap(), 1);
+        assert!(store.remember_signature(&[1; 64], 9_000).await.unwrap());
+        assert!(!store.remember_signature(&[2; 64], 9_000).await.unwrap());
     }
 
-    #[test]
-    fn state_survives_reopen() {
+    #[tokio::test]
+    async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
+        let (_dir, store) = open();
+        let admission = |n: i64| Admission {
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60))),
+            budget: Some(("budget".into(), 2)),
+            claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
+            now_ms: 1_000 + n,
+        };
+        for n in 0..2 {
+            assert_eq!(
+                store.admit(&admission(n)).await.unwrap(),
+                Admitted::Charged {
+                    existing_claim: None
+                }
+            );
+        }
+        // The budget refuses the third call, and gives its rate charge back.
+        assert_eq!(
+            store.admit(&admission(2)).await.unwrap(),
+            Admitted::BudgetExhausted
+        );
+        assert_eq!(store.counter_get("budget").await.unwrap(), Some(2));
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
+            None
+        );
+        let rate_only = |n: i64| Admission {
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60))),
+            now_ms: 1_000 + n,
+            ..Admission::default()
+        };
+        // Two of three rate slots are used, so one more passes and the next waits.
+        assert!(matches!(
+            store.admit(&rate_only(3)).await.unwrap(),
+            Admitted::Charged { .. }
+        ));
+        assert!(matches!(
+            store.admit(&rate_only(4)).await.unwrap(),
+            Admitted::RateLimited { retry_after_ms } if retry_after_ms > 0
+        ));
+    }
+
+    #[tokio::test]
+    async fn state_survives_reopen_after_a_sync() {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = SledStore::open(dir.path()).unwrap();
-            store.claim_insert(&claim("kept", 5)).unwrap();
-            store.remember_signature(&[7; 64], i64::MAX).unwrap();
             store
-                .counter_update("n", &mut |v| Some(v.unwrap_or(0) + 1))
+                .claim_insert(&claim(ClaimKind::Invoke, "kept", 5))
+                .await
                 .unwrap();
-            store.flush().unwrap();
+            store.remember_signature(&[7; 64], i64::MAX).await.unwrap();
+            let budget = Admission {
+                budget: Some(("n".into(), 10)),
+                ..Admission::default()
+            };
+            store.admit(&budget).await.unwrap();
+            // A value larger than sled's blob threshold lands in a file of its own, synced too.
+            let big = StoredContext {
+                name: "big".into(),
+                spec: Value::String("x".repeat(300_000)),
+            };
+            store.context_put(&big).await.unwrap();
+            store.sync().unwrap();
         }
         let store = SledStore::open(dir.path()).unwrap();
-        assert!(store.claim_get("kept").unwrap().is_some());
-        assert!(!store.remember_signature(&[7; 64], i64::MAX).unwrap());
-        assert_eq!(store.counter_get("n").unwrap(), Some(1));
-    }
-
-    #[test]
-    fn counter_update_can_refuse() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
-        let bump_below_two = &mut |v: Option<i64>| {
-            let n = v.unwrap_or(0);
-            (n < 2).then_some(n + 1)
-        };
-        assert_eq!(store.counter_update("b", bump_below_two).unwrap(), Some(1));
-        assert_eq!(store.counter_update("b", bump_below_two).unwrap(), Some(2));
-        assert_eq!(store.counter_update("b", bump_below_two).unwrap(), None);
-        assert_eq!(store.counter_get("b").unwrap(), Some(2));
+        assert!(store
+            .claim_get(ClaimKind::Invoke, "kept")
+            .await
+            .unwrap()
+            .is_some());
+        assert!(!store.remember_signature(&[7; 64], i64::MAX).await.unwrap());
+        assert_eq!(store.counter_get("n").await.unwrap(), Some(1));
+        assert_eq!(store.context_list().await.unwrap().len(), 1);
     }
 }
