@@ -1,7 +1,11 @@
 //! Crash test (issue: durable claims): the real binary under concurrent retrying load against a counting
 //! tool, killed with SIGKILL at random moments and restarted on the same data. Afterwards: no logical
 //! action ran twice, every answer given as PROCEED or SKIP is still COMMITTED with the same content, every
-//! action the tool ran is COMMITTED or PENDING (never lost), and every PENDING is listed by the API.
+//! action the tool ran is COMMITTED or PENDING (never lost), every PENDING is listed by the API, and the
+//! audit file is one chain that holds the event of every answer given.
+//!
+//! The second run makes every fdatasync wait 30 ms first (strace's syscall injection), so that most kills
+//! land between a batch's writes and its sync.
 
 mod common;
 
@@ -32,8 +36,30 @@ impl Lcg {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
+    crash_under(Vec::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_between_a_batch_write_and_its_sync_loses_nothing_acknowledged() {
+    let slow_syncs = [
+        "strace",
+        "-f",
+        "-o",
+        "/dev/null",
+        "-e",
+        "trace=fdatasync",
+        "-e",
+        "inject=fdatasync:delay_enter=30000",
+    ];
+    crash_under(slow_syncs.map(String::from).to_vec()).await;
+}
+
+async fn crash_under(wrapper: Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut gw, tool) = Gateway::start(dir.path(), "").await;
+    let (tool, tool_base) = common::start_tool().await;
+    let keys = Arc::new(common::Keys::new());
+    let config = common::write_config(dir.path(), &keys, &tool_base, "", "");
+    let mut gw = Gateway::spawn_under(wrapper, dir.path(), &config, keys);
     let (key, token) = gw.session("exec-crash").await;
     let key = Arc::new(key);
     let base = Arc::new(RwLock::new(gw.base.clone()));
@@ -47,6 +73,8 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
     let next_id = Arc::new(AtomicU64::new(0));
     // op → the answer the gateway returned for it (PROCEED or SKIP).
     let answered: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
+    // The audit event of every answer given.
+    let acknowledged_events: Arc<Mutex<Vec<String>>> = Arc::default();
 
     let mut workers = Vec::new();
     for _ in 0..WORKERS {
@@ -57,11 +85,12 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
             client.clone(),
             stop.clone(),
         );
-        let (sent, next_op, next_id, answered) = (
+        let (sent, next_op, next_id, answered, acknowledged_events) = (
             sent.clone(),
             next_op.clone(),
             next_id.clone(),
             answered.clone(),
+            acknowledged_events.clone(),
         );
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
@@ -92,6 +121,8 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
                             assert_eq!(earlier, &result, "a SKIP returned another answer than the PROCEED");
                         }
                         answered.insert(op.clone(), result);
+                        let event_id = body["receipt"]["event_id"].as_str().unwrap_or_default();
+                        acknowledged_events.lock().unwrap().push(event_id.to_string());
                         break;
                     }
                     if body["error"]["code"] == 4001 {
@@ -113,6 +144,20 @@ async fn sigkill_under_load_never_runs_an_action_twice_nor_loses_an_answer() {
     stop.store(true, Ordering::SeqCst);
     for worker in workers {
         worker.await.unwrap();
+    }
+
+    // One chain in the audit file, holding every event whose response was sent.
+    let audit_file = dir.path().join("audit.jsonl");
+    let report = sealgate::audit::verify_chain(std::io::BufReader::new(
+        std::fs::File::open(&audit_file).unwrap(),
+    ));
+    assert!(report.is_ok(), "the audit file does not verify: {report:?}");
+    let file_text = std::fs::read_to_string(&audit_file).unwrap();
+    for event_id in acknowledged_events.lock().unwrap().iter() {
+        assert!(
+            file_text.contains(&format!("\"event_id\":\"{event_id}\"")),
+            "event {event_id} was acknowledged but is not in the audit file"
+        );
     }
 
     let executions = tool.ops.lock().unwrap().clone();

@@ -53,6 +53,15 @@ pub struct Tool {
     pub last_auth: std::sync::Mutex<Option<String>>,
     /// Executions per `op` argument, for exactly-once checks.
     pub ops: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// When each call reached the tool (Unix microseconds), to order it against the gateway's syncs.
+    pub received_at_us: std::sync::Mutex<Vec<u64>>,
+}
+
+/// Wall-clock Unix microseconds: the clock that strace's `-ttt` timestamps use.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl Tool {
@@ -66,6 +75,7 @@ async fn tool_rpc(
     headers: axum::http::HeaderMap,
     axum::Json(request): axum::Json<Value>,
 ) -> axum::Json<Value> {
+    tool.received_at_us.lock().unwrap().push(now_us());
     tool.executions.fetch_add(1, Ordering::SeqCst);
     *tool.last_auth.lock().unwrap() = headers
         .get("authorization")
@@ -183,6 +193,8 @@ impl Keys {
 /// The running binary; killed when dropped.
 pub struct Gateway {
     pub child: Child,
+    /// A command the binary runs under (strace), kept for restarts; empty for none.
+    pub wrapper: Vec<String>,
     pub base: String,
     pub dir: PathBuf,
     pub config_path: PathBuf,
@@ -192,8 +204,7 @@ pub struct Gateway {
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
@@ -239,7 +250,21 @@ audit: {{ file: audit.jsonl }}
 
 /// Starts the binary on `config_path` and waits for its ready line; returns the child and its base URL.
 pub fn launch(config_path: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+    launch_under(&[], config_path)
+}
+
+/// Like [`launch`], with the binary run under `wrapper` (e.g. `strace -f -o FILE`).
+pub fn launch_under(wrapper: &[String], config_path: &Path) -> (Child, String) {
+    let binary = env!("CARGO_BIN_EXE_sealgate");
+    let mut command = match wrapper.split_first() {
+        None => Command::new(binary),
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(binary);
+            command
+        }
+    };
+    let mut child = command
         .args(["serve", "--config"])
         .arg(config_path)
         .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
@@ -267,9 +292,19 @@ pub fn launch(config_path: &Path) -> (Child, String) {
 
 impl Gateway {
     pub fn spawn(dir: &Path, config_path: &Path, keys: Arc<Keys>) -> Gateway {
-        let (child, base) = launch(config_path);
+        Gateway::spawn_under(Vec::new(), dir, config_path, keys)
+    }
+
+    pub fn spawn_under(
+        wrapper: Vec<String>,
+        dir: &Path,
+        config_path: &Path,
+        keys: Arc<Keys>,
+    ) -> Gateway {
+        let (child, base) = launch_under(&wrapper, config_path);
         Gateway {
             child,
+            wrapper,
             base,
             dir: dir.to_path_buf(),
             config_path: config_path.to_path_buf(),
@@ -296,11 +331,25 @@ impl Gateway {
         (Gateway::spawn(dir, &config, keys), tool)
     }
 
-    /// Stops the process with SIGKILL and starts it again on the same data.
-    pub fn restart(&mut self) {
+    /// SIGKILL to the gateway, and first to the gateway under the wrapper: a killed tracer would only
+    /// detach from it and leave it running.
+    pub fn kill(&mut self) {
+        let pid = self.child.id();
+        if !self.wrapper.is_empty() {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for child in children.split_whitespace() {
+                let _ = Command::new("kill").args(["-9", child]).status();
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, base) = launch(&self.config_path);
+    }
+
+    /// Stops the process with SIGKILL and starts it again on the same data.
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, base) = launch_under(&self.wrapper, &self.config_path);
         self.child = child;
         self.base = base;
     }

@@ -1,0 +1,194 @@
+//! Durable means fsync'd (SPEC 12): the real binary runs under strace, which records every fsync and
+//! fdatasync with the file it targets and when it started and ended. For each acknowledged write the
+//! test checks that a sync of the files that hold it lies between the request and its response — and,
+//! for a claimed call, one between the request and the forward (the claim) and one between the forward
+//! and the response (the answer): at most one sync per phase, never zero.
+
+mod common;
+
+use std::path::Path;
+
+use common::{now_us, Gateway, Keys};
+use reqwest::Method;
+use serde_json::json;
+
+/// One traced sync: the file and when it ran (Unix microseconds).
+#[derive(Debug)]
+struct Sync {
+    path: String,
+    start_us: u64,
+    end_us: u64,
+}
+
+/// Parses `strace -f -ttt -T -y` lines such as
+/// `123 1796102408.079442 fdatasync(3</data/db>) = 0 <0.000337>`; split (unfinished / resumed) lines are
+/// joined by pid.
+fn parse_trace(text: &str) -> Vec<Sync> {
+    let mut unfinished: std::collections::HashMap<&str, (u64, String)> = Default::default();
+    let mut syncs = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ' ');
+        let (Some(pid), Some(at), Some(rest)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(at) = at.parse::<f64>() else { continue };
+        let at_us = (at * 1e6) as u64;
+        let path_of = |rest: &str| {
+            rest.split_once('<')
+                .and_then(|(_, tail)| tail.split_once('>'))
+                .map(|(path, _)| path.to_string())
+        };
+        let duration_us = |rest: &str| {
+            rest.rsplit_once('<')
+                .and_then(|(_, tail)| tail.trim_end_matches('>').parse::<f64>().ok())
+                .map(|secs| (secs * 1e6) as u64)
+        };
+        if rest.starts_with("fdatasync(") || rest.starts_with("fsync(") {
+            let Some(path) = path_of(rest) else { continue };
+            if rest.ends_with("<unfinished ...>") {
+                unfinished.insert(pid, (at_us, path));
+            } else if rest.contains("= 0") {
+                let end = at_us + duration_us(rest).unwrap_or(0);
+                syncs.push(Sync {
+                    path,
+                    start_us: at_us,
+                    end_us: end,
+                });
+            }
+        } else if rest.starts_with("<... fdatasync resumed>") || rest.starts_with("<... fsync resumed>") {
+            if let Some((start, path)) = unfinished.remove(pid) {
+                if rest.contains("= 0") {
+                    syncs.push(Sync {
+                        path,
+                        start_us: start,
+                        end_us: at_us + duration_us(rest).unwrap_or(0),
+                    });
+                }
+            }
+        }
+    }
+    syncs
+}
+
+fn synced_between(syncs: &[Sync], file: &Path, from_us: u64, to_us: u64) -> bool {
+    let file = file.to_string_lossy();
+    syncs
+        .iter()
+        .any(|s| s.path == file && s.start_us >= from_us && s.end_us <= to_us)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_is_synced_before_its_response() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().canonicalize().unwrap();
+    let (tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(Keys::new());
+    let config = common::write_config(&dir_path, &keys, &tool_base, "", "");
+    let trace = dir_path.join("trace.txt");
+    let wrapper = [
+        "strace",
+        "-f",
+        "-ttt",
+        "-T",
+        "-y",
+        "-e",
+        "trace=fdatasync,fsync",
+        "-o",
+        trace.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut gw = Gateway::spawn_under(wrapper, &dir_path, &config, keys);
+    let store_log = dir_path.join("data/db");
+    let audit_file = dir_path.join("audit.jsonl");
+
+    // A session registration, answered 201.
+    let key = sealgate::envelope::generate_signing_key().unwrap();
+    let t0 = now_us();
+    let (status, _) = gw
+        .admin(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(json!({"session_id": "exec-sync", "public_key": sealgate::envelope::public_key_b64(&key.verifying_key()),
+                        "security_context": "test", "expires_at": sealgate::clock::now_secs() + 600})),
+        )
+        .await;
+    let registered = (t0, now_us());
+    assert_eq!(status, 201);
+    let token = gw.keys.agent_token("exec-sync");
+
+    // A claimed call (claim PENDING before the forward, COMMITTED before the reply).
+    let t0 = now_us();
+    let (status, body) = gw
+        .call(
+            &key,
+            &token,
+            common::tool_call(1, "tool.write", json!({"path": "/workspace/a"})),
+        )
+        .await;
+    let claimed = (t0, now_us());
+    assert_eq!((status, body["receipt"]["claim"].as_str()), (200, Some("PROCEED")), "{body}");
+    let forwarded_at = tool.received_at_us.lock().unwrap()[0];
+
+    // A call without a claim: one sync, before the reply.
+    let t0 = now_us();
+    let (status, body) = gw
+        .call(&key, &token, common::tool_call(2, "tool.off", json!({})))
+        .await;
+    let unclaimed = (t0, now_us());
+    assert_eq!((status, body["receipt"]["claim"].as_str()), (200, Some("NONE")), "{body}");
+
+    // A refusal: its event, and the replay record, are durable before the answer.
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        common::tool_call(3, "tool.off", json!({})),
+        &token,
+        sealgate::clock::now_secs(),
+    );
+    gw.post(&envelope).await;
+    let t0 = now_us();
+    let (status, body) = gw.post(&envelope).await;
+    let replayed = (t0, now_us());
+    assert_eq!((status, common::code(&body)), (401, 1008));
+
+    // A revocation.
+    let t0 = now_us();
+    let (status, _) = gw
+        .admin(Method::DELETE, "/v1/seal/sessions/exec-sync", None)
+        .await;
+    let revoked = (t0, now_us());
+    assert_eq!(status, 200);
+
+    // Stop the gateway and strace, so that the trace is complete.
+    gw.kill();
+    let syncs = parse_trace(&std::fs::read_to_string(&trace).unwrap());
+    assert!(
+        syncs.iter().any(|s| s.path == store_log.to_string_lossy()),
+        "no sync of {} in the trace: {syncs:?}",
+        store_log.display()
+    );
+    for (what, (from, to)) in [
+        ("session registration", registered),
+        ("claimed call", claimed),
+        ("unclaimed call", unclaimed),
+        ("replay refusal", replayed),
+        ("revocation", revoked),
+    ] {
+        assert!(
+            synced_between(&syncs, &store_log, from, to),
+            "{what}: no sync of the store between request and response"
+        );
+        assert!(
+            synced_between(&syncs, &audit_file, from, to),
+            "{what}: no sync of the audit file between request and response"
+        );
+    }
+    assert!(
+        synced_between(&syncs, &store_log, claimed.0, forwarded_at),
+        "the claim was not synced before the call was forwarded"
+    );
+    assert!(
+        synced_between(&syncs, &store_log, forwarded_at, claimed.1),
+        "the answer was not synced between the forward and the reply"
+    );
+}

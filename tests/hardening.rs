@@ -1,0 +1,277 @@
+//! The outside review's findings (SPEC revision 2), each through the real binary: claims that cannot be
+//! forged or reused across calls, SKIPs under today's response cap, standalone claims audited in their
+//! own namespace, bounded refusal events, read timeouts and admission control.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::{code, tool_call, Gateway};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn keyed_call(id: u64, tool: &str, arguments: Value, key: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": arguments, "_meta": {"idempotency_key": key}}})
+}
+
+async fn audit_events(gw: &Gateway, query: &str) -> Vec<Value> {
+    let (status, page) = gw
+        .admin(Method::GET, &format!("/v1/audit?{query}"), None)
+        .await;
+    assert_eq!(status, 200, "{page}");
+    page["items"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn the_standalone_api_can_neither_forge_nor_block_an_agents_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-forge").await;
+    let resolver = gw.keys.operator_token("seal.claim.resolve");
+    // The request id the agent's keyed call will compute, claimed and settled with a made-up answer.
+    let target = sealgate::claim::request_id_for_key("agent-1", "pay-1");
+    let forged = json!({"request_id": target, "action": "tool.write"});
+    let (status, taken) = gw
+        .operator(Method::POST, "/claim", Some(&resolver), Some(forged))
+        .await;
+    assert_eq!((status, taken["status"].as_str()), (200, Some("PROCEED")));
+    let (status, _) = gw
+        .operator(
+            Method::POST,
+            &format!("/settle/{target}"),
+            Some(&resolver),
+            Some(json!({"result": {"jsonrpc": "2.0", "id": 0, "result": {"forged": true}}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    // The agent's real call runs the tool and gets the tool's answer.
+    let (status, body) = gw
+        .call(
+            &key,
+            &token,
+            keyed_call(1, "tool.write", json!({"path": "/workspace/p"}), "pay-1"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["receipt"]["claim"], "PROCEED");
+    assert!(body["payload"]["result"].get("forged").is_none(), "{body}");
+    assert_eq!(tool.count(), 1);
+    // `/settle` cannot settle an invoke claim, and `/claim` finds none.
+    let (status, _) = gw
+        .operator(
+            Method::POST,
+            &format!("/settle/{}", sealgate::claim::request_id_for_key("agent-1", "never-claimed")),
+            Some(&resolver),
+            Some(json!({"result": 1})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    // The claims listing tells the namespaces apart.
+    let (_, page) = gw
+        .admin(Method::GET, "/v1/claims?kind=standalone", None)
+        .await;
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["kind"], "standalone");
+    // Both standalone steps are audited with the actor; an invoke claim is resolved only via resolve,
+    // with a JSON-RPC response object.
+    let taken = audit_events(&gw, "type=ClaimTaken").await;
+    let settled = audit_events(&gw, "type=ClaimSettled").await;
+    assert_eq!((taken.len(), settled.len()), (1, 1));
+    assert_eq!(taken[0]["actor"], "test-operator");
+    assert_eq!(settled[0]["request_id"], json!(target));
+}
+
+#[tokio::test]
+async fn a_reused_idempotency_key_never_returns_another_calls_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-reuse").await;
+    let (status, first) = gw
+        .call(
+            &key,
+            &token,
+            keyed_call(1, "tool.read", json!({"path": "/workspace/secret"}), "k"),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    let (status, reused) = gw
+        .call(
+            &key,
+            &token,
+            keyed_call(2, "tool.read", json!({"path": "/workspace/other"}), "k"),
+        )
+        .await;
+    assert_eq!((status, code(&reused)), (422, 4002), "{reused}");
+    assert!(!reused.to_string().contains("secret"));
+    assert_eq!(tool.count(), 1);
+    let blocked = audit_events(&gw, "type=ClaimBlocked").await;
+    assert_eq!(blocked[0]["code"], 4002);
+    // The same call with the same key still SKIPs with its own answer.
+    let (status, again) = gw
+        .call(
+            &key,
+            &token,
+            keyed_call(3, "tool.read", json!({"path": "/workspace/secret"}), "k"),
+        )
+        .await;
+    assert_eq!((status, again["receipt"]["claim"].as_str()), (200, Some("SKIP")));
+    assert_eq!(again["payload"]["id"], 3);
+}
+
+#[tokio::test]
+async fn a_skip_is_held_to_the_response_cap_in_force_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-cap").await;
+    let call = |id| keyed_call(id, "tool.write", json!({"path": "/workspace/cap"}), "cap");
+    let (status, _) = gw.call(&key, &token, call(1)).await;
+    let mut next_id = 2;
+    assert_eq!(status, 200);
+    // Tighten the capability that allows tool.* to a cap smaller than the stored answer.
+    let policy = common::TEST_POLICY.replace(
+        "  - tool_pattern: \"tool.*\"\n    path_allowlist: [\"/workspace\"]",
+        "  - tool_pattern: \"tool.*\"\n    path_allowlist: [\"/workspace\"]\n    max_response_size: 16",
+    );
+    assert_ne!(policy, common::TEST_POLICY);
+    std::fs::write(dir.path().join("policies/test.yaml"), policy).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        next_id += 1;
+        let (status, body) = gw.call(&key, &token, call(next_id)).await;
+        if status != 200 {
+            assert_eq!((status, code(&body)), (502, 2007), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the reload never applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let config = common::write_config(dir.path(), &keys, &tool_base, "", "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "audit: { file: audit.jsonl }",
+        "audit: { file: audit.jsonl, unauthenticated_per_second: 3 }",
+    );
+    std::fs::write(&config, text).unwrap();
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let huge_signature = "A".repeat(40_000);
+    let huge_alg = format!(
+        "{}.e30.c2ln",
+        base64_url(&format!("{{\"alg\":\"{}\"}}", "X".repeat(12_000)))
+    );
+    let started = std::time::Instant::now();
+    for n in 0..10 {
+        let envelope = json!({"protocol": "seal/v1", "security_token": huge_alg,
+            "signature": huge_signature, "timestamp": sealgate::clock::now_secs(),
+            "payload": tool_call(n, "tool.read", json!({}))});
+        let (status, body) = gw.post(&envelope).await;
+        assert_eq!((status, code(&body)), (401, 1004));
+    }
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    let events = audit_events(&gw, "type=EnvelopeRejected&code=1004").await;
+    assert!(
+        (3..=3 * seconds).contains(&events.len()) && events.len() < 10,
+        "{} events in {seconds} s: only 3 per second and address are recorded",
+        events.len()
+    );
+    for event in &events {
+        assert!(event.get("signature").is_none(), "a signature that is not 64 bytes is not kept");
+        for (field, value) in event.as_object().unwrap() {
+            if let Some(text) = value.as_str() {
+                assert!(text.chars().count() <= 256, "{field} holds {} chars", text.len());
+            }
+        }
+    }
+    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert!(!file.contains(&"X".repeat(300)));
+}
+
+fn base64_url(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
+#[tokio::test]
+async fn slow_request_heads_and_bodies_get_408() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(
+        dir.path(),
+        "limits: { header_read_timeout_secs: 1, body_read_timeout_secs: 1 }\n",
+    )
+    .await;
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let exchange = |request: &'static [u8]| {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            stream.write_all(request).unwrap();
+            let mut answer = String::new();
+            // The gateway answers and closes: read to the end.
+            let _ = stream.read_to_string(&mut answer);
+            answer
+        })
+    };
+    let head = exchange(b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\n").join().unwrap();
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    let body = exchange(
+        b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+    )
+    .join()
+    .unwrap();
+    assert!(body.starts_with("HTTP/1.1 408"), "{body}");
+    assert!(body.contains("\"code\":1000"), "{body}");
+}
+
+#[tokio::test]
+async fn calls_beyond_max_concurrent_calls_are_shed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) =
+        Gateway::start(dir.path(), "limits: { max_concurrent_calls: 1 }\n").await;
+    let (key, token) = gw.session("exec-shed").await;
+    // One slow call holds the only slot (the tool answers after a second).
+    let held = {
+        let envelope = sealgate::envelope::sign_envelope(
+            &key,
+            tool_call(1, "second.wait", json!({})),
+            &token,
+            sealgate::clock::now_secs(),
+        );
+        let (client, url) = (gw.client.clone(), format!("{}/v1/invoke", gw.base));
+        tokio::spawn(async move { client.post(url).json(&envelope).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let response = gw
+        .client
+        .post(format!("{}/v1/invoke", gw.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(code(&body), 5006);
+    assert!(started.elapsed() < Duration::from_millis(500), "shedding must not wait");
+    let finished = held.await.unwrap().unwrap();
+    assert_eq!(finished.status(), 200);
+    // The slot is free again.
+    let (status, _) = gw
+        .call(&key, &token, tool_call(2, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200);
+}
