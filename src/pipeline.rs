@@ -297,7 +297,6 @@ async fn run_checks(
                 rule,
                 message,
             } => {
-                let code = Code::from_number(code).unwrap_or(Code::NoMatchingCapability);
                 let mut refusal = Refusal::new(code, message);
                 refusal.rule = Some(rule);
                 return Err(refusal);
