@@ -375,10 +375,7 @@ fn decide(
             rule,
             message,
         } => Err(Box::new(Refusal {
-            error: ApiError::new(
-                Code::from_number(code).unwrap_or(Code::NoMatchingCapability),
-                message,
-            ),
+            error: ApiError::new(code, message),
             rule: Some(rule),
         })),
     }
@@ -444,7 +441,7 @@ async fn admit(
                     "rate\0{}\0{}\0{capability_index}",
                     record.session_id, context.spec.name
                 ),
-                policy::rate::SlidingWindow::new(limit.calls.get(), limit.per_seconds.get()),
+                policy::rate::SlidingWindow::from(limit),
             )
         }),
         budget: record

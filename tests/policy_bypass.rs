@@ -1,8 +1,11 @@
-//! Adversarial table for the argument checks of SPEC 6.3 (paths 2002, commands 2003, domains 2004).
+//! Adversarial table for the argument checks of SPEC 6.3 (paths 2002, commands 2003, domains 2004),
+//! revision 2 included: `#` hides nothing, `args` next to a string command obey its shell rules,
+//! no options before an allowlisted subcommand, and paths inside a command obey `path_allowlist` (2002).
 //!
 //! Each row is plain data: the check, the capability's allowlist fields as they appear in a policy
 //! file (as JSON), the call's arguments, and the expected outcome. The same rows can be replayed
 //! through the full `decide()` by wrapping `config` in a capability with a matching tool pattern.
+//! Every refusal's message must name the argument and the rule, never quote the value (SPEC 9.1 r2).
 
 use std::collections::BTreeMap;
 
@@ -43,6 +46,7 @@ use Outcome::{Allow, Deny};
 
 const WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"]}"#;
 const GIT: &str = r#"{"command_allowlist": ["git", "ls"], "subcommand_allowlist": {"git": ["status", "log", "diff"]}}"#;
+const GIT_IN_WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"], "command_allowlist": ["git", "ls"], "subcommand_allowlist": {"git": ["status", "log", "diff"]}}"#;
 const WEB: &str = r#"{"domain_allowlist": ["example.com", "*.github.com"]}"#;
 const LOOPBACK: &str = r#"{"domain_allowlist": ["127.0.0.1"]}"#;
 
@@ -95,6 +99,8 @@ pub const ROWS: &[Row] = &[
     row(Paths, WORKSPACE, r#"{"cwd": "/"}"#, Deny(2002), "cwd is a default path argument"),
     row(Paths, WORKSPACE, r#"{"directory": "/workspace/../../"}"#, Deny(2002), "directory argument climbing above /"),
     row(Paths, r#"{"path_allowlist": ["/workspace"], "path_arguments": ["target"]}"#, r#"{"target": "/etc"}"#, Deny(2002), "custom path argument is checked"),
+    row(Paths, WORKSPACE, r#"{"path": "/secret/MARKER"}"#, Deny(2002), "marker: the refused path is not quoted"),
+    row(Paths, WORKSPACE, r#"{"paths": ["/workspace/a", "/workspace/../secret/MARKER"]}"#, Deny(2002), "marker: nor its normalised form"),
     // ---- paths: what must keep working -------------------------------------------------------
     row(Paths, WORKSPACE, r#"{"path": "/workspace"}"#, Allow, "the directory itself"),
     row(Paths, WORKSPACE, r#"{"path": "/workspace/"}"#, Allow, "trailing slash"),
@@ -148,16 +154,63 @@ pub const ROWS: &[Row] = &[
     row(Commands, GIT, r#"{"command": "git", "args": "status"}"#, Deny(2003), "args that is not an array"),
     row(Commands, GIT, r#"{"command": "git", "args": ["status", 2]}"#, Deny(2003), "non-string args element"),
     row(Commands, GIT, r#"{"command": "", "args": ["git", "status"]}"#, Deny(2003), "empty command with the words in args"),
+    // ---- commands, r2: `#` starts no comment for the check -----------------------------------
+    row(Commands, GIT, r##"{"command": "git status #; rm -rf /"}"##, Deny(2003), "r2: chaining hidden behind #"),
+    row(Commands, GIT, r##"{"command": "git status # $(id)"}"##, Deny(2003), "r2: substitution hidden behind #"),
+    row(Commands, GIT, r##"{"command": "git status #\"\nrm -rf / #\""}"##, Deny(2003), "r2: a quote after # masks a newline a shell would run"),
+    row(Commands, GIT, r##"{"command": "# git status"}"##, Deny(2003), "r2: # as the first word"),
+    // ---- commands, r2: args next to a string command obey the string's shell rule ------------
+    row(Commands, GIT, r#"{"command": "git status", "args": ["; rm -rf /"]}"#, Deny(2003), "r2: chaining in args next to a string command"),
+    row(Commands, GIT, r#"{"command": "git", "args": ["log", "$(id)"]}"#, Deny(2003), "r2: substitution in args"),
+    row(Commands, GIT, r#"{"command": "git log", "args": ["`id`"]}"#, Deny(2003), "r2: backquotes in args"),
+    row(Commands, GIT, r#"{"command": "git log", "args": ["a > /etc/passwd"]}"#, Deny(2003), "r2: redirection in args"),
+    row(Commands, GIT, r#"{"command": "git log", "args": ["'unclosed"]}"#, Deny(2003), "r2: unclosed quote in args"),
+    row(Commands, GIT, r##"{"command": "git log #", "args": ["'\nrm -rf / #'"]}"##, Deny(2003), "r2: a comment in the command runs on into args"),
+    row(Commands, GIT, r##"{"command": "git", "args": ["log", "#", "'\nrm -rf / #'"]}"##, Deny(2003), "r2: a comment in one args element runs on into the next"),
+    // ---- commands, r2: no option before an allowlisted subcommand ----------------------------
+    row(Commands, GIT, r#"{"command": "git -c x=y status"}"#, Deny(2003), "r2: -c sets configuration (e.g. a pager) before the subcommand"),
+    row(Commands, GIT, r#"{"command": "git --git-dir=/x status"}"#, Deny(2003), "r2: --git-dir points git elsewhere"),
+    row(Commands, GIT, r#"{"command": "git --no-pager diff HEAD~1"}"#, Deny(2003), "r2: even a harmless-looking global option"),
+    row(Commands, GIT, r#"{"command": ["git", "-C", "/tmp", "status"]}"#, Deny(2003), "r2: option before the subcommand in an array command"),
+    row(Commands, GIT, r#"{"command": "git", "args": ["--exec-path=/tmp", "status"]}"#, Deny(2003), "r2: option before the subcommand in args"),
+    // ---- commands, r2: paths inside the command obey path_allowlist (2002) -------------------
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=/etc/x"}"#, Deny(2002), "r2: --option=/path outside the allowlist"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff -o=/etc/x"}"#, Deny(2002), "r2: single-dash option=/path"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff /etc/passwd"}"#, Deny(2002), "r2: absolute path word"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff '/etc/passwd'"}"#, Deny(2002), "r2: quoted absolute path word"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff /workspace/../etc/passwd"}"#, Deny(2002), "r2: dot-dot escape in a command word"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=/workspace/../../x"}"#, Deny(2002), "r2: option value climbing above /"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "ls /"}"#, Deny(2002), "r2: the root directory"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": ["git", "diff", "--output=/etc/x"]}"#, Deny(2002), "r2: option=/path in an array command"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git", "args": ["diff", "/etc/x"]}"#, Deny(2002), "r2: absolute path in args"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git", "args": ["diff", "x --output=/etc/x"]}"#, Deny(2002), "r2: option hidden inside one args element that a shell would split"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=/secret/MARKER"}"#, Deny(2002), "marker: the refused option value is not quoted"),
+    // ---- commands: markers in refused words --------------------------------------------------
+    row(Commands, GIT, r#"{"command": "MARKER status"}"#, Deny(2003), "marker: the refused command is not quoted"),
+    row(Commands, GIT, r#"{"command": "git MARKER"}"#, Deny(2003), "marker: the refused subcommand is not quoted"),
+    row(Commands, GIT, r#"{"command": "git status; MARKER"}"#, Deny(2003), "marker: no excerpt around shell syntax"),
+    row(Commands, GIT, r#"{"command": ["git", "--MARKER=x", "status"]}"#, Deny(2003), "marker: the refused option is not quoted"),
     // ---- commands: what must keep working ----------------------------------------------------
     row(Commands, GIT, r#"{"command": "git status"}"#, Allow, "plain allowed call"),
     row(Commands, GIT, r#"{"command": "git  status"}"#, Allow, "repeated blanks"),
     row(Commands, GIT, r#"{"command": "\"git\" status"}"#, Allow, "quotes removed by splitting"),
     row(Commands, GIT, r#"{"command": "git log 'a$b;c'"}"#, Allow, "operators inside single quotes"),
     row(Commands, GIT, r#"{"command": "git log \"a;b|c\nd\""}"#, Allow, "operators and newline inside double quotes"),
-    row(Commands, GIT, r#"{"command": "git --no-pager diff HEAD~1"}"#, Allow, "options before the subcommand"),
     row(Commands, GIT, r#"{"command": ["git", "log", "--grep=a;b"]}"#, Allow, "array words are literal"),
     row(Commands, GIT, r#"{"command": "git", "args": ["status", "--short"]}"#, Allow, "subcommand from args"),
     row(Commands, GIT, r#"{"command": "ls -la /workspace"}"#, Allow, "command without a subcommand list"),
+    row(Commands, GIT, r#"{"command": "git log --oneline"}"#, Allow, "r2: options after the subcommand"),
+    row(Commands, GIT, r#"{"command": "git diff --stat"}"#, Allow, "r2: options after the subcommand, again"),
+    row(Commands, GIT, r##"{"command": "git status # note"}"##, Allow, "r2: plain words after # are checked and pass"),
+    row(Commands, GIT, r#"{"command": "git", "args": ["log", "--oneline", "-n", "5"]}"#, Allow, "r2: plain args next to a string command"),
+    row(Commands, GIT, r#"{"command": "git log", "args": ["--grep", "two words"]}"#, Allow, "r2: blanks in args are not shell syntax"),
+    row(Commands, GIT, r#"{"command": ["git"], "args": ["log", "--grep=a;b"]}"#, Allow, "args next to an array command stay literal argv"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git status"}"#, Allow, "r2: no path at all"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --stat"}"#, Allow, "r2: options without a value"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=relative/path"}"#, Allow, "r2: a relative option value is not checked"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=/workspace/out.patch"}"#, Allow, "r2: option value inside the allowlist"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git log --grep=a=/etc"}"#, Allow, "r2: only a value that starts with / is a path"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "ls -la /workspace/src"}"#, Allow, "r2: absolute path word inside the allowlist"),
     // ---- domains: bypass attempts ------------------------------------------------------------
     row(Domains, WEB, r#"{"url": "https://evilexample.com/"}"#, Deny(2004), "suffix without a label boundary (ends_with mistake)"),
     row(Domains, WEB, r#"{"url": "https://example.com.evil.test/"}"#, Deny(2004), "allowed name as a prefix"),
@@ -185,6 +238,9 @@ pub const ROWS: &[Row] = &[
     row(Domains, WEB, r#"{"url": null}"#, Deny(2004), "null value"),
     row(Domains, WEB, r#"{"urls": ["https://example.com/", 3]}"#, Deny(2004), "non-string element"),
     row(Domains, WEB, r#"{"url": "http://127.0.0.1/"}"#, Deny(2004), "IP host against name entries"),
+    row(Domains, WEB, r#"{"url": "https://user:SECRET@x.test/?api_key=SECRET"}"#, Deny(2004), "marker: userinfo and query are not quoted"),
+    row(Domains, WEB, r#"{"urls": ["https://example.com/", "ftp://SECRET@example.com/?api_key=SECRET"]}"#, Deny(2004), "marker: nor is the scheme of a refused URL"),
+    row(Domains, WEB, r#"{"url": "https://SECRET.test\\@example.com/?api_key=SECRET"}"#, Deny(2004), "marker: nor a URL refused before parsing"),
     row(Domains, LOOPBACK, r#"{"url": "http://127.0.0.1.nip.io/"}"#, Deny(2004), "IP entry is not a name suffix"),
     row(Domains, LOOPBACK, r#"{"url": "http://[::ffff:127.0.0.1]/"}"#, Deny(2004), "IPv4-mapped IPv6 is a different address"),
     row(Domains, LOOPBACK, r#"{"url": "http://localhost/"}"#, Deny(2004), "name is not the address"),
@@ -219,16 +275,15 @@ fn strings(value: Option<&Value>) -> Result<Option<Vec<String>>, String> {
 }
 
 /// Builds the row's rule from its config and runs it; `Err` means the row itself is malformed.
-fn run(row: &Row) -> Result<Outcome, String> {
+/// A refusal comes with its message.
+fn run(row: &Row) -> Result<(Outcome, Option<String>), String> {
     let config = object(row.config, "config")?;
     let arguments = object(row.arguments, "arguments")?;
-    let (verdict, code) = match row.check {
-        Check::Paths => {
-            let allowlist = strings(config.get("path_allowlist"))?.unwrap_or_default();
-            let keys = strings(config.get("path_arguments"))?;
-            let rule = PathRule::new(&allowlist, keys.as_deref())?;
-            (rule.check(&arguments), 2002)
-        }
+    let verdict = match row.check {
+        Check::Paths => match path_rule(&config)? {
+            Some(rule) => rule.check(&arguments).map_err(|message| (2002, message)),
+            None => return Err("a Paths row needs a path_allowlist".to_string()),
+        },
         Check::Commands => {
             let commands = strings(config.get("command_allowlist"))?;
             let subcommands: Option<BTreeMap<String, Vec<String>>> = match config
@@ -240,18 +295,60 @@ fn run(row: &Row) -> Result<Outcome, String> {
                 ),
             };
             let rule = CommandRule::new(commands.as_deref(), subcommands.as_ref())?;
-            (rule.check(&arguments), 2003)
+            // The command's own check (2003), then the paths among its words (2002, SPEC 6.3 r2).
+            match (rule.check(&arguments), path_rule(&config)?) {
+                (Err(message), _) => Err((2003, message)),
+                (Ok(words), Some(paths)) => {
+                    words.check_paths(&paths).map_err(|message| (2002, message))
+                }
+                (Ok(_), None) => Ok(()),
+            }
         }
         Check::Domains => {
             let allowlist = strings(config.get("domain_allowlist"))?.unwrap_or_default();
             let rule = DomainRule::new(&allowlist)?;
-            (rule.check(&arguments), 2004)
+            rule.check(&arguments).map_err(|message| (2004, message))
         }
     };
     Ok(match verdict {
-        Ok(()) => Outcome::Allow,
-        Err(_) => Outcome::Deny(code),
+        Ok(()) => (Outcome::Allow, None),
+        Err((code, message)) => (Outcome::Deny(code), Some(message)),
     })
+}
+
+/// The row's `path_allowlist` (and `path_arguments`), when it has one.
+fn path_rule(config: &Map<String, Value>) -> Result<Option<PathRule>, String> {
+    let Some(allowlist) = strings(config.get("path_allowlist"))? else {
+        return Ok(None);
+    };
+    let keys = strings(config.get("path_arguments"))?;
+    PathRule::new(&allowlist, keys.as_deref()).map(Some)
+}
+
+/// Every string in the call's arguments (values and array elements, at any depth).
+fn string_values(value: &Value, into: &mut Vec<String>) {
+    match value {
+        Value::String(text) => into.push(text.clone()),
+        Value::Array(items) => items.iter().for_each(|item| string_values(item, into)),
+        Value::Object(map) => map.values().for_each(|item| string_values(item, into)),
+        _ => {}
+    }
+}
+
+/// What of the row's arguments a refusal's message quotes: any string value of 4 characters or more
+/// (shorter ones, such as `/` or `git`, cannot be told from the message's own words), or one of the
+/// markers that some rows hide in their values, so that an excerpt or a normalised form shows too.
+fn leaks(row: &Row, message: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    if let Ok(arguments) = serde_json::from_str::<Value>(row.arguments) {
+        string_values(&arguments, &mut values);
+    }
+    values.retain(|value| value.chars().count() >= 4);
+    values.extend(["MARKER".to_string(), "SECRET".to_string()]);
+    values
+        .into_iter()
+        .filter(|value| message.contains(value.as_str()))
+        .collect()
 }
 
 #[test]
@@ -259,8 +356,8 @@ fn every_row_gets_its_expected_outcome() {
     let mut failures = Vec::new();
     for row in ROWS {
         match run(row) {
-            Ok(outcome) if outcome == row.expected => {}
-            Ok(outcome) => failures.push(format!(
+            Ok((outcome, _)) if outcome == row.expected => {}
+            Ok((outcome, _)) => failures.push(format!(
                 "{:?} {} ({}): expected {:?}, got {outcome:?}",
                 row.check, row.arguments, row.why, row.expected
             )),
@@ -294,33 +391,37 @@ fn table_is_large_enough_and_balanced() {
     }
 }
 
-/// The same rows through the full `decide()`: the row's fields become the only capability of a context
+/// Runs the row through the full `decide()`: the row's fields become the only capability of a context
 /// loaded as the API would load it, so the model's compilation and the evaluation order are exercised too.
+fn decide_row(row: &Row) -> Result<(Outcome, Option<String>), String> {
+    let any = [sealgate::policy::Pattern::parse("*").map_err(|e| e.to_string())?];
+    let mut capability = object(row.config, "config")?;
+    capability.insert("tool_pattern".into(), Value::from("t.*"));
+    let spec = serde_json::json!({"name": "table", "capabilities": [capability]});
+    let context =
+        sealgate::policy::parse_context_json(&spec).map_err(|e| format!("config refused: {e}"))?;
+    let arguments = object(row.arguments, "arguments")?;
+    Ok(
+        match sealgate::policy::decide(Some(&context), &any, "t.call", &arguments) {
+            sealgate::policy::Decision::Allow { .. } => (Outcome::Allow, None),
+            sealgate::policy::Decision::Deny { code, message, .. } => {
+                (Outcome::Deny(code.number()), Some(message))
+            }
+        },
+    )
+}
+
 #[test]
 fn every_row_gets_its_expected_outcome_through_decide() {
-    let any = [sealgate::policy::Pattern::parse("*").unwrap()];
     let mut failures = Vec::new();
     for row in ROWS {
-        let mut capability = object(row.config, "config").unwrap();
-        capability.insert("tool_pattern".into(), Value::from("t.*"));
-        let spec = serde_json::json!({"name": "table", "capabilities": [capability]});
-        let context = match sealgate::policy::parse_context_json(&spec) {
-            Ok(context) => context,
-            Err(e) => {
-                failures.push(format!("{}: config refused: {e}", row.why));
-                continue;
-            }
-        };
-        let arguments = object(row.arguments, "arguments").unwrap();
-        let got = match sealgate::policy::decide(Some(&context), &any, "t.call", &arguments) {
-            sealgate::policy::Decision::Allow { .. } => Outcome::Allow,
-            sealgate::policy::Decision::Deny { code, .. } => Outcome::Deny(code),
-        };
-        if got != row.expected {
-            failures.push(format!(
+        match decide_row(row) {
+            Ok((got, _)) if got == row.expected => {}
+            Ok((got, _)) => failures.push(format!(
                 "{}: expected {:?}, got {got:?}",
                 row.why, row.expected
-            ));
+            )),
+            Err(problem) => failures.push(format!("{}: {problem}", row.why)),
         }
     }
     assert!(
@@ -329,4 +430,41 @@ fn every_row_gets_its_expected_outcome_through_decide() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// SPEC 9.1 r2: a refusal names the argument and the rule, never the value, its normalised form or an
+/// excerpt; the message reaches audit events, logs and the agent. Checked for every refusal row, through
+/// the row's own check and through `decide()`.
+#[test]
+fn refusal_messages_never_quote_argument_values() {
+    let marker_rows = ROWS
+        .iter()
+        .filter(|row| row.arguments.contains("MARKER") || row.arguments.contains("SECRET"))
+        .count();
+    assert!(marker_rows >= 10, "only {marker_rows} rows carry a marker");
+    let mut failures = Vec::new();
+    for row in ROWS.iter().filter(|row| row.expected != Allow) {
+        for (how, result) in [("own check", run(row)), ("decide", decide_row(row))] {
+            match result {
+                Ok((_, Some(message))) => {
+                    let leaked = leaks(row, &message);
+                    if !leaked.is_empty() {
+                        failures.push(format!(
+                            "{} ({how}): {message:?} quotes {leaked:?}",
+                            row.why
+                        ));
+                    }
+                    if !message.starts_with("argument \"") {
+                        failures.push(format!(
+                            "{} ({how}): {message:?} names no argument",
+                            row.why
+                        ));
+                    }
+                }
+                Ok((_, None)) => failures.push(format!("{} ({how}): allowed", row.why)),
+                Err(problem) => failures.push(format!("{} ({how}): {problem}", row.why)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

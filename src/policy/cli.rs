@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use serde_json::{json, Map, Value};
 
 use super::{decide, load_dir, Decision, Pattern, SecurityContext};
-use crate::error::Code;
 
 pub enum PolicyCommand {
     Check {
@@ -33,7 +32,7 @@ pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Va
             rule,
             message,
         } => json!({
-            "decision": "deny", "code": code, "name": Code::from_number(code).map(Code::name),
+            "decision": "deny", "code": code.number(), "name": code.name(),
             "message": message, "rule": rule,
         }),
     };

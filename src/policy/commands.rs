@@ -1,19 +1,21 @@
 //! The `command_allowlist` / `subcommand_allowlist` check of a capability (SPEC 6.3, **commands**;
-//! a violation is code 2003).
+//! a violation is code 2003), and the words it hands to the capability's path check (2002).
 //!
-//! A string `command` is assumed to reach a POSIX shell, so before it is split into words the raw
-//! text is scanned with a small quote-state machine: anything that could start a second command,
-//! a substitution or a redirection is refused, escaped or not. Only then is it split with POSIX
-//! quoting rules (`shell-words`) and its words compared exactly with the allowlists. An array
-//! `command` and the `args` array are argv words: taken literally, never scanned for operators
-//! (quoting them in a string would make the same words acceptable), but still refused when they
-//! hold a NUL, which no argv word can carry.
+//! A string `command` is assumed to reach a POSIX shell, so it is split by a quote-state machine
+//! that refuses, escaped or not, anything that could start a second command, a substitution or a
+//! redirection, and treats `#` as an ordinary character so that nothing hides behind it. Its words
+//! are then compared exactly with the allowlists. An array `command` is argv: taken literally, never
+//! scanned for operators (quoting them in a string would make the same words acceptable), but still
+//! refused when it holds a NUL, which no argv word can carry. `args` elements are argv words too,
+//! except next to a string `command`, where they obey the string's rules (SPEC 6.3 r2).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::paths::excerpt;
+use super::paths::{excerpt, PathRule};
 use crate::envelope::json_kind;
 
 /// Characters that end or chain a command, redirect, or open a subshell: refused outside quotes.
@@ -22,16 +24,13 @@ const OPERATORS: &[char] = &[';', '|', '&', '>', '<', '(', ')', '\n'];
 /// Characters that start an expansion: refused outside single quotes.
 const EXPANSIONS: &[char] = &['$', '`'];
 
-/// An empty command is refused on its own, even when `args` would supply words (SPEC 6.3).
-const EMPTY_COMMAND: &str = "argument \"command\" is empty";
-
 /// A compiled command rule: which base commands may run and, for some, which subcommands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandRule {
     /// Base commands compared exactly with the first word. Without a `command_allowlist` these
     /// are the keys of `subcommand_allowlist` (see `new`).
     allowed_commands: BTreeSet<String>,
-    /// Base command → the only words allowed as its first non-option word.
+    /// Base command → the only words allowed right after it (no option may come first).
     allowed_subcommands: BTreeMap<String, BTreeSet<String>>,
 }
 
@@ -65,7 +64,8 @@ impl CommandRule {
                         format!("subcommand_allowlist for {}: {problem}", excerpt(command))
                     })?;
                     if subcommand.starts_with('-') {
-                        // The check skips words starting with `-`, so this entry could never match.
+                        // A word starting with `-` before the subcommand is refused, so this entry
+                        // could never match.
                         return Err(format!(
                             "subcommand_allowlist for {}: {} starts with '-' and can never match",
                             excerpt(command),
@@ -110,17 +110,13 @@ impl CommandRule {
         })
     }
 
-    /// Checks the `command` (and `args`) arguments of one call.
-    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
-        let extra_words: &[Value] = match arguments.get("args") {
+    /// Checks the `command` (and `args`) arguments of one call. On success returns the call's words,
+    /// so that a capability with a `path_allowlist` can check the paths among them
+    /// ([`CommandWords::check_paths`]).
+    pub fn check<'a>(&self, arguments: &'a Map<String, Value>) -> Result<CommandWords<'a>, String> {
+        let args: &[Value] = match arguments.get("args") {
             None => &[],
-            Some(Value::Array(items)) => {
-                for (index, item) in items.iter().enumerate() {
-                    literal_word(item)
-                        .map_err(|problem| format!("argument \"args\"[{index}]: {problem}"))?;
-                }
-                items
-            }
+            Some(Value::Array(items)) => items,
             Some(other) => {
                 return Err(format!(
                     "argument \"args\": expected an array of strings, got {}",
@@ -128,73 +124,152 @@ impl CommandRule {
                 ))
             }
         };
-        let extra_words = extra_words.iter().filter_map(Value::as_str);
+        let mut words = Vec::new();
+        // Whether a `#` has begun a word so far: joined into one shell text, a comment in the command
+        // or in one element runs on into the next elements.
+        let mut after_comment = false;
         match arguments.get("command") {
-            None => Err("argument \"command\" is missing".to_string()),
-            Some(Value::String(command)) => {
-                refuse_shell_syntax(command)
+            None => return Err("argument \"command\" is missing".to_string()),
+            Some(Value::String(text)) => {
+                let split = split_shell_text(text, &mut after_comment)
                     .map_err(|problem| format!("argument \"command\": {problem}"))?;
-                let words = shell_words::split(command)
-                    .map_err(|_| "argument \"command\": quotes do not close".to_string())?;
-                if words.is_empty() {
-                    return Err(EMPTY_COMMAND.to_string());
-                }
-                self.check_words(words.iter().map(String::as_str).chain(extra_words))
+                words.extend(
+                    split
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, word)| (WordAt::CommandText(index + 1), Cow::Owned(word))),
+                );
             }
             Some(Value::Array(items)) => {
-                if items.is_empty() {
-                    return Err(EMPTY_COMMAND.to_string());
-                }
                 for (index, item) in items.iter().enumerate() {
-                    literal_word(item)
-                        .map_err(|problem| format!("argument \"command\"[{index}]: {problem}"))?;
+                    let word = literal_word(item)
+                        .map_err(|problem| format!("argument \"command\"[{index}] {problem}"))?;
+                    words.push((WordAt::CommandItem(index), Cow::Borrowed(word)));
                 }
-                self.check_words(items.iter().filter_map(Value::as_str).chain(extra_words))
             }
-            Some(other) => Err(format!(
-                "argument \"command\": expected a string or an array of strings, got {}",
-                json_kind(other)
-            )),
+            Some(other) => {
+                return Err(format!(
+                    "argument \"command\": expected a string or an array of strings, got {}",
+                    json_kind(other)
+                ))
+            }
         }
+        // An empty command is refused on its own, even when `args` would supply words (SPEC 6.3).
+        if words.is_empty() {
+            return Err("argument \"command\" is empty".to_string());
+        }
+        // Next to a string command, a tool may join `args` into the same shell text (SPEC 6.3 r2): each
+        // element obeys the string's shell-syntax rule, and the words it would split into are checked
+        // as paths as well as the element itself.
+        let shell_text = matches!(arguments.get("command"), Some(Value::String(_)));
+        let mut split_args = Vec::new();
+        for (index, item) in args.iter().enumerate() {
+            let word = literal_word(item)
+                .map_err(|problem| format!("argument \"args\"[{index}] {problem}"))?;
+            if shell_text {
+                let split = split_shell_text(word, &mut after_comment)
+                    .map_err(|problem| format!("argument \"args\"[{index}]: {problem}"))?;
+                split_args.extend(
+                    split.into_iter().enumerate().map(|(number, word)| {
+                        (WordAt::ArgsText(index, number + 1), Cow::Owned(word))
+                    }),
+                );
+            }
+            words.push((WordAt::Args(index), Cow::Borrowed(word)));
+        }
+        self.check_words(&words)?;
+        words.extend(split_args);
+        Ok(CommandWords { words })
     }
 
-    /// `words`: the split command followed by `args`, already validated as strings.
-    fn check_words<'a>(&self, mut words: impl Iterator<Item = &'a str>) -> Result<(), String> {
-        let base = match words.next() {
-            None => return Err(EMPTY_COMMAND.to_string()),
-            Some("") => return Err("argument \"command\" starts with an empty word".to_string()),
-            Some(base) => base,
+    /// `words`: the command's words followed by `args`, as the program would receive them.
+    fn check_words(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), String> {
+        let Some((at, base)) = words.first() else {
+            return Err("argument \"command\" is empty".to_string());
         };
-        if !self.allowed_commands.contains(base) {
-            return Err(format!(
-                "command {} is not in command_allowlist",
-                excerpt(base)
-            ));
+        if base.is_empty() {
+            return Err(format!("{at} is empty"));
         }
-        let Some(subcommands) = self.allowed_subcommands.get(base) else {
+        if !self.allowed_commands.contains(base.as_ref()) {
+            return Err(format!("{at} is not in command_allowlist"));
+        }
+        let Some(subcommands) = self.allowed_subcommands.get(base.as_ref()) else {
             return Ok(());
         };
-        match words.find(|word| !word.starts_with('-')) {
-            None => Err(format!(
-                "command {} needs a subcommand from subcommand_allowlist",
-                excerpt(base)
-            )),
-            Some(subcommand) if subcommands.contains(subcommand) => Ok(()),
-            Some(subcommand) => Err(format!(
-                "subcommand {} of {} is not in subcommand_allowlist",
-                excerpt(subcommand),
-                excerpt(base)
-            )),
+        // Options before the subcommand (`git -c …`, `git --git-dir=…`) change what runs (SPEC 6.3 r2).
+        match words.get(1) {
+            None => Err(format!("{at} needs a subcommand from subcommand_allowlist")),
+            Some((at, word)) if word.starts_with('-') => {
+                Err(format!("{at} is an option before the subcommand"))
+            }
+            Some((_, word)) if subcommands.contains(word.as_ref()) => Ok(()),
+            Some((at, _)) => Err(format!("{at} is not in subcommand_allowlist")),
         }
     }
 }
 
-/// An argv element from a JSON array: must be a string without NUL.
-fn literal_word(item: &Value) -> Result<(), String> {
+/// Where a command word came from: refusals name the place, never the word (SPEC 9.1 r2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordAt {
+    /// Word `n` (counted from 1) of a string `command`.
+    CommandText(usize),
+    /// Element `i` of an array `command`.
+    CommandItem(usize),
+    /// Element `i` of `args`.
+    Args(usize),
+    /// Word `n` (from 1) of element `i` of `args`, read as shell text.
+    ArgsText(usize, usize),
+}
+
+impl fmt::Display for WordAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WordAt::CommandText(number) => write!(f, "argument \"command\": word {number}"),
+            WordAt::CommandItem(index) => write!(f, "argument \"command\"[{index}]"),
+            WordAt::Args(index) => write!(f, "argument \"args\"[{index}]"),
+            WordAt::ArgsText(index, number) => {
+                write!(f, "argument \"args\"[{index}]: word {number}")
+            }
+        }
+    }
+}
+
+/// The words of a call that passed the command check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandWords<'a> {
+    words: Vec<(WordAt, Cow<'a, str>)>,
+}
+
+impl CommandWords<'_> {
+    /// The capability's `path_allowlist` over the command (SPEC 6.3 r2, code 2002): every word that is
+    /// an absolute path, and the value of every `-option=VALUE` word whose value is an absolute path.
+    /// A single dash counts too, as in `-o=/etc/x`, which some programs read as an option.
+    pub fn check_paths(&self, paths: &PathRule) -> Result<(), String> {
+        for (at, word) in &self.words {
+            if word.starts_with('/') {
+                paths
+                    .check_value(word)
+                    .map_err(|problem| format!("{at} (a path) {problem}"))?;
+            } else if let Some((_, value)) = word.strip_prefix('-').and_then(|o| o.split_once('='))
+            {
+                if value.starts_with('/') {
+                    paths
+                        .check_value(value)
+                        .map_err(|problem| format!("{at} (an option value) {problem}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An argv element from a JSON array: must be a string without NUL. The problem reads after the
+/// element's name.
+fn literal_word(item: &Value) -> Result<&str, String> {
     match item {
-        Value::String(word) if word.contains('\0') => Err("contains a NUL byte".to_string()),
-        Value::String(_) => Ok(()),
-        other => Err(format!("expected a string, got {}", json_kind(other))),
+        Value::String(word) if word.contains('\0') => Err("holds a NUL byte".to_string()),
+        Value::String(word) => Ok(word),
+        other => Err(format!("is {}, not a string", json_kind(other))),
     }
 }
 
@@ -217,91 +292,107 @@ fn plain_word(entry: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the scanner stands in the raw command text.
+/// Where the scanner stands in the text.
 enum Quoting {
-    /// Outside quotes; `at_word_start` tells whether a `#` here would open a comment.
-    None {
-        at_word_start: bool,
-    },
+    None,
     Single,
     Double,
 }
 
-/// Scans the raw command text the way a POSIX shell tokenises it and refuses: NUL; `$` and `` ` ``
-/// outside single quotes; `; | & > < ( )` and newline outside any quotes, even after a backslash;
-/// a trailing backslash; quotes that do not close. Comments are followed like the shell does, so
-/// a quote inside a comment cannot hide a newline (and what follows it) from this scan.
-fn refuse_shell_syntax(command: &str) -> Result<(), String> {
-    if command.contains('\0') {
-        return Err("contains a NUL byte".to_string());
-    }
-    let mut state = Quoting::None {
-        at_word_start: true,
-    };
-    let mut chars = command.chars();
+/// Splits shell text into words by POSIX quoting rules, refusing what could make a shell run more
+/// than one plain command: NUL; `$` and `` ` `` outside single quotes; `; | & > < ( )` and newline
+/// outside any quotes, even after a backslash; a trailing backslash; quotes that do not close.
+///
+/// `#` starts no comment here (SPEC 6.3 r2): what follows it is split and checked like the rest.
+/// A shell would still read it as a comment, in which quotes mean nothing, so once an unquoted `#`
+/// begins a word a newline anywhere after it is refused, even where this scan sees quotes.
+///
+/// `after_comment` carries that state in and out, for texts that a tool may join into one.
+/// Problems name the word (counted from 1), never its text.
+fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    // The word being read, once something (even an empty pair of quotes) has begun it.
+    let mut current: Option<String> = None;
+    let mut quoting = Quoting::None;
+    let mut chars = text.chars();
     while let Some(c) = chars.next() {
-        state = match state {
-            Quoting::None { at_word_start } => match c {
-                '\'' => Quoting::Single,
-                '"' => Quoting::Double,
+        let number = words.len() + 1;
+        let refuse = |rule: &str| Err(format!("word {number} {rule}"));
+        let nul = "holds a NUL byte";
+        let comment_newline = "holds a newline after a '#' that a shell reads as a comment";
+        if c == '\0' {
+            return refuse(nul);
+        }
+        if c == '\n' && *after_comment {
+            return refuse(comment_newline);
+        }
+        match quoting {
+            Quoting::None => match c {
+                ' ' | '\t' => words.extend(current.take()),
+                '\'' => {
+                    current.get_or_insert_with(String::new);
+                    quoting = Quoting::Single;
+                }
+                '"' => {
+                    current.get_or_insert_with(String::new);
+                    quoting = Quoting::Double;
+                }
                 '\\' => match chars.next() {
                     None => return Err("ends with a backslash".to_string()),
+                    Some('\0') => return refuse(nul),
                     Some(escaped) if is_unquoted_hazard(escaped) => {
-                        return Err(format!(
-                            "{escaped:?} is not allowed outside quotes, even escaped"
-                        ))
+                        return refuse("is shell syntax outside quotes, even escaped")
                     }
-                    Some(_) => Quoting::None {
-                        at_word_start: false,
-                    },
-                },
-                '#' if at_word_start => {
-                    // The shell ignores the rest of the line; only a newline could end the comment.
-                    if chars.any(|rest| rest == '\n') {
-                        return Err("'\\n' is not allowed outside quotes".to_string());
-                    }
-                    return Ok(());
-                }
-                ' ' | '\t' => Quoting::None {
-                    at_word_start: true,
+                    Some(escaped) => current.get_or_insert_with(String::new).push(escaped),
                 },
                 hazard if is_unquoted_hazard(hazard) => {
-                    return Err(format!("{hazard:?} is not allowed outside quotes"))
+                    return refuse("is shell syntax outside quotes")
                 }
-                _ => Quoting::None {
-                    at_word_start: false,
-                },
+                other => {
+                    if other == '#' && current.is_none() {
+                        *after_comment = true;
+                    }
+                    current.get_or_insert_with(String::new).push(other);
+                }
             },
             Quoting::Single => match c {
-                '\'' => Quoting::None {
-                    at_word_start: false,
-                },
-                _ => Quoting::Single,
+                '\'' => quoting = Quoting::None,
+                other => current.get_or_insert_with(String::new).push(other),
             },
             Quoting::Double => match c {
-                '"' => Quoting::None {
-                    at_word_start: false,
-                },
+                '"' => quoting = Quoting::None,
                 expansion if EXPANSIONS.contains(&expansion) => {
-                    return Err(format!("{expansion:?} is not allowed inside double quotes"))
+                    return refuse("holds an expansion inside double quotes")
                 }
-                // In double quotes a backslash escapes the next character; an escaped `$` or
-                // backquote is still refused (SPEC: outside single quotes).
+                // In double quotes a backslash escapes only `$`, backquote, `"`, `\` and newline; an
+                // escaped `$` or backquote is still refused (SPEC: outside single quotes).
                 '\\' => match chars.next() {
                     None => return Err("quotes do not close".to_string()),
+                    Some('\0') => return refuse(nul),
                     Some(escaped) if EXPANSIONS.contains(&escaped) => {
-                        return Err(format!(
-                            "{escaped:?} is not allowed inside double quotes, even escaped"
-                        ))
+                        return refuse("holds an expansion inside double quotes, even escaped")
                     }
-                    Some(_) => Quoting::Double,
+                    Some('\n') if *after_comment => return refuse(comment_newline),
+                    // Backslash-newline joins the lines.
+                    Some('\n') => {}
+                    Some(escaped @ ('"' | '\\')) => {
+                        current.get_or_insert_with(String::new).push(escaped)
+                    }
+                    Some(escaped) => {
+                        let word = current.get_or_insert_with(String::new);
+                        word.push('\\');
+                        word.push(escaped);
+                    }
                 },
-                _ => Quoting::Double,
+                other => current.get_or_insert_with(String::new).push(other),
             },
-        };
+        }
     }
-    match state {
-        Quoting::None { .. } => Ok(()),
+    match quoting {
+        Quoting::None => {
+            words.extend(current);
+            Ok(words)
+        }
         Quoting::Single | Quoting::Double => Err("quotes do not close".to_string()),
     }
 }
@@ -328,6 +419,13 @@ mod tests {
         }
     }
 
+    fn workspace() -> PathRule {
+        match PathRule::new(&strings(&["/workspace"]), None) {
+            Ok(rule) => rule,
+            Err(problem) => panic!("test path rule refused: {problem}"),
+        }
+    }
+
     fn args(value: Value) -> Map<String, Value> {
         match value {
             Value::Object(map) => map,
@@ -335,10 +433,23 @@ mod tests {
         }
     }
 
+    fn split(text: &str) -> Result<Vec<String>, String> {
+        split_shell_text(text, &mut false)
+    }
+
     fn command_allowed(command: &str) -> bool {
         git_rule()
             .check(&args(json!({ "command": command })))
             .is_ok()
+    }
+
+    /// The command check, then the path check over its words: `Err((code, message))`.
+    fn with_paths(call: Value) -> Result<(), (u16, String)> {
+        let call = args(call);
+        let words = git_rule().check(&call).map_err(|problem| (2003, problem))?;
+        words
+            .check_paths(&workspace())
+            .map_err(|problem| (2002, problem))
     }
 
     #[test]
@@ -351,7 +462,9 @@ mod tests {
             "'git' 'status'",
             "g'i't status",
             "git status --short",
-            "git --no-pager log -n 3",
+            "git log -n 3",
+            "git log --oneline",
+            "git diff --stat",
             "git log 'a$b'",
             "git log 'a;b|c&d>e<f(g)'",
             "git log \"a;b|c&d>e<f(g)\"",
@@ -363,6 +476,7 @@ mod tests {
             "git log \"a\\\"b\"",
             "git log a#b",
             "git status # a comment",
+            "git status #",
             "\\git status",
             "ls",
             "ls -la /workspace",
@@ -410,10 +524,24 @@ mod tests {
             "git status \\",
             "git \"status\\",
             "git status \0",
+            // `#` hides nothing (SPEC 6.3 r2).
+            "git status #; rm -rf /",
+            "git status # $(id)",
+            "git status #`id`",
+            "git status # a | b",
+            "git status # it's",
             "git status # it's\nrm -rf / #'",
             "git status #'\nrm -rf / #'",
+            "git status #\"\nrm -rf / #\"",
+            "git status #\"\\\nrm -rf /\"",
+            "# git status",
+            // Options before an allowlisted subcommand (SPEC 6.3 r2).
             "git -c core.pager=x log",
             "git -C /tmp status",
+            "git --git-dir=/x status",
+            "git --no-pager log",
+            "git -p diff",
+            "git -- status",
             "git",
             "git --version",
             "git push",
@@ -435,29 +563,51 @@ mod tests {
     }
 
     #[test]
-    fn scanner_messages() {
+    fn splits_like_a_shell_without_comments() {
+        let cases: [(&str, &[&str]); 9] = [
+            ("git status", &["git", "status"]),
+            ("  a\t b  ", &["a", "b"]),
+            ("'a b' \"c d\"", &["a b", "c d"]),
+            ("a'b'\"c\"", &["abc"]),
+            ("'' \"\"", &["", ""]),
+            ("a\\ b \\'c", &["a b", "'c"]),
+            ("\"a\\\"b\\\\c\\d\"", &["a\"b\\c\\d"]),
+            ("\"a\\\nb\"", &["ab"]),
+            ("git status # x", &["git", "status", "#", "x"]),
+        ];
+        for (text, words) in cases {
+            assert_eq!(split(text), Ok(strings(words)), "{text:?}");
+        }
+        assert_eq!(split(" \t "), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn shell_problems_name_the_word_not_its_text() {
         let cases = [
-            ("a;b", "';' is not allowed outside quotes"),
-            ("a\\;b", "';' is not allowed outside quotes, even escaped"),
-            ("a \"$x\"", "'$' is not allowed inside double quotes"),
+            ("a;b", "word 1 is shell syntax outside quotes"),
+            ("git status #; rm", "word 3 is shell syntax outside quotes"),
+            (
+                "a b\\;c",
+                "word 2 is shell syntax outside quotes, even escaped",
+            ),
+            ("a \"$x\"", "word 2 holds an expansion inside double quotes"),
             (
                 "a \"\\`x\"",
-                "'`' is not allowed inside double quotes, even escaped",
+                "word 2 holds an expansion inside double quotes, even escaped",
             ),
             ("a 'b", "quotes do not close"),
             ("a \"b", "quotes do not close"),
             ("a\\", "ends with a backslash"),
-            ("a\0", "contains a NUL byte"),
-            ("a #x\nb", "'\\n' is not allowed outside quotes"),
+            ("a b\0", "word 2 holds a NUL byte"),
+            (
+                "a #x '\nb'",
+                "word 3 holds a newline after a '#' that a shell reads as a comment",
+            ),
         ];
-        for (command, problem) in cases {
-            assert_eq!(
-                refuse_shell_syntax(command),
-                Err(problem.to_string()),
-                "{command:?}"
-            );
+        for (text, problem) in cases {
+            assert_eq!(split(text), Err(problem.to_string()), "{text:?}");
         }
-        assert_eq!(refuse_shell_syntax("a 'b;$`\\'"), Ok(()));
+        assert_eq!(split("a 'b;$`\\'"), Ok(strings(&["a", "b;$`\\"])));
     }
 
     #[test]
@@ -466,7 +616,7 @@ mod tests {
         for allowed in [
             json!(["git", "status"]),
             json!(["git", "log", "a;b $(c) `d`"]),
-            json!(["git", "-p", "diff"]),
+            json!(["git", "log", "#; rm"]),
             json!(["ls"]),
         ] {
             assert!(
@@ -481,6 +631,7 @@ mod tests {
             json!(["git;rm"]),
             json!(["git", "status;rm"]),
             json!(["git", "push"]),
+            json!(["git", "-p", "diff"]),
             json!(["git"]),
             json!(["git", 1]),
             json!(["git", null]),
@@ -519,9 +670,11 @@ mod tests {
         let rule = git_rule();
         let allowed = [
             json!({ "command": "git", "args": ["status"] }),
-            json!({ "command": "git", "args": ["--no-pager", "log"] }),
+            json!({ "command": "git", "args": ["log", "--oneline"] }),
             json!({ "command": ["git"], "args": ["diff", "x;y"] }),
+            json!({ "command": ["git"], "args": ["log", "--grep=$(x)"] }),
             json!({ "command": "git status", "args": ["push"] }),
+            json!({ "command": "git log", "args": ["--grep", "two words"] }),
             json!({ "command": "ls", "args": [] }),
         ];
         for call in allowed {
@@ -530,13 +683,22 @@ mod tests {
         let refused = [
             json!({ "command": "git", "args": ["push"] }),
             json!({ "command": "git", "args": [] }),
-            json!({ "command": "git", "args": ["-c", "x=y", "push"] }),
+            json!({ "command": "git", "args": ["-c", "x=y", "status"] }),
+            json!({ "command": ["git"], "args": ["--git-dir=/x", "status"] }),
+            json!({ "command": "git", "args": ["status now"] }),
             json!({ "command": "git", "args": [1] }),
             json!({ "command": "git", "args": ["status", 1] }),
             json!({ "command": "git status", "args": "push" }),
             json!({ "command": "git status", "args": null }),
             json!({ "command": "git status", "args": { "a": "b" } }),
             json!({ "command": "git status", "args": ["a\0"] }),
+            // Next to a string command, args obey the string's shell-syntax rule (SPEC 6.3 r2).
+            json!({ "command": "git status", "args": ["; rm -rf /"] }),
+            json!({ "command": "git status", "args": ["$(id)"] }),
+            json!({ "command": "git log", "args": ["'unclosed"] }),
+            json!({ "command": "git log", "args": ["#x", "'\nrm -rf / #'"] }),
+            json!({ "command": "git log #x", "args": ["'\nrm -rf / #'"] }),
+            json!({ "command": "git", "args": ["status", "a|b"] }),
             json!({ "command": "", "args": ["git", "status"] }),
             json!({ "command": " # git", "args": ["git", "status"] }),
             json!({ "command": [], "args": ["git", "status"] }),
@@ -547,33 +709,124 @@ mod tests {
     }
 
     #[test]
-    fn error_messages() {
+    fn paths_in_command_words() {
+        let allowed = [
+            json!({ "command": "git diff --output=relative/path" }),
+            json!({ "command": "git diff --output=/workspace/x" }),
+            json!({ "command": "git diff -- /workspace/a" }),
+            json!({ "command": "git log --grep=a=/workspace" }),
+            json!({ "command": "ls -la /workspace" }),
+            json!({ "command": "git diff --stat", "args": ["/workspace/a"] }),
+            json!({ "command": ["git", "diff", "--output=/workspace/../workspace/x"] }),
+            json!({ "command": "git log", "args": ["x=/etc"] }),
+        ];
+        for call in allowed {
+            assert_eq!(with_paths(call.clone()), Ok(()), "{call}");
+        }
+        let refused = [
+            json!({ "command": "git diff --output=/etc/x" }),
+            json!({ "command": "git diff -o=/etc/x" }),
+            json!({ "command": "git diff /etc/passwd" }),
+            json!({ "command": "git diff '/etc/passwd'" }),
+            json!({ "command": "git diff /workspace/../etc/passwd" }),
+            json!({ "command": "git diff --output=/workspace/../../x" }),
+            json!({ "command": "ls /" }),
+            json!({ "command": "ls /workspace2" }),
+            json!({ "command": ["git", "diff", "--output=/etc/x"] }),
+            json!({ "command": "git", "args": ["diff", "/etc/x"] }),
+            json!({ "command": "git", "args": ["diff", "x --output=/etc/x"] }),
+            json!({ "command": "git", "args": ["diff", "x '/etc/x'"] }),
+            json!({ "command": "git", "args": ["diff", "/work\"space\"/x"] }),
+        ];
+        for call in refused {
+            assert_eq!(
+                with_paths(call.clone()).map_err(|(code, _)| code),
+                Err(2002),
+                "{call}"
+            );
+        }
+        // A bad command shape is a 2003 before any path is looked at.
+        assert_eq!(
+            with_paths(json!({ "command": "git -C /etc status" })).map_err(|(code, _)| code),
+            Err(2003)
+        );
+    }
+
+    #[test]
+    fn error_messages_name_the_place_and_the_rule() {
         let rule = git_rule();
-        let check = |call: Value| rule.check(&args(call));
-        assert_eq!(
-            check(json!({ "command": "git push" })),
-            Err("subcommand \"push\" of \"git\" is not in subcommand_allowlist".to_string())
-        );
-        assert_eq!(
-            check(json!({ "command": "git -v" })),
-            Err("command \"git\" needs a subcommand from subcommand_allowlist".to_string())
-        );
-        assert_eq!(
-            check(json!({ "command": "/tmp/x/git status" })),
-            Err("command \"/tmp/x/git\" is not in command_allowlist".to_string())
-        );
-        assert_eq!(
-            check(json!({ "command": "git status; rm" })),
-            Err("argument \"command\": ';' is not allowed outside quotes".to_string())
-        );
-        assert_eq!(
-            check(json!({ "command": ["git", 2] })),
-            Err("argument \"command\"[1]: expected a string, got a number".to_string())
-        );
-        assert_eq!(
-            check(json!({ "command": " " })),
-            Err("argument \"command\" is empty".to_string())
-        );
+        let check = |call: Value| rule.check(&args(call)).map(|_| ());
+        let cases = [
+            (
+                json!({ "command": "git push" }),
+                "argument \"command\": word 2 is not in subcommand_allowlist",
+            ),
+            (
+                json!({ "command": "git -v" }),
+                "argument \"command\": word 2 is an option before the subcommand",
+            ),
+            (
+                json!({ "command": "git" }),
+                "argument \"command\": word 1 needs a subcommand from subcommand_allowlist",
+            ),
+            (
+                json!({ "command": "/tmp/x/git status" }),
+                "argument \"command\": word 1 is not in command_allowlist",
+            ),
+            (
+                json!({ "command": "git status; rm" }),
+                "argument \"command\": word 2 is shell syntax outside quotes",
+            ),
+            (
+                json!({ "command": "git status #; rm -rf /" }),
+                "argument \"command\": word 3 is shell syntax outside quotes",
+            ),
+            (
+                json!({ "command": ["git", 2] }),
+                "argument \"command\"[1] is a number, not a string",
+            ),
+            (
+                json!({ "command": ["git", "--git-dir=/x", "status"] }),
+                "argument \"command\"[1] is an option before the subcommand",
+            ),
+            (
+                json!({ "command": "git", "args": ["push"] }),
+                "argument \"args\"[0] is not in subcommand_allowlist",
+            ),
+            (
+                json!({ "command": "git log", "args": ["x", "a;b"] }),
+                "argument \"args\"[1]: word 1 is shell syntax outside quotes",
+            ),
+            (json!({ "command": " " }), "argument \"command\" is empty"),
+            (
+                json!({ "command": "\"\" status" }),
+                "argument \"command\": word 1 is empty",
+            ),
+        ];
+        for (call, message) in cases {
+            assert_eq!(check(call.clone()), Err(message.to_string()), "{call}");
+        }
+        let path_cases = [
+            (
+                json!({ "command": "git diff --output=/etc/x" }),
+                "argument \"command\": word 3 (an option value) is outside path_allowlist",
+            ),
+            (
+                json!({ "command": "git", "args": ["diff", "x /secret/MARKER"] }),
+                "argument \"args\"[1]: word 2 (a path) is outside path_allowlist",
+            ),
+            (
+                json!({ "command": ["git", "diff", "/workspace/../../x"] }),
+                "argument \"command\"[2] (a path) climbs above / with ..",
+            ),
+        ];
+        for (call, message) in path_cases {
+            assert_eq!(
+                with_paths(call.clone()),
+                Err((2002, message.to_string())),
+                "{call}"
+            );
+        }
     }
 
     #[test]
@@ -585,7 +838,7 @@ mod tests {
         assert!(rule
             .check(&args(json!({ "command": "cat /etc/hosts" })))
             .is_ok());
-        assert!(rule.check(&args(json!({ "command": "ls" }))).is_ok());
+        assert!(rule.check(&args(json!({ "command": "ls -la" }))).is_ok());
         assert!(rule
             .check(&args(json!({ "command": "git status" })))
             .is_err());

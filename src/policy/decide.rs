@@ -4,18 +4,12 @@
 //! Rate limits (2005) and budgets (2008) need the store, so the pipeline applies them after an
 //! `Allow`, reading the capability that `Allow` names.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::model::SecurityContext;
-use super::pattern::Pattern;
-
-pub const CODE_TOOL_NOT_ALLOWED: u16 = 2000;
-pub const CODE_TOOL_DENIED: u16 = 2001;
-pub const CODE_PATH_NOT_ALLOWED: u16 = 2002;
-pub const CODE_COMMAND_NOT_ALLOWED: u16 = 2003;
-pub const CODE_DOMAIN_NOT_ALLOWED: u16 = 2004;
-pub const CODE_NO_MATCHING_CAPABILITY: u16 = 2006;
+use super::pattern::{is_valid_tool_name, Pattern};
+use crate::error::Code;
 
 /// Which part of the policy decided (audit `rule`, SPEC 9.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -53,17 +47,24 @@ impl Rule {
     }
 }
 
-/// The outcome of `decide`. A refusal always carries its SPEC code.
+/// The outcome of `decide`. A refusal always carries its SPEC code, and a message that names the
+/// argument and the rule but never quotes an argument's value (SPEC 9.1 r2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
 pub enum Decision {
     /// Allowed by `capabilities[capability]` (rate limit and budget still to apply).
     Allow { capability: usize, rule: Rule },
     Deny {
-        code: u16,
+        #[serde(serialize_with = "code_number")]
+        code: Code,
         rule: Rule,
         message: String,
     },
+}
+
+/// A code serialises as its number, as in the audit event and the API (SPEC 9.1, 10).
+fn code_number<S: Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u16(code.number())
 }
 
 impl Decision {
@@ -72,7 +73,7 @@ impl Decision {
     }
 
     /// The SPEC code of a refusal; `None` for `Allow`.
-    pub fn code(&self) -> Option<u16> {
+    pub fn code(&self) -> Option<Code> {
         match self {
             Decision::Allow { .. } => None,
             Decision::Deny { code, .. } => Some(*code),
@@ -86,7 +87,7 @@ impl Decision {
     }
 }
 
-fn deny(code: u16, rule: Rule, message: String) -> Decision {
+fn deny(code: Code, rule: Rule, message: String) -> Decision {
     Decision::Deny {
         code,
         rule,
@@ -104,17 +105,23 @@ pub fn decide(
     tool: &str,
     arguments: &Map<String, Value>,
 ) -> Decision {
-    // Patterns never match an invalid tool name, so such a name stops here.
+    // Patterns never match an invalid tool name, so such a name stops here, unquoted: only a valid
+    // name is known to hold nothing but a name.
     if !session_patterns.iter().any(|pattern| pattern.matches(tool)) {
+        let message = if is_valid_tool_name(tool) {
+            format!("tool {tool:?} is not allowed for this session")
+        } else {
+            "the tool name is not a valid name".to_owned()
+        };
         return deny(
-            CODE_TOOL_NOT_ALLOWED,
+            Code::ToolNotAllowed,
             Rule::without_position(RuleKind::SessionPatterns),
-            format!("tool {tool:?} is not allowed for this session"),
+            message,
         );
     }
     let Some(ctx) = ctx else {
         return deny(
-            CODE_TOOL_NOT_ALLOWED,
+            Code::ToolNotAllowed,
             Rule::without_position(RuleKind::NoMatch),
             "the session's security context does not exist".to_owned(),
         );
@@ -126,7 +133,7 @@ pub fn decide(
         .find(|(_, pattern)| pattern.matches(tool))
     {
         return deny(
-            CODE_TOOL_DENIED,
+            Code::ToolDenied,
             Rule::at(RuleKind::DenyList, index, pattern),
             format!("tool {tool:?} is on the deny list ({pattern})"),
         );
@@ -139,7 +146,7 @@ pub fn decide(
         .find(|(_, capability)| capability.pattern.matches(tool))
     else {
         return deny(
-            CODE_NO_MATCHING_CAPABILITY,
+            Code::NoMatchingCapability,
             Rule::without_position(RuleKind::NoMatch),
             format!(
                 "no capability of context {:?} matches tool {tool:?}",
@@ -150,17 +157,24 @@ pub fn decide(
     let rule = Rule::at(RuleKind::Capability, index, &capability.pattern);
     if let Some(paths) = &capability.paths {
         if let Err(reason) = paths.check(arguments) {
-            return deny(CODE_PATH_NOT_ALLOWED, rule, reason);
+            return deny(Code::PathNotAllowed, rule, reason);
         }
     }
     if let Some(commands) = &capability.commands {
-        if let Err(reason) = commands.check(arguments) {
-            return deny(CODE_COMMAND_NOT_ALLOWED, rule, reason);
+        let words = match commands.check(arguments) {
+            Ok(words) => words,
+            Err(reason) => return deny(Code::CommandNotAllowed, rule, reason),
+        };
+        // Paths inside an accepted command obey the same allowlist (SPEC 6.3 r2).
+        if let Some(paths) = &capability.paths {
+            if let Err(reason) = words.check_paths(paths) {
+                return deny(Code::PathNotAllowed, rule, reason);
+            }
         }
     }
     if let Some(domains) = &capability.domains {
         if let Err(reason) = domains.check(arguments) {
-            return deny(CODE_DOMAIN_NOT_ALLOWED, rule, reason);
+            return deny(Code::DomainNotAllowed, rule, reason);
         }
     }
     Decision::Allow {
@@ -231,7 +245,11 @@ capabilities:
     }
 
     fn outcome(decision: &Decision) -> (Option<u16>, RuleKind, Option<usize>) {
-        (decision.code(), decision.rule().kind, decision.rule().index)
+        (
+            decision.code().map(Code::number),
+            decision.rule().kind,
+            decision.rule().index,
+        )
     }
 
     #[test]
@@ -251,7 +269,7 @@ capabilities:
         );
         // An empty pattern list allows nothing.
         let decision = decide(Some(&ctx), &[], "web.fetch", &Map::new());
-        assert_eq!(decision.code(), Some(2000));
+        assert_eq!(decision.code(), Some(Code::ToolNotAllowed));
     }
 
     #[test]
@@ -356,6 +374,24 @@ capabilities:
             &args(serde_json::json!({"cwd": "/workspace", "command": "git status"})),
         );
         assert!(decision.is_allow());
+        // A command that passes its own check still has its paths checked (SPEC 6.3 r2).
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "cmd.run",
+            &args(serde_json::json!({"cwd": "/workspace", "command": "git diff --output=/etc/x"})),
+        );
+        assert_eq!(
+            outcome(&decision),
+            (Some(2002), RuleKind::Capability, Some(2))
+        );
+        let decision = decide(
+            Some(&ctx),
+            &all,
+            "cmd.run",
+            &args(serde_json::json!({"command": "git diff --output=out/x /workspace/a"})),
+        );
+        assert!(decision.is_allow());
         let decision = decide(
             Some(&ctx),
             &all,
@@ -387,7 +423,51 @@ capabilities:
         let decision = decide(Some(&ctx), &patterns(&["*"]), "fsx.read", &Map::new());
         assert_eq!(outcome(&decision), (Some(2006), RuleKind::NoMatch, None));
         let decision = decide(Some(&ctx), &patterns(&["*"]), "fs", &Map::new());
-        assert_eq!(decision.code(), Some(2006));
+        assert_eq!(decision.code(), Some(Code::NoMatchingCapability));
+    }
+
+    #[test]
+    fn messages_never_quote_argument_values() {
+        let ctx = context();
+        let all = patterns(&["*"]);
+        let calls = [
+            (
+                "fs.read_file",
+                serde_json::json!({"path": "/secret/MARKER"}),
+            ),
+            (
+                "cmd.run",
+                serde_json::json!({"command": "git /secret/MARKER"}),
+            ),
+            ("cmd.run", serde_json::json!({"command": "MARKER status"})),
+            ("cmd.run", serde_json::json!({"command": "git MARKER;"})),
+            (
+                "web.fetch",
+                serde_json::json!({"url": "https://u:MARKER@x.test/?k=MARKER"}),
+            ),
+            ("any.tool", serde_json::json!({"path": "/secret/MARKER"})),
+        ];
+        for (tool, call) in calls {
+            match decide(Some(&ctx), &all, tool, &args(call.clone())) {
+                Decision::Deny { message, .. } => {
+                    assert!(!message.contains("MARKER"), "{call}: {message}");
+                    assert!(message.starts_with("argument \""), "{call}: {message}");
+                }
+                allowed => panic!("{call} allowed: {allowed:?}"),
+            }
+        }
+        // An invalid tool name is not quoted either; a valid one may be.
+        let decision = decide(Some(&ctx), &patterns(&["web.*"]), "x MARKER", &Map::new());
+        assert!(matches!(decision, Decision::Deny { message, .. } if !message.contains("MARKER")));
+        let decision = decide(
+            Some(&ctx),
+            &patterns(&["web.*"]),
+            "fs.read_file",
+            &Map::new(),
+        );
+        assert!(
+            matches!(decision, Decision::Deny { message, .. } if message.contains("\"fs.read_file\""))
+        );
     }
 
     #[test]
@@ -395,7 +475,7 @@ capabilities:
         let ctx = context();
         for tool in ["", "fs.", "fs..read_file", "fs read", "*"] {
             let decision = decide(Some(&ctx), &patterns(&["*"]), tool, &Map::new());
-            assert_eq!(decision.code(), Some(2000), "{tool:?}");
+            assert_eq!(decision.code(), Some(Code::ToolNotAllowed), "{tool:?}");
             assert!(!could_allow(Some(&ctx), &patterns(&["*"]), tool));
         }
     }

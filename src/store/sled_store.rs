@@ -609,7 +609,7 @@ mod tests {
     async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
         let (_dir, store) = open();
         let admission = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60))),
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
             budget: Some(("budget".into(), 2)),
             claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
             now_ms: 1_000 + n,
@@ -633,7 +633,7 @@ mod tests {
             None
         );
         let rate_only = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60))),
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
             now_ms: 1_000 + n,
             ..Admission::default()
         };
