@@ -194,7 +194,16 @@ async fn run(
         idempotency_key.as_deref(),
     );
     // Rate, budget and claim are one store call; what it finds decides whether anything runs.
-    let pending = match admit(gw, &session, &context, index, claim_record).await? {
+    let admitted = admit(gw, &session, &context, index, claim_record)
+        .await
+        .map_err(|mut refusal| {
+            // Rate and budget refusals are the capability's decision: they carry its rule.
+            if refusal.error.code != Code::StoreUnavailable {
+                refusal.rule = Some(rule.clone());
+            }
+            refusal
+        })?;
+    let pending = match admitted {
         None => {
             facts.claim = Some("NONE");
             None

@@ -297,7 +297,11 @@ async fn standalone_claim_settle_claim_skips_with_the_result() {
     );
     let (_, skip) = gw.admin(Method::POST, "/claim", Some(body)).await;
     assert_eq!(skip["status"], "SKIP");
-    assert_eq!(skip["existing"], json!({"tx": "0xabc"}), "SafeAgent returns existing as the outcome");
+    assert_eq!(
+        skip["existing"],
+        json!({"tx": "0xabc"}),
+        "SafeAgent returns existing as the outcome"
+    );
 
     let (status, page) = gw
         .admin(Method::GET, "/audit?action=erc20_transfer&limit=10", None)

@@ -28,7 +28,8 @@ fn parse_trace(text: &str) -> Vec<Sync> {
     let mut syncs = Vec::new();
     for line in text.lines() {
         let mut fields = line.splitn(3, ' ');
-        let (Some(pid), Some(at), Some(rest)) = (fields.next(), fields.next(), fields.next()) else {
+        let (Some(pid), Some(at), Some(rest)) = (fields.next(), fields.next(), fields.next())
+        else {
             continue;
         };
         let Ok(at) = at.parse::<f64>() else { continue };
@@ -55,7 +56,9 @@ fn parse_trace(text: &str) -> Vec<Sync> {
                     end_us: end,
                 });
             }
-        } else if rest.starts_with("<... fdatasync resumed>") || rest.starts_with("<... fsync resumed>") {
+        } else if rest.starts_with("<... fdatasync resumed>")
+            || rest.starts_with("<... fsync resumed>")
+        {
             if let Some((start, path)) = unfinished.remove(pid) {
                 if rest.contains("= 0") {
                     syncs.push(Sync {
@@ -127,7 +130,11 @@ async fn every_acknowledged_write_is_synced_before_its_response() {
         )
         .await;
     let claimed = (t0, now_us());
-    assert_eq!((status, body["receipt"]["claim"].as_str()), (200, Some("PROCEED")), "{body}");
+    assert_eq!(
+        (status, body["receipt"]["claim"].as_str()),
+        (200, Some("PROCEED")),
+        "{body}"
+    );
     let forwarded_at = tool.received_at_us.lock().unwrap()[0];
 
     // A call without a claim: one sync, before the reply.
@@ -136,7 +143,11 @@ async fn every_acknowledged_write_is_synced_before_its_response() {
         .call(&key, &token, common::tool_call(2, "tool.off", json!({})))
         .await;
     let unclaimed = (t0, now_us());
-    assert_eq!((status, body["receipt"]["claim"].as_str()), (200, Some("NONE")), "{body}");
+    assert_eq!(
+        (status, body["receipt"]["claim"].as_str()),
+        (200, Some("NONE")),
+        "{body}"
+    );
 
     // A refusal: its event, and the replay record, are durable before the answer.
     let envelope = sealgate::envelope::sign_envelope(

@@ -62,7 +62,10 @@ async fn the_standalone_api_can_neither_forge_nor_block_an_agents_claim() {
     let (status, _) = gw
         .operator(
             Method::POST,
-            &format!("/settle/{}", sealgate::claim::request_id_for_key("agent-1", "never-claimed")),
+            &format!(
+                "/settle/{}",
+                sealgate::claim::request_id_for_key("agent-1", "never-claimed")
+            ),
             Some(&resolver),
             Some(json!({"result": 1})),
         )
@@ -117,7 +120,10 @@ async fn a_reused_idempotency_key_never_returns_another_calls_answer() {
             keyed_call(3, "tool.read", json!({"path": "/workspace/secret"}), "k"),
         )
         .await;
-    assert_eq!((status, again["receipt"]["claim"].as_str()), (200, Some("SKIP")));
+    assert_eq!(
+        (status, again["receipt"]["claim"].as_str()),
+        (200, Some("SKIP"))
+    );
     assert_eq!(again["payload"]["id"], 3);
 }
 
@@ -145,7 +151,10 @@ async fn a_skip_is_held_to_the_response_cap_in_force_now() {
             assert_eq!((status, code(&body)), (502, 2007), "{body}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the reload never applied");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reload never applied"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -183,10 +192,17 @@ async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
         events.len()
     );
     for event in &events {
-        assert!(event.get("signature").is_none(), "a signature that is not 64 bytes is not kept");
+        assert!(
+            event.get("signature").is_none(),
+            "a signature that is not 64 bytes is not kept"
+        );
         for (field, value) in event.as_object().unwrap() {
             if let Some(text) = value.as_str() {
-                assert!(text.chars().count() <= 256, "{field} holds {} chars", text.len());
+                assert!(
+                    text.chars().count() <= 256,
+                    "{field} holds {} chars",
+                    text.len()
+                );
             }
         }
     }
@@ -222,7 +238,9 @@ async fn slow_request_heads_and_bodies_get_408() {
             answer
         })
     };
-    let head = exchange(b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\n").join().unwrap();
+    let head = exchange(b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\n")
+        .join()
+        .unwrap();
     assert!(head.starts_with("HTTP/1.1 408"), "{head}");
     let body = exchange(
         b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
@@ -236,8 +254,7 @@ async fn slow_request_heads_and_bodies_get_408() {
 #[tokio::test]
 async fn calls_beyond_max_concurrent_calls_are_shed_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (gw, _tool) =
-        Gateway::start(dir.path(), "limits: { max_concurrent_calls: 1 }\n").await;
+    let (gw, _tool) = Gateway::start(dir.path(), "limits: { max_concurrent_calls: 1 }\n").await;
     let (key, token) = gw.session("exec-shed").await;
     // One slow call holds the only slot (the tool answers after a second).
     let held = {
@@ -261,12 +278,18 @@ async fn calls_beyond_max_concurrent_calls_are_shed_at_once() {
         .unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(
-        response.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
         Some("1")
     );
     let body: Value = response.json().await.unwrap();
     assert_eq!(code(&body), 5006);
-    assert!(started.elapsed() < Duration::from_millis(500), "shedding must not wait");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shedding must not wait"
+    );
     let finished = held.await.unwrap().unwrap();
     assert_eq!(finished.status(), 200);
     // The slot is free again.
@@ -274,4 +297,116 @@ async fn calls_beyond_max_concurrent_calls_are_shed_at_once() {
         .call(&key, &token, tool_call(2, "tool.off", json!({})))
         .await;
     assert_eq!(status, 200);
+}
+
+/// An API-managed context for the r2 policy rules, and a session on it.
+async fn r2_context(gw: &Gateway, session: &str) -> (ed25519_dalek::SigningKey, String) {
+    let spec = json!({"capabilities": [
+        {"tool_pattern": "limited.*", "rate_limit": {"calls": 2, "per_seconds": 2}, "claim": "off"},
+        {"tool_pattern": "tool.cmd", "command_allowlist": ["git"],
+         "subcommand_allowlist": {"git": ["status", "diff"]}, "path_allowlist": ["/workspace"], "claim": "off"},
+        {"tool_pattern": "tool.fetch", "domain_allowlist": ["example.com"], "claim": "off"},
+    ]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/r2", Some(spec))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let key = sealgate::envelope::generate_signing_key().unwrap();
+    let (status, body) = gw
+        .admin(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(json!({"session_id": session, "public_key": sealgate::envelope::public_key_b64(&key.verifying_key()),
+                        "security_context": "r2", "expires_at": sealgate::clock::now_secs() + 600})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let claims = gw.keys.agent_claims(session, "r2");
+    (key, gw.keys.agent_token_from(&claims))
+}
+
+#[tokio::test]
+async fn a_rate_limit_never_admits_more_than_calls_in_any_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = r2_context(&gw, "exec-rate").await;
+    for id in 0..2 {
+        let (status, body) = gw
+            .call(&key, &token, tool_call(id, "limited.echo", json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Halfway through the window a GCRA would admit a third call; a sliding window must not.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(3, "limited.echo", json!({})))
+        .await;
+    assert_eq!((status, code(&body)), (429, 2005), "{body}");
+}
+
+#[tokio::test]
+async fn commands_and_urls_are_refused_by_the_r2_rules_without_quoting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = r2_context(&gw, "exec-cmd").await;
+    let cases = [
+        (
+            json!({"command": "git status #; rm -rf /"}),
+            "tool.cmd",
+            2003,
+        ),
+        (
+            json!({"command": "git -c core.pager=sh status"}),
+            "tool.cmd",
+            2003,
+        ),
+        (
+            json!({"command": "git", "args": ["status", "$(id)"]}),
+            "tool.cmd",
+            2003,
+        ),
+        (
+            json!({"command": "git diff --output=/etc/SECRETFILE"}),
+            "tool.cmd",
+            2002,
+        ),
+        (
+            json!({"url": "https://user:SECRETPASS@evil.test/?api_key=SECRETKEY"}),
+            "tool.fetch",
+            2004,
+        ),
+    ];
+    for (id, (arguments, tool_name, expected)) in cases.into_iter().enumerate() {
+        let (status, body) = gw
+            .call(
+                &key,
+                &token,
+                tool_call(id as u64, tool_name, arguments.clone()),
+            )
+            .await;
+        assert_eq!(
+            (status, code(&body)),
+            (403, expected),
+            "{arguments}: {body}"
+        );
+    }
+    assert_eq!(tool.count(), 0);
+    // Allowed forms still pass.
+    let (status, body) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(9, "tool.cmd", json!({"command": "git diff --stat"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // No event, in the store or in the file, quotes a refused value.
+    let events = audit_events(&gw, "type=PolicyViolationBlocked").await;
+    assert_eq!(events.len(), 5);
+    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    for text in [serde_json::to_string(&events).unwrap(), file] {
+        for secret in ["SECRET", "rm -rf", "core.pager", "$(id)"] {
+            assert!(!text.contains(secret), "an event quotes {secret:?}");
+        }
+    }
 }

@@ -331,8 +331,8 @@ impl Gateway {
         (Gateway::spawn(dir, &config, keys), tool)
     }
 
-    /// SIGKILL to the gateway, and first to the gateway under the wrapper: a killed tracer would only
-    /// detach from it and leave it running.
+    /// SIGKILL to the gateway. Under a wrapper (strace) the gateway itself is killed, and the tracer is
+    /// left to see it through its exit (a killed tracer would only detach from a still running gateway).
     pub fn kill(&mut self) {
         let pid = self.child.id();
         if !self.wrapper.is_empty() {
@@ -340,6 +340,13 @@ impl Gateway {
                 .unwrap_or_default();
             for child in children.split_whitespace() {
                 let _ = Command::new("kill").args(["-9", child]).status();
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
         let _ = self.child.kill();
