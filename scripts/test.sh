@@ -2,6 +2,10 @@
 # The one test command (README and CI): installs what the tests need, then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# strace traces the gateway's syncs in tests/durability.rs and tests/crash.rs (a Debian package).
+if ! command -v strace >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq strace
+fi
 # Real MCP servers for the integration tests, pinned by tests/mcp-servers/package-lock.json.
 if [ -f tests/mcp-servers/package-lock.json ]; then
   npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error

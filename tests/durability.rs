@@ -27,9 +27,11 @@ fn parse_trace(text: &str) -> Vec<Sync> {
     let mut unfinished: std::collections::HashMap<&str, (u64, String)> = Default::default();
     let mut syncs = Vec::new();
     for line in text.lines() {
-        let mut fields = line.splitn(3, ' ');
-        let (Some(pid), Some(at), Some(rest)) = (fields.next(), fields.next(), fields.next())
-        else {
+        // strace pads the pid column, so fields are split on runs of spaces.
+        let Some((pid, tail)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Some((at, rest)) = tail.trim_start().split_once(' ') else {
             continue;
         };
         let Ok(at) = at.parse::<f64>() else { continue };

@@ -52,6 +52,26 @@ fn claim_json(record: &ClaimRecord) -> Value {
     Value::Object(view)
 }
 
+/// The audit event of an operator's step on a claim: who did it, to which claim, with what outcome.
+fn claim_event(
+    kind: EventType,
+    record: &ClaimRecord,
+    outcome: &str,
+    operator: &Operator,
+) -> AuditEvent {
+    let mut event = AuditEvent::new(kind)
+        .request_id(&record.request_id)
+        .tool(&record.action)
+        .sub(&record.agent_id)
+        .claim(outcome)
+        .action_ref(&record.action_ref)
+        .actor(operator.name());
+    if let Some(session_id) = &record.session_id {
+        event = event.session_id(session_id);
+    }
+    event
+}
+
 /// Which claims a listing shows; every criterion that is set must hold.
 #[derive(Default)]
 struct ClaimFilter {
@@ -268,16 +288,7 @@ pub async fn resolve(
     .await
     .map_err(|e| settle_error(e, &request_id))?;
     let (next, previous) = resolved;
-    let mut event = AuditEvent::new(EventType::ClaimResolved)
-        .request_id(&request_id)
-        .tool(&previous.action)
-        .sub(&previous.agent_id)
-        .claim(label)
-        .action_ref(&previous.action_ref)
-        .actor(&actor);
-    if let Some(session_id) = &previous.session_id {
-        event = event.session_id(session_id);
-    }
+    let mut event = claim_event(EventType::ClaimResolved, &previous, label, &operator);
     if let Some(evidence) = &request.evidence {
         event = event.detail(evidence);
     }
@@ -333,15 +344,12 @@ pub async fn standalone_claim(
         .map_err(ApiError::store)?;
     let (status, existing) = match &taken {
         Taken::Proceed(record) => {
-            gw.record(
-                AuditEvent::new(EventType::ClaimTaken)
-                    .request_id(&record.request_id)
-                    .tool(&record.action)
-                    .sub(&record.agent_id)
-                    .claim("PROCEED")
-                    .action_ref(&record.action_ref)
-                    .actor(operator.name()),
-            )
+            gw.record(claim_event(
+                EventType::ClaimTaken,
+                record,
+                "PROCEED",
+                &operator,
+            ))
             .await?;
             ("PROCEED", None)
         }
@@ -378,15 +386,12 @@ pub async fn settle(
         .map_err(|e| settle_error(e, &request_id))?;
     let status = match settled {
         Some(record) => {
-            gw.record(
-                AuditEvent::new(EventType::ClaimSettled)
-                    .request_id(&record.request_id)
-                    .tool(&record.action)
-                    .sub(&record.agent_id)
-                    .claim("COMMITTED")
-                    .action_ref(&record.action_ref)
-                    .actor(operator.name()),
-            )
+            gw.record(claim_event(
+                EventType::ClaimSettled,
+                &record,
+                "COMMITTED",
+                &operator,
+            ))
             .await?;
             "committed"
         }
