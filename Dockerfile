@@ -1,8 +1,11 @@
 # Build the gateway, then ship it on a slim base with Node.js for stdio MCP servers started through npx.
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
+# Everything Cargo.toml names must be here: the bench target is declared, so benches/ is needed even though
+# the image never runs it; src/demo.rs embeds policies/demo.yaml. tests/dockerfile.rs replays these lines.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY benches ./benches
 COPY policies ./policies
 RUN cargo build --release --locked
 
