@@ -410,3 +410,46 @@ async fn commands_and_urls_are_refused_by_the_r2_rules_without_quoting_them() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_export_streams_the_chain_that_audit_verify_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-export").await;
+    for id in 0..5 {
+        gw.call(&key, &token, tool_call(id, "tool.off", json!({})))
+            .await;
+    }
+    let export = |query: &'static str| {
+        let request = gw
+            .client
+            .get(format!("{}/v1/audit/export{query}", gw.base))
+            .bearer_auth(gw.keys.operator_token("seal.audit.read"));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let (status, whole) = export("").await;
+    assert_eq!(status, 200);
+    let report = sealgate::audit::verify_chain(std::io::Cursor::new(whole.as_bytes())).unwrap();
+    assert_eq!(
+        (report.first_seq, report.events),
+        (1, whole.lines().count() as u64)
+    );
+    assert!(
+        report.events >= 11,
+        "a session and five calls of two events each"
+    );
+    assert_eq!(
+        whole,
+        std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap(),
+        "the export is the chain the file holds"
+    );
+    let (_, tail) = export("?from_seq=3").await;
+    assert_eq!(tail.lines().count() as u64, report.events - 2);
+    let first: Value = serde_json::from_str(tail.lines().next().unwrap()).unwrap();
+    assert_eq!(first["seq"], 3);
+    let (status, _) = export("?from_seq=x").await;
+    assert_eq!(status, 422);
+}

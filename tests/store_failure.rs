@@ -52,6 +52,10 @@ impl AuditBackend for SwitchableStore {
         self.check()?;
         self.inner.scan_newest_first(before, f)
     }
+    fn scan_oldest_first(&self, from: u64, f: &mut dyn FnMut(&Value) -> bool) -> StoreResult<()> {
+        self.check()?;
+        self.inner.scan_oldest_first(from, f)
+    }
 }
 
 #[async_trait::async_trait]

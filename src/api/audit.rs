@@ -27,3 +27,30 @@ pub async fn query(
         .map_err(ApiError::store)?;
     Ok(axum::Json(page).into_response())
 }
+
+/// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed.
+pub async fn export(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.audit.read")?;
+    let params = super::query_params(raw.as_deref(), &["from_seq"])?;
+    let from_seq = match params.get("from_seq") {
+        None => 1,
+        Some(raw) => raw.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                Code::InvalidRequest,
+                "from_seq must be a non-negative integer",
+            )
+        })?,
+    };
+    let lines = futures_util::stream::unfold(gw.audit.export(from_seq), |mut rx| async move {
+        rx.recv().await.map(|line| (line, rx))
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response())
+}

@@ -51,6 +51,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/settle/{request_id}", post(claims::settle))
         .route("/audit", get(claims::standalone_audit))
         .route("/v1/audit", get(audit::query))
+        .route("/v1/audit/export", get(audit::export))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

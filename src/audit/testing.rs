@@ -86,7 +86,26 @@ impl MemoryBackend {
     }
 }
 
+/// Visits events (in stored order) whose seq is at least `from_seq`, oldest first.
+fn visit_from(events: &[Value], from_seq: u64, visit: &mut dyn FnMut(&Value) -> bool) {
+    for event in events {
+        let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
+        if seq >= from_seq && !visit(event) {
+            break;
+        }
+    }
+}
+
 impl AuditBackend for MemoryBackend {
+    fn scan_oldest_first(
+        &self,
+        from_seq: u64,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()> {
+        visit_from(&self.events(), from_seq, visit);
+        Ok(())
+    }
+
     fn head(&self) -> StoreResult<Option<ChainHead>> {
         if Self::take_one(&self.fail_heads) {
             return Err(StoreError::unavailable(
@@ -191,6 +210,15 @@ impl JsonlFileBackend {
 }
 
 impl AuditBackend for JsonlFileBackend {
+    fn scan_oldest_first(
+        &self,
+        from_seq: u64,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()> {
+        visit_from(&self.read_all()?, from_seq, visit);
+        Ok(())
+    }
+
     fn head(&self) -> StoreResult<Option<ChainHead>> {
         Ok(lock(&self.head).clone())
     }

@@ -659,6 +659,14 @@ impl AuditBackend for GatedBackend {
     ) -> StoreResult<()> {
         self.inner.scan_newest_first(before_seq, visit)
     }
+
+    fn scan_oldest_first(
+        &self,
+        from_seq: u64,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()> {
+        self.inner.scan_oldest_first(from_seq, visit)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

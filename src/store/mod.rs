@@ -42,6 +42,13 @@ pub trait AuditBackend: Send + Sync + 'static {
         before_seq: Option<u64>,
         visit: &mut dyn FnMut(&Value) -> bool,
     ) -> StoreResult<()>;
+    /// Calls `visit` with stored events in ascending seq order from `from_seq`, until `visit` returns
+    /// false or the events run out (the export of SPEC 9.3).
+    fn scan_oldest_first(
+        &self,
+        from_seq: u64,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()>;
 }
 
 /// Why the store could not do what was asked. Any of them is a 5005 at the edge (fail closed).

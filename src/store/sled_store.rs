@@ -480,6 +480,20 @@ impl AuditBackend for SledStore {
         }
         Ok(())
     }
+
+    fn scan_oldest_first(
+        &self,
+        from_seq: u64,
+        visit: &mut dyn FnMut(&Value) -> bool,
+    ) -> StoreResult<()> {
+        for entry in self.audit.range(from_seq.to_be_bytes()..) {
+            let (_, bytes) = entry.map_err(io)?;
+            if !visit(&decode(&bytes)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
