@@ -483,7 +483,7 @@ async fn admit(
         )),
         Admitted::Charged { existing_claim } => Ok(admission
             .claim
-            .map(|pending| claim::classify(pending, existing_claim))),
+            .map(|pending| claim::classify(pending, existing_claim.map(|c| *c)))),
     }
 }
 

@@ -196,7 +196,9 @@ pub enum Admitted {
     /// The budget is used up: nothing charged (the rate charge was given back).
     BudgetExhausted,
     /// Charged; the claim was inserted (`None` existing) or found (`Some`), or no claim was asked.
-    Charged { existing_claim: Option<ClaimRecord> },
+    Charged {
+        existing_claim: Option<Box<ClaimRecord>>,
+    },
 }
 
 /// The durable state of the gateway. Implementations: [`SledStore`] (embedded default). Every method

@@ -149,7 +149,7 @@ impl SledStore {
     fn cell_update<T>(
         &self,
         key: &[u8],
-        update: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, T>,
+        update: &mut CellUpdate<'_, T>,
     ) -> StoreResult<Result<Vec<u8>, T>> {
         loop {
             let current = self.counters.get(key).map_err(io)?;
@@ -202,6 +202,9 @@ impl SledStore {
         Ok(())
     }
 }
+
+/// Computes a cell's next value from its current one (None = absent), or refuses with `T`.
+type CellUpdate<'a, T> = dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, T> + 'a;
 
 fn budget_bytes(count: i64) -> Vec<u8> {
     count.to_be_bytes().to_vec()
@@ -320,7 +323,9 @@ impl Store for SledStore {
             Some(claim) => self.claim_insert(claim).await?,
             None => None,
         };
-        Ok(Admitted::Charged { existing_claim })
+        Ok(Admitted::Charged {
+            existing_claim: existing_claim.map(Box::new),
+        })
     }
 
     async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
