@@ -1,11 +1,10 @@
-//! `sealgate demo` and `sealgate bench`: a real gateway started in-process on the embedded store, with a
+//! `sealgate demo`: a real gateway started in-process on the embedded store, with a
 //! small built-in JSON-RPC tool behind it, driven over real HTTP exactly as an orchestrator and an agent
 //! would drive it. Nothing is simulated: every line printed is what the gateway answered.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use ed25519_dalek::SigningKey;
@@ -71,7 +70,6 @@ struct Harness {
     operator_token: String,
     tool: Arc<DemoTool>,
     dir: PathBuf,
-    gateway: Arc<Gateway>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -108,7 +106,7 @@ impl Harness {
             .map_err(|e| e.to_string())?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(gateway::serve_on(gateway.clone(), listener, local, async {
+        let server = tokio::spawn(gateway::serve_on(gateway, listener, local, async {
             let _ = stopped.await;
         }));
         let now = crate::clock::now_secs();
@@ -124,7 +122,6 @@ impl Harness {
             operator_token,
             tool,
             dir: dir.to_path_buf(),
-            gateway,
             stop: Some(stop),
             server,
         })
@@ -331,88 +328,5 @@ pub async fn run() -> Result<(), String> {
         Err(e) => println!("   chain verification FAILED: {e}"),
     }
     h.stop().await?;
-    Ok(())
-}
-
-/// `sealgate bench`: calls per second and latency percentiles through the real HTTP path.
-pub async fn bench(calls: usize, concurrency: usize) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("sealgate-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let h = Arc::new(Harness::start(&dir).await?);
-    println!(
-        "sealgate bench: {calls} calls per scenario, {concurrency} in flight, gateway {}",
-        h.base
-    );
-    for (label, tool, claimed) in [
-        (
-            "echo (claim off: verify + policy + forward + audit)",
-            "demo.echo",
-            false,
-        ),
-        (
-            "write (claim auto: + durable PENDING and COMMIT)",
-            "demo.write_file",
-            true,
-        ),
-    ] {
-        let session = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let (key, token) = h.register(&session).await?;
-        let (key, token) = (Arc::new(key), Arc::new(token));
-        let next = Arc::new(AtomicU64::new(0));
-        let started = Instant::now();
-        let mut workers = Vec::new();
-        for _ in 0..concurrency.max(1) {
-            let (h, key, token, next) = (h.clone(), key.clone(), token.clone(), next.clone());
-            let tool = tool.to_string();
-            workers.push(tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                loop {
-                    let n = next.fetch_add(1, Ordering::SeqCst);
-                    if n as usize >= calls {
-                        return Ok::<_, String>(latencies);
-                    }
-                    let args = if claimed {
-                        json!({"path": format!("/workspace/{n}.txt"), "content": "x"})
-                    } else {
-                        json!({"text": n.to_string()})
-                    };
-                    let env = envelope::sign_envelope(
-                        &key,
-                        call(n, &tool, args),
-                        &token,
-                        crate::clock::now_secs(),
-                    );
-                    let t = Instant::now();
-                    let (status, _) = h.post_envelope(&env).await?;
-                    if status != 200 {
-                        return Err(format!("call {n} answered HTTP {status}"));
-                    }
-                    latencies.push(t.elapsed());
-                }
-            }));
-        }
-        let mut latencies: Vec<Duration> = Vec::new();
-        for worker in workers {
-            latencies.extend(worker.await.map_err(|e| e.to_string())??);
-        }
-        let elapsed = started.elapsed();
-        latencies.sort();
-        let pct = |p: f64| {
-            latencies
-                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-        };
-        println!(
-            "{label}\n  {:.0} calls/s, p50 {:?}, p99 {:?}, max {:?}",
-            latencies.len() as f64 / elapsed.as_secs_f64(),
-            pct(0.50).copied().unwrap_or_default(),
-            pct(0.99).copied().unwrap_or_default(),
-            latencies.last().copied().unwrap_or_default(),
-        );
-    }
-    let h = Arc::try_unwrap(h).map_err(|_| "bench workers still running".to_string())?;
-    let gateway = h.gateway.clone();
-    h.stop().await?;
-    drop(gateway);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! sealgate: a security gateway for AI agent tool calls (see README.md and SPEC.md).
 pub mod api;
 pub mod audit;
+pub mod bench;
 pub mod claim;
 pub mod clock;
 pub mod config;

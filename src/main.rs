@@ -54,14 +54,10 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
-    /// Measure the gateway's throughput and latency in-process (prints numbers).
+    /// The helpers of scripts/bench.sh (upstream, keys, sessions, envelopes, fixed-rate load).
     Bench {
-        /// Calls to make per scenario.
-        #[arg(long, default_value_t = 2000)]
-        calls: usize,
-        /// Calls in flight at once.
-        #[arg(long, default_value_t = 16)]
-        concurrency: usize,
+        #[command(subcommand)]
+        command: sealgate::bench::BenchCommand,
     },
 }
 
@@ -188,7 +184,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Audit {
             command: AuditCommand::Verify { file },
         } => return Ok(audit_verify(&file)),
-        Command::Bench { calls, concurrency } => sealgate::demo::bench(calls, concurrency).await?,
+        Command::Bench { command } => sealgate::bench::run(command).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

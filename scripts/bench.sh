@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# The benchmark of issue 9: the release gateway against nginx as a plain pass-through proxy, both in front of
+# the same one-thread JSON-RPC upstream and driven by the same client (wrk) with unique pre-signed envelopes;
+# plus fixed-rate and one-at-a-time latency, the disk's own fsync time, memory with many sessions, and the
+# standalone /claim API against SafeAgent's own server. Prints one table. Everything listens on 127.0.0.1
+# at ports chosen at run time, and every process started here is stopped on exit.
+#
+# Knobs (environment):
+#   BENCH_SECS=10          seconds per throughput row (at most 20: envelopes are signed just before a row,
+#                          and signing and row together must fit the gateway's ±30 s clock window)
+#   BENCH_THREADS=2 BENCH_CONNECTIONS=32   wrk threads and connections
+#   BENCH_SESSIONS=8       sessions the envelopes are spread over
+#   BENCH_MAX_RPS=25000    envelopes signed per second of the claim: off row; later rows sign twice the rate
+#                          that row reached (a row that runs out is marked "≥", since it stopped early)
+#   BENCH_RATE=5000        the fixed open-loop rate, for BENCH_SECS
+#   BENCH_SERIAL_SECS=5    seconds of one-call-at-a-time latency
+#   BENCH_FSYNCS=300       fdatasync probes on the gateway's data folder
+#   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory row (issue 9's target is BENCH_CALLS=1000000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${BENCH_SECS:-10}
+THREADS=${BENCH_THREADS:-2}
+CONNECTIONS=${BENCH_CONNECTIONS:-32}
+SESSIONS=${BENCH_SESSIONS:-8}
+MAX_RPS=${BENCH_MAX_RPS:-25000}
+RATE=${BENCH_RATE:-5000}
+SERIAL_SECS=${BENCH_SERIAL_SECS:-5}
+FSYNCS=${BENCH_FSYNCS:-300}
+LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
+CALLS=${BENCH_CALLS:-50000}
+SAFEAGENT_VERSION=0.1.25
+VENV=target/bench-venv
+BIN=target/release/sealgate
+
+if ((SECS > 20 || SERIAL_SECS > 20)); then
+    echo "BENCH_SECS and BENCH_SERIAL_SECS must be at most 20 (the 30 s clock window of signed envelopes)" >&2
+    exit 2
+fi
+
+say() { echo "bench: $*" >&2; }
+label() { if [[ $1 == off ]]; then echo "\`claim: off\`"; else echo "durable claims"; fi; }
+
+# ---- tools: Debian's nginx and wrk, SafeAgent from PyPI in a venv, the release build ----
+as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
+
+install_tools() {
+    local missing=()
+    command -v nginx >/dev/null || missing+=(nginx)
+    command -v wrk >/dev/null || missing+=(wrk)
+    # Debian's python3 makes venvs only with python3-venv (which brings ensurepip).
+    python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+    if ((${#missing[@]})); then
+        say "installing ${missing[*]} (apt)"
+        as_root apt-get update -qq
+        # Debian starts a package's service on install unless policy-rc.d refuses; this benchmark runs
+        # its own nginx, so refuse for the duration of the install when nothing refuses already.
+        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+            POLICY_RC=/usr/sbin/policy-rc.d
+            printf '#!/bin/sh\nexit 101\n' | as_root tee "$POLICY_RC" >/dev/null
+            as_root chmod +x "$POLICY_RC"
+        fi
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        remove_policy_rc
+    fi
+    if ! "$VENV/bin/python" -c 'import sys, fastapi, uvicorn, importlib.metadata as m
+assert m.version("safeagent-exec-guard") == sys.argv[1]' "$SAFEAGENT_VERSION" 2>/dev/null; then
+        say "installing safeagent-exec-guard $SAFEAGENT_VERSION, fastapi and uvicorn (pip, into $VENV)"
+        python3 -m venv "$VENV"
+        # payment_server imports fastapi, which the package does not declare.
+        "$VENV/bin/pip" install -q "safeagent-exec-guard==$SAFEAGENT_VERSION" fastapi uvicorn
+    fi
+    say "building the release gateway"
+    cargo build --release --locked -q
+}
+
+remove_policy_rc() {
+    [[ -z $POLICY_RC ]] || as_root rm -f "$POLICY_RC"
+    POLICY_RC=""
+}
+
+# ---- processes ----
+WORK="" LOAD="" PIDS=() POLICY_RC=""
+cleanup() {
+    local pid
+    remove_policy_rc
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    [[ -z $WORK ]] || rm -rf "$WORK"
+    [[ -z $LOAD ]] || rm -rf "$LOAD"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_line NAME PATTERN PID: the first line matching PATTERN that the process started as NAME prints.
+wait_line() {
+    local i line
+    for ((i = 0; i < 300; i++)); do
+        line=$(grep -m1 -E "$2" "$WORK/$1.out" || true)
+        if [[ -n $line ]]; then echo "$line"; return; fi
+        kill -0 "$3" 2>/dev/null || break
+        sleep 0.1
+    done
+    say "$1 did not start; its output:"; cat "$WORK/$1.out" "$WORK/$1.err" >&2
+    exit 1
+}
+
+wait_port() {
+    local i
+    for ((i = 0; i < 300; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+        sleep 0.1
+    done
+    say "nothing listens on 127.0.0.1:$1"; exit 1
+}
+
+# start NAME CMD…: runs CMD in the background with its output in $WORK/NAME.out / .err; sets STARTED.
+start() {
+    local name=$1; shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    STARTED=$!
+    PIDS+=("$STARTED")
+}
+
+start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID
+    start "$1" env SEALGATE_LOG=warn SEALGATE_DATA_DIR="$2" "$BIN" serve --config "$WORK/gw/sealgate.yaml"
+    GW_PID=$STARTED
+    GW_URL=$(wait_line "$1" '^sealgate ready on ' "$GW_PID")
+    GW_URL=${GW_URL#sealgate ready on }
+}
+
+cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+# ---- results: R[row.key]=value, read from the `key=value …` lines that wrk and `sealgate bench` print ----
+declare -A R
+record() { # ROW LINE
+    local pair
+    for pair in $2; do R[$1.${pair%%=*}]=${pair#*=}; done
+}
+
+envelopes() { # CONTEXT COUNT FILES OUT SECS
+    "$BIN" bench envelopes --dir "$WORK/gw" --gateway "$GW_URL" --context "$1" --sessions "$SESSIONS" \
+        --count "$2" --files "$3" --out "$4" --secs "$5" >/dev/null
+}
+
+# Envelopes for SECS seconds of a row: twice the claim: off row's rate (nothing else is faster), at most
+# BENCH_MAX_RPS.
+budget() { # SECS
+    local rps=$MAX_RPS
+    [[ -z ${R[off.requests]:-} ]] || rps=$(( 2 * ${R[off.requests]} * 1000000 / ${R[off.duration_us]} ))
+    echo $(( (rps < MAX_RPS ? rps : MAX_RPS) * $1 + 1000 ))
+}
+
+wrk_row() { # ROW THREADS CONNECTIONS SECS URL LUA-ARGS…; ROW_PID (or empty): the server whose CPU and RSS count
+    local row=$1 threads=$2 connections=$3 secs=$4 url=$5 before=0 line
+    shift 5
+    [[ -z ${ROW_PID:-} ]] || before=$(cpu_ticks "$ROW_PID")
+    line=$(wrk -t"$threads" -c"$connections" -d"${secs}s" -s scripts/bench.lua "$url" -- "$@" | grep '^requests=')
+    record "$row" "$line"
+    if [[ -n ${ROW_PID:-} ]]; then
+        R[$row.cpu_us]=$(( ($(cpu_ticks "$ROW_PID") - before) * 1000000 / $(getconf CLK_TCK) / ${R[$row.requests]} ))
+        R[$row.rss_kib]=$(rss_kib "$ROW_PID")
+    fi
+    if ((${R[$row.exhausted_threads]:-0})); then
+        say "$row ran out of envelopes and stopped early: its req/s is a lower bound; raise BENCH_MAX_RPS"
+    fi
+}
+
+main() {
+    install_tools
+    # Other work on the machine skews every number: say how much there was.
+    LOAD_AVERAGE=$(cut -d' ' -f1 /proc/loadavg)
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/sealgate-bench.XXXXXX")
+    # Envelope files live in memory when possible, so that writing them puts no load on the disk that the
+    # gateway fsyncs to.
+    LOAD=$(mktemp -d /dev/shm/sealgate-bench.XXXXXX 2>/dev/null || mktemp -d "$WORK/load.XXXXXX")
+
+    start upstream "$BIN" bench upstream
+    local upstream_pid=$STARTED up
+    up=$(wait_line upstream '^bench upstream on ' "$upstream_pid")
+    up=${up#bench upstream on }
+    "$BIN" bench setup --dir "$WORK/gw" --upstream "$up/rpc"
+    start_gateway gateway "$WORK/gw/data"
+    local gw_pid=$GW_PID
+
+    local nginx_port; nginx_port=$(free_port)
+    mkdir -p "$WORK/nginx/logs"
+    cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes auto;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx/body;
+    proxy_temp_path $WORK/nginx/proxy;
+    fastcgi_temp_path $WORK/nginx/fastcgi;
+    uwsgi_temp_path $WORK/nginx/uwsgi;
+    scgi_temp_path $WORK/nginx/scgi;
+    upstream tool { server ${up#http://}; keepalive 64; }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location / {
+            proxy_pass http://tool;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    start nginx nginx -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log" -c "$WORK/nginx/nginx.conf"
+    wait_port "$nginx_port"
+
+    say "fsync probe on the gateway's data folder"
+    record fsync "$("$BIN" bench fsync --dir "$WORK/gw/data" --count "$FSYNCS")"
+
+    say "nginx pass-through, ${SECS}s"
+    envelopes bench-off 20000 "$THREADS" "$LOAD/nginx" "$SECS"
+    ROW_PID="" wrk_row nginx "$THREADS" "$CONNECTIONS" "$SECS" "http://127.0.0.1:$nginx_port/rpc" cycle "$LOAD/nginx"
+
+    local mode
+    for mode in off claim; do
+        say "sealgate, $(label $mode), ${SECS}s"
+        envelopes "bench-$mode" "$(budget "$SECS")" "$THREADS" "$LOAD/$mode" "$SECS"
+        ROW_PID=$gw_pid wrk_row "$mode" "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/$mode"
+        rm -f "$LOAD/$mode".*
+    done
+    for mode in off claim; do
+        say "sealgate, $(label $mode), at a fixed $RATE req/s, ${SECS}s"
+        record "rate_$mode" "$("$BIN" bench rate --dir "$WORK/gw" --gateway "$GW_URL" --context "bench-$mode" \
+            --sessions "$SESSIONS" --rate "$RATE" --secs "$SECS")"
+    done
+    for mode in off claim; do
+        say "sealgate, $(label $mode), one call at a time, ${SERIAL_SECS}s"
+        envelopes "bench-$mode" "$(budget "$SERIAL_SECS")" 1 "$LOAD/serial" "$SERIAL_SECS"
+        ROW_PID="" wrk_row "serial_$mode" 1 1 "$SERIAL_SECS" "$GW_URL/v1/invoke" once "$LOAD/serial"
+        rm -f "$LOAD/serial".*
+    done
+
+    say "standalone POST /claim: sealgate, then SafeAgent under uvicorn, ${SECS}s each"
+    local operator; operator=$("$BIN" bench operator-token --dir "$WORK/gw")
+    ROW_PID=$gw_pid wrk_row claim_api "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/claim" claim "run$$" "$operator"
+    local sa_port; sa_port=$(free_port)
+    mkdir -p "$WORK/safeagent"
+    # Its claim route needs a settlement secret (32+ characters) to answer; no payment address: no x402 gate.
+    start safeagent env SAFEAGENT_DB_PATH="$WORK/safeagent/claims.db" \
+        SAFEAGENT_SETTLEMENT_SECRET="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+        "$VENV/bin/uvicorn" safeagent_exec_guard.payment_server:app --host 127.0.0.1 --port "$sa_port" \
+        --log-level warning --no-access-log
+    local sa_pid=$STARTED
+    wait_port "$sa_port"
+    ROW_PID=$sa_pid wrk_row safeagent "$THREADS" "$CONNECTIONS" "$SECS" "http://127.0.0.1:$sa_port/claim" claim "run$$"
+
+    say "memory: $LIVE_SESSIONS live sessions, $CALLS calls with durable claims on a fresh gateway"
+    start_gateway soak-gateway "$WORK/gw/data-soak"
+    record soak "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-claim \
+        --sessions "$LIVE_SESSIONS" --calls "$CALLS")"
+    R[soak.rss_kib]=$(rss_kib "$GW_PID")
+
+    print_table
+}
+
+# ---- the table ----
+ms() {
+    awk -v us="$1" 'BEGIN {
+        if (us < 10000) printf "%.2f ms", us / 1000; else if (us < 1e7) printf "%.0f ms", us / 1000
+        else printf "%.1f s", us / 1e6 }'
+}
+mib() { awk -v kib="$1" 'BEGIN { printf "%.0f MiB", kib / 1024 }'; }
+num() { printf '%d' "$1" | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta'; }
+rps() { awk -v n="${R[$1.requests]}" -v us="${R[$1.duration_us]}" 'BEGIN { printf "%.0f", n / (us / 1e6) }'; }
+# A row that ran out of envelopes stopped early, but wrk divides by the whole duration.
+at_least() { ((${R[$1.exhausted_threads]:-0} == 0)) || printf '≥ '; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf (a / b < 0.1 ? "%.3f" : "%.2f"), a / b }'; }
+errors() { echo $(( ${R[$1.status_errors]} + ${R[$1.socket_errors]} )); }
+
+print_table() {
+    local nginx_rps row name cpu rss
+    nginx_rps=$(rps nginx)
+    echo
+    echo "sealgate bench: $(nproc) cores (load average $LOAD_AVERAGE before the run); wrk $THREADS threads, $CONNECTIONS connections, ${SECS} s a row; unique envelopes over $SESSIONS sessions; one run"
+    echo
+    echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for row in nginx off claim; do
+        case $row in
+            nginx) name="nginx pass-through"; cpu="—"; rss="—" ;;
+            *) name="sealgate, $(label $row)" ;;
+        esac
+        if [[ $row != nginx ]]; then cpu="$(num "${R[$row.cpu_us]}") µs"; rss=$(mib "${R[$row.rss_kib]}"); fi
+        echo "| $name | $(at_least $row)$(num "$(rps $row)") | $(ratio "$(rps $row)" "$nginx_rps") | $(ms "${R[$row.p50_us]}") | $(ms "${R[$row.p99_us]}") | $cpu | $rss | $(errors $row) |"
+    done
+    local claim_rps sa_rps
+    claim_rps=$(rps claim_api) sa_rps=$(rps safeagent)
+    echo "| sealgate \`POST /claim\` (× SafeAgent in the ratio column) | $(num "$claim_rps") | $(ratio "$claim_rps" "$sa_rps") | $(ms "${R[claim_api.p50_us]}") | $(ms "${R[claim_api.p99_us]}") | $(num "${R[claim_api.cpu_us]}") µs | $(mib "${R[claim_api.rss_kib]}") | $(errors claim_api) |"
+    echo "| SafeAgent $SAFEAGENT_VERSION \`POST /claim\` (uvicorn, one process) | $(num "$sa_rps") | — | $(ms "${R[safeagent.p50_us]}") | $(ms "${R[safeagent.p99_us]}") | $(num "${R[safeagent.cpu_us]}") µs | $(mib "${R[safeagent.rss_kib]}") | $(errors safeagent) |"
+    echo
+    echo "targets (issue 9): claim: off ≥ 0.35 × nginx and ≤ 90 µs per call; durable claims ≥ 0.25 × and ≤ 130 µs; \`POST /claim\` ≥ 20 × SafeAgent"
+    echo
+    local f50=${R[fsync.p50_us]} f99=${R[fsync.p99_us]}
+    echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
+    for row in off claim; do
+        local r=rate_$row
+        echo "- fixed $(num "$RATE") req/s open loop (at most 64 in flight), $(label $row): p99 $(ms "${R[$r.p99_us]}") (p50 $(ms "${R[$r.p50_us]}"), max $(ms "${R[$r.max_us]}"); $(num "${R[$r.rps]}") req/s achieved, $(num "${R[$r.unsent]}") calls unsent when time was up, ${R[$r.non2xx]} errors)"
+    done
+    echo "  target: p99 ≤ 2 ms with claim: off; ≤ 2 ms + 2 × fsync p99 = $(ms $((2000 + 2 * f99))) with claims"
+    for row in off claim; do
+        local r=serial_$row
+        echo "- one call at a time, $(label $row): p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
+    done
+    echo "  target: p50 ≤ 0.3 ms + 1 × fsync p50 = $(ms $((300 + f50))) with claim: off; + 2 × = $(ms $((300 + 2 * f50))) with claims"
+    echo "- RSS with $(num "$LIVE_SESSIONS") live sessions after $(num "${R[soak.requests]}") calls with durable claims (fresh gateway): $(mib "${R[soak.rss_kib]}") (${R[soak.non2xx]} errors; target < 50 MiB after 1,000,000)"
+    echo "- errors: HTTP status ≥ 400 or no answer (neither server answers 1xx or 3xx)"
+}
+
+main "$@"

@@ -1,0 +1,494 @@
+//! `sealgate bench …`: the parts of `scripts/bench.sh` that need the crate's own code or a precise clock.
+//! The script measures the release gateway against nginx with an external load generator (wrk); this module
+//! gives it the one-thread upstream, keys and configuration, sessions registered over the real API,
+//! pre-signed unique envelopes, an open-loop fixed-rate client, fsync timing and the many-sessions soak.
+//! Every subcommand prints its result as one `key=value …` line on stdout for the script to read.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ed25519_dalek::SigningKey;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use serde_json::{json, Value};
+
+use crate::{clock, envelope, token};
+
+/// The contexts that `setup` writes: the same tool without and with a durable claim.
+const CONTEXTS: [(&str, &str); 2] = [("bench-off", "    claim: off\n"), ("bench-claim", "")];
+const AGENT_ISSUER: &str = "orchestrator";
+const AGENT_AUDIENCE: &str = "sealgate-agents";
+/// Tokens and sessions outlive the longest soak (a million calls at today's speed).
+const LIFETIME_SECS: i64 = 6 * 3600;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Serve the fast JSON-RPC upstream on one thread at a free loopback port (prints its URL).
+    Upstream,
+    /// Write keys, the two bench contexts and a gateway configuration (`sealgate.yaml`) into DIR.
+    Setup {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The upstream's JSON-RPC URL.
+        #[arg(long)]
+        upstream: String,
+    },
+    /// Print an operator token for the standalone claim API (scope seal.claim.resolve).
+    OperatorToken {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Register sessions and write COUNT unique pre-signed envelopes, one per line, spread over FILES files
+    /// named OUT.0, OUT.1, … (one per load-generator thread).
+    Envelopes {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        count: u64,
+        #[arg(long, default_value_t = 2)]
+        files: u64,
+        #[arg(long)]
+        out: PathBuf,
+        /// How long the run that sends them lasts: they are dated that far ahead, so that the whole run, and
+        /// up to 30 s of signing before it, lie inside the gateway's ±30 s clock window.
+        #[arg(long)]
+        secs: i64,
+    },
+    /// Open-loop load at a fixed rate; latency counts from each call's intended send time.
+    Rate {
+        #[command(flatten)]
+        target: Target,
+        /// Calls per second.
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        secs: u64,
+        /// Calls in flight at most.
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+    },
+    /// Time COUNT fdatasync calls, each after a small append, in DIR.
+    Fsync {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+    },
+    /// Make CALLS calls spread over all the registered sessions (for the memory reading).
+    Soak {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        calls: u64,
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+    },
+}
+
+/// Where calls go and as whom.
+#[derive(clap::Args)]
+pub struct Target {
+    /// The folder that `setup` wrote (keys).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The gateway's base URL.
+    #[arg(long)]
+    gateway: String,
+    /// `bench-off` or `bench-claim`.
+    #[arg(long)]
+    context: String,
+    /// Sessions to register; calls go round-robin over them.
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+}
+
+pub async fn run(command: BenchCommand) -> Result<(), String> {
+    match command {
+        BenchCommand::Upstream => tokio::task::spawn_blocking(upstream)
+            .await
+            .map_err(|e| e.to_string())?,
+        BenchCommand::Setup { dir, upstream } => setup(&dir, &upstream),
+        BenchCommand::OperatorToken { dir } => {
+            println!("{}", operator_token(&dir, token::scopes::CLAIM_RESOLVE)?);
+            Ok(())
+        }
+        BenchCommand::Envelopes {
+            target,
+            count,
+            files,
+            out,
+            secs,
+        } => write_envelopes(&target, count, files, &out, secs).await,
+        BenchCommand::Rate {
+            target,
+            rate,
+            secs,
+            connections,
+        } => fixed_rate(&target, rate, secs, connections).await,
+        BenchCommand::Fsync { dir, count } => fsync_times(&dir, count),
+        BenchCommand::Soak {
+            target,
+            calls,
+            concurrency,
+        } => soak(&target, calls, concurrency).await,
+    }
+}
+
+/// One thread, as the issue's reference upstream: a proxy in front of it is measured, not the tool.
+fn upstream() -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        println!("bench upstream on http://{addr}");
+        axum::serve(listener, axum::Router::new().fallback(answer))
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+async fn answer(body: Bytes) -> axum::Json<Value> {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    // Behind nginx the upstream gets the whole envelope, whose JSON-RPC id sits in its payload.
+    let id = request
+        .get("id")
+        .or_else(|| request.pointer("/payload/id"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    axum::Json(
+        json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "ok"}]}}),
+    )
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn read_file(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn setup(dir: &Path, upstream: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir.join("policies")).map_err(|e| e.to_string())?;
+    let (operator_private, operator_public) = token::ed25519_keypair_pem()?;
+    let (agent_private, agent_public) = token::ed25519_keypair_pem()?;
+    write_file(&dir.join("operator.pem"), &operator_private)?;
+    write_file(&dir.join("agent.pem"), &agent_private)?;
+    for (name, claim) in CONTEXTS {
+        write_file(
+            &dir.join(format!("policies/{name}.yaml")),
+            &format!("name: {name}\ncapabilities:\n  - tool_pattern: \"bench.*\"\n{claim}"),
+        )?;
+    }
+    // The PEMs are written as YAML double-quoted strings (Rust's escaping of `\n` is the same).
+    let config = format!(
+        "listen: \"127.0.0.1:0\"\ndata_dir: data\npolicies_dir: policies\n\
+         agent_tokens:\n  issuer: {AGENT_ISSUER}\n  audience: {AGENT_AUDIENCE}\n  \
+         keys: [ {{ alg: EdDSA, public_key_pem: {agent_public:?} }} ]\n\
+         operator_auth:\n  keys: [ {{ alg: EdDSA, public_key_pem: {operator_public:?} }} ]\n\
+         upstreams:\n  bench: {{ http: {{ url: {upstream:?} }}, timeout_ms: 10000 }}\n"
+    );
+    write_file(&dir.join("sealgate.yaml"), &config)
+}
+
+fn operator_token(dir: &Path, scope: &str) -> Result<String, String> {
+    let now = clock::now_secs();
+    token::sign_eddsa_for_tests_and_cli(
+        &read_file(&dir.join("operator.pem"))?,
+        &json!({"sub": "bench-operator", "aud": "sealgate-operators", "scope": scope,
+                "iat": now, "exp": now + LIFETIME_SECS, "jti": uuid::Uuid::new_v4().to_string()}),
+        None,
+    )
+}
+
+/// A registered session: the agent's key and its token.
+struct Session {
+    key: SigningKey,
+    token: String,
+}
+
+fn client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Registers `target.sessions` sessions through `POST /v1/seal/sessions`, 16 at a time.
+async fn register(client: &reqwest::Client, target: &Target) -> Result<Vec<Session>, String> {
+    let operator = operator_token(&target.dir, token::scopes::SESSION_CREATE)?;
+    let agent_pem = read_file(&target.dir.join("agent.pem"))?;
+    let url = format!("{}/v1/seal/sessions", target.gateway);
+    futures_util::stream::iter(0..target.sessions)
+        .map(|_| async {
+            let key = envelope::generate_signing_key()?;
+            let id = format!("bench-{}", uuid::Uuid::new_v4().simple());
+            let now = clock::now_secs();
+            let body = json!({"session_id": id, "security_context": target.context,
+                "public_key": envelope::public_key_b64(&key.verifying_key()),
+                "expires_at": now + LIFETIME_SECS});
+            let response = client
+                .post(&url)
+                .bearer_auth(&operator)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+            let status = response.status();
+            if status != reqwest::StatusCode::CREATED {
+                let text = response.text().await.unwrap_or_default();
+                return Err(format!("session registration answered {status}: {text}"));
+            }
+            let claims = json!({"sub": "bench-agent", "scp": target.context, "exec_id": id,
+                "jti": uuid::Uuid::new_v4().to_string(), "iat": now, "exp": now + LIFETIME_SECS,
+                "iss": AGENT_ISSUER, "aud": AGENT_AUDIENCE});
+            let token = token::sign_eddsa_for_tests_and_cli(&agent_pem, &claims, None)?;
+            Ok(Session { key, token })
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await
+}
+
+/// Envelope `n`: a call that no other envelope makes (its id and arguments are unique, so it is neither a
+/// replay nor a claim's SKIP), signed by session `n mod sessions`.
+fn signed(sessions: &[Session], n: u64, timestamp: i64) -> Vec<u8> {
+    let session = &sessions[(n % sessions.len() as u64) as usize];
+    let payload = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+        "params": {"name": "bench.echo", "arguments": {"n": n}}});
+    let wire = envelope::sign_envelope(&session.key, payload, &session.token, timestamp);
+    serde_json::to_vec(&wire).unwrap_or_default()
+}
+
+async fn write_envelopes(
+    target: &Target,
+    count: u64,
+    files: u64,
+    out: &Path,
+    secs: i64,
+) -> Result<(), String> {
+    let files = files.max(1);
+    let sessions = register(&client()?, target).await?;
+    let started = Instant::now();
+    let timestamp = clock::now_secs() + secs;
+    // One signing thread per file: file k holds envelopes k, k + files, k + 2·files, …
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..files)
+            .map(|k| {
+                let sessions = &sessions;
+                scope.spawn(move || -> Result<(), String> {
+                    let path = PathBuf::from(format!("{}.{k}", out.display()));
+                    let file = std::fs::File::create(&path)
+                        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                    let mut file = std::io::BufWriter::new(file);
+                    for n in (k..count).step_by(files as usize) {
+                        file.write_all(&signed(sessions, n, timestamp))
+                            .and_then(|()| file.write_all(b"\n"))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    file.flush().map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        writers.into_iter().try_for_each(|w| {
+            w.join()
+                .map_err(|_| "a signing thread panicked".to_string())?
+        })
+    })?;
+    println!(
+        "envelopes={count} files={files} sign_ms={}",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// The value at or below which `p` percent of `sorted` lie (nearest rank); 0 for no samples.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The outcome of one call: its HTTP status (0 when no answer came) and its latency in µs.
+type Sample = (u16, u64);
+
+async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> u16 {
+    match client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+    {
+        // Read the whole answer: a call is done when its last byte has arrived.
+        Ok(response) => {
+            let status = response.status().as_u16();
+            response.bytes().await.map_or(0, |_| status)
+        }
+        Err(_) => 0,
+    }
+}
+
+/// The summary line of a set of samples.
+fn summary(samples: &[Sample], elapsed: Duration) -> String {
+    let non2xx = samples
+        .iter()
+        .filter(|(status, _)| !(200..300).contains(status))
+        .count();
+    let mut latencies: Vec<u64> = samples.iter().map(|&(_, us)| us).collect();
+    latencies.sort_unstable();
+    format!(
+        "requests={} non2xx={non2xx} rps={:.0} p50_us={} p99_us={} max_us={}",
+        latencies.len(),
+        latencies.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&latencies, 50.0),
+        percentile(&latencies, 99.0),
+        latencies.last().copied().unwrap_or(0),
+    )
+}
+
+/// Open loop: call `n` is due at `start + n / rate` whether or not earlier calls have answered, and its
+/// latency counts from that instant, so a stalled gateway shows in the numbers instead of slowing the load.
+/// At most `connections` calls are in flight (a call waits for a free one, its wait counted); a call still
+/// unsent when the run's time is up is not sent and is reported as unsent.
+async fn fixed_rate(
+    target: &Target,
+    rate: u64,
+    secs: u64,
+    connections: usize,
+) -> Result<(), String> {
+    let client = client()?;
+    let sessions = register(&client, target).await?;
+    let rate = rate.max(1);
+    // Dated at the middle of the run, which then lies inside the ±30 s clock window for up to a minute.
+    let timestamp = clock::now_secs() + secs as i64 / 2;
+    let bodies: Vec<Bytes> = (0..rate * secs)
+        .map(|n| Bytes::from(signed(&sessions, n, timestamp)))
+        .collect();
+    let due_calls = bodies.len();
+    let url: Arc<str> = format!("{}/v1/invoke", target.gateway).into();
+    let slots = Arc::new(tokio::sync::Semaphore::new(connections.max(1)));
+    let runtime = tokio::runtime::Handle::current();
+    // A thread of its own paces the sends: the runtime's timer ticks in whole milliseconds, a thread's
+    // sleep is precise to tens of microseconds.
+    let (start, calls) = tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let end = start + Duration::from_secs(secs);
+        let mut calls = Vec::with_capacity(bodies.len());
+        for (n, body) in (0..).zip(bodies) {
+            let due = start + Duration::from_nanos(n * 1_000_000_000 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let slot = runtime.block_on(tokio::time::timeout_at(
+                end.into(),
+                slots.clone().acquire_owned(),
+            ));
+            let Ok(Ok(slot)) = slot else { break };
+            let (client, url) = (client.clone(), url.clone());
+            calls.push(runtime.spawn(async move {
+                let status = post(&client, &url, body).await;
+                drop(slot);
+                (status, due.elapsed().as_micros() as u64)
+            }));
+        }
+        (start, calls)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut samples = Vec::with_capacity(calls.len());
+    for call in calls {
+        samples.push(call.await.map_err(|e| e.to_string())?);
+    }
+    let unsent = due_calls - samples.len();
+    println!("unsent={unsent} {}", summary(&samples, start.elapsed()));
+    Ok(())
+}
+
+/// The disk's own durability cost, as a store's log sees it: append a few bytes, then fdatasync.
+fn fsync_times(dir: &Path, count: usize) -> Result<(), String> {
+    let path = dir.join(format!("bench-fsync-{}", std::process::id()));
+    let mut file = std::fs::File::create(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let mut micros = Vec::with_capacity(count);
+    let measured = (0..count).try_for_each(|_| {
+        let t = Instant::now();
+        file.write_all(&[b'x'; 64])?;
+        file.sync_data()?;
+        micros.push(t.elapsed().as_micros() as u64);
+        Ok::<_, std::io::Error>(())
+    });
+    let _ = std::fs::remove_file(&path);
+    measured.map_err(|e| format!("fsync probe in {}: {e}", dir.display()))?;
+    micros.sort_unstable();
+    println!(
+        "fsyncs={count} p50_us={} p99_us={}",
+        percentile(&micros, 50.0),
+        percentile(&micros, 99.0)
+    );
+    Ok(())
+}
+
+/// Closed loop over many sessions, signing each call just before it is sent (a long soak outlasts the
+/// clock window that pre-signed envelopes have).
+async fn soak(target: &Target, calls: u64, concurrency: usize) -> Result<(), String> {
+    let client = client()?;
+    let sessions = Arc::new(register(&client, target).await?);
+    let url: Arc<str> = format!("{}/v1/invoke", target.gateway).into();
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency.max(1))
+        .map(|_| {
+            let (client, url, sessions, next) =
+                (client.clone(), url.clone(), sessions.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= calls {
+                        return samples;
+                    }
+                    let t = Instant::now();
+                    let body = signed(&sessions, n, clock::now_secs());
+                    let status = post(&client, &url, Bytes::from(body)).await;
+                    samples.push((status, t.elapsed().as_micros() as u64));
+                }
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(calls as usize);
+    for worker in workers {
+        samples.extend(worker.await.map_err(|e| e.to_string())?);
+    }
+    println!("{}", summary(&samples, started.elapsed()));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentile_is_the_nearest_rank() {
+        let hundred: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&hundred, 50.0), 50);
+        assert_eq!(percentile(&hundred, 99.0), 99);
+        assert_eq!(percentile(&hundred, 100.0), 100);
+        assert_eq!(percentile(&hundred, 0.0), 1);
+        assert_eq!(percentile(&[7, 9], 50.0), 7);
+        assert_eq!(percentile(&[7, 9], 51.0), 9);
+        assert_eq!(percentile(&[5], 99.0), 5);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
+}
