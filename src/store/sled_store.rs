@@ -22,6 +22,9 @@ use super::{
     SessionRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
+/// sled's page cache (see `open`).
+const SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
 pub struct SledStore {
     db: Db,
     sessions: Tree,
@@ -94,6 +97,9 @@ impl SledStore {
         let db = sled::Config::new()
             .path(dir)
             .mode(sled::Mode::HighThroughput)
+            // sled caches 1 GiB by default; the hot state (sessions) lives in the gateway's own cache, and
+            // the OS page cache serves the rest, so a small cache keeps the resident set small.
+            .cache_capacity(SLED_CACHE_BYTES)
             .open()
             .map_err(|e| io(format!("cannot open store at {}: {e}", dir.display())))?;
         let tree = |name: &str| db.open_tree(name).map_err(io);
