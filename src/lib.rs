@@ -12,5 +12,6 @@ pub mod pipeline;
 pub mod policy;
 pub mod session;
 pub mod store;
+pub mod strict_json;
 pub mod token;
 pub mod upstream;
