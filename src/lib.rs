@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod envelope;
 pub mod error;
+pub mod fuzzing;
 pub mod gateway;
 pub mod pipeline;
 pub mod policy;
