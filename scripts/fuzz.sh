@@ -18,7 +18,7 @@ export RUSTC_BOOTSTRAP=1
 
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    mapfile -t targets < <(cd fuzz && cargo fuzz list)
+    mapfile -t targets < <(cargo fuzz list)
 fi
 
 # One build for all targets, so the timed runs below are spent fuzzing.
