@@ -13,7 +13,7 @@ use sealgate::envelope::{parse_envelope, SessionKey};
 use sealgate::fuzzing::{FUZZ_NOW, FUZZ_PUBLIC_KEY_PEM, TARGETS};
 
 /// Derived inputs per target, on top of its seeds; keeps the whole file well under 20 s in debug.
-const CASES_PER_TARGET: usize = 2_500;
+const CASES_PER_TARGET: usize = 5_000;
 
 /// Longest derived input: enough for an envelope with a token, short enough to stay fast.
 const MAX_INPUT: usize = 2_048;
