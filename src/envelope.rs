@@ -8,7 +8,6 @@
 mod call;
 mod jcs;
 mod keys;
-mod strict_json;
 #[cfg(test)]
 mod tests;
 
@@ -18,13 +17,17 @@ use ed25519_dalek::{Signature, Signer as _, SigningKey};
 use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 
+use crate::strict_json;
+
 pub use call::{json_kind, parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES};
 pub use jcs::jcs;
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,
     signing_key_from_text, signing_key_to_pkcs8_pem, SessionKey,
 };
-pub use strict_json::{parse_strict_json, MAX_DEPTH, MAX_SAFE_INTEGER};
+// The strict reader moved to `crate::strict_json` (token and audit read JSON with it too); these names
+// stay here for the callers that know it as the envelope parser.
+pub use crate::strict_json::{parse_strict_json, MAX_DEPTH, MAX_SAFE_INTEGER};
 
 /// The only protocol this gateway speaks.
 pub const PROTOCOL: &str = "seal/v1";

@@ -4,17 +4,16 @@
 //! before the first). Sealing stores the event exactly as JCS reads it back, so what is stored is what was
 //! hashed even for numbers that JCS rounds (integers beyond 2^53).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::BufRead;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::event::{is_sha256_hex, EventType};
 use super::{AuditBackend, Recorded};
+use crate::strict_json;
 
 /// `prev_hash` of the first event of a store.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -39,7 +38,8 @@ pub(crate) fn is_valid_at(text: &str) -> bool {
 /// back (identical unless it held numbers JCS cannot write exactly).
 fn canonical_hash(event: &Map<String, Value>) -> Result<(String, Value), String> {
     let canonical = crate::envelope::jcs(&Value::Object(event.clone()));
-    let normalised: Value = serde_json::from_slice(&canonical)
+    // Read back by the same reader as `verify`, so sealing and verifying cannot disagree on a number.
+    let normalised = strict_json::parse_strict_json_with(&canonical, strict_json::AUDIT_LINES)
         .map_err(|e| format!("canonical event does not read back: {e}"))?;
     Ok((crate::envelope::sha256_hex(&canonical), normalised))
 }
@@ -370,82 +370,85 @@ pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport,
     })
 }
 
-/// Parses one line as JSON, refusing repeated keys (a reader that keeps the first of two `seq` keys would
-/// otherwise see another event than the one that was hashed) and trailing text.
+/// Parses one line as JSON with the strict reader of request bodies, under its audit-line rules: a
+/// repeated key (a reader that keeps the first of two `seq` keys would otherwise see another event than
+/// the one that was hashed), trailing text, a lone surrogate or a non-finite number is a break.
 pub(crate) fn parse_strict(line: &str) -> Result<Value, String> {
-    let mut deserializer = serde_json::Deserializer::from_str(line);
-    let value = StrictValue::deserialize(&mut deserializer)
-        .map_err(|e| format!("line is not valid JSON: {e}"))?;
-    deserializer
-        .end()
-        .map_err(|e| format!("line has text after the event: {e}"))?;
-    Ok(value.0)
+    strict_json::parse_strict_json_with(line.as_bytes(), strict_json::AUDIT_LINES)
+        .map_err(|e| format!("line is not valid JSON: {e}"))
 }
 
-struct StrictValue(Value);
+#[cfg(test)]
+mod reader_tests {
+    use super::*;
+    use crate::strict_json::{parse_strict_json, MAX_DEPTH};
 
-impl<'de> Deserialize<'de> for StrictValue {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrictVisitor).map(StrictValue)
-    }
-}
+    /// Lines that an envelope body's reader refuses for reasons other than integer range and depth,
+    /// the two rules that audit lines relax (see `strict_json`).
+    const REFUSED: &[&str] = &[
+        r#"{"seq":1,"seq":2}"#,
+        r#"{"a":{"k":1,"\u006b":2}}"#,
+        r#"{"tool":"\ud800"}"#,
+        r#"{"tool":"\udc00"}"#,
+        "{\"tool\":\"\u{1}\"}",
+        r#"{"n":1e400}"#,
+        r#"{"n":-1e400}"#,
+        r#"{"n":01}"#,
+        r#"{"n":NaN}"#,
+        r#"{"seq":1} {"seq":2}"#,
+        r#"{"seq":1,}"#,
+        "",
+    ];
 
-struct StrictVisitor;
-
-impl<'de> Visitor<'de> for StrictVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("number is not finite"))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(StrictValue(item)) = seq.next_element()? {
-            items.push(item);
+    #[test]
+    fn lines_are_refused_exactly_as_the_envelope_reader_refuses_them() {
+        for line in REFUSED {
+            let Err(strict) = parse_strict_json(line.as_bytes()) else {
+                panic!("the envelope reader accepts {line}")
+            };
+            assert_eq!(
+                parse_strict(line),
+                Err(format!("line is not valid JSON: {strict}"))
+            );
         }
-        Ok(Value::Array(items))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
-        let mut entries = BTreeMap::new();
-        while let Some(key) = access.next_key::<String>()? {
-            if entries.contains_key(&key) {
-                return Err(de::Error::custom(format!("repeated key {key:?}")));
+    #[test]
+    fn the_documented_differences_are_integer_range_and_depth() {
+        // JCS writes the double 2^53 as plain digits, so a chain the gateway wrote can hold it.
+        assert!(parse_strict_json(b"[9007199254740992]").is_err());
+        assert_eq!(
+            parse_strict("[9007199254740992]"),
+            Ok(Value::from(vec![9_007_199_254_740_992_u64]))
+        );
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(parse_strict_json(deep.as_bytes()).is_err());
+        assert!(parse_strict(&deep).is_ok());
+    }
+
+    #[test]
+    fn verify_names_the_line_that_only_a_lenient_reader_would_accept() {
+        let sealed = |seq: u64, prev: &str| {
+            let mut event = Map::new();
+            event.insert("type".to_owned(), Value::from("SessionCreated"));
+            match seal(event, seq, prev, "2026-11-30T10:00:00.000Z") {
+                Ok((value, recorded)) => (value.to_string(), recorded.hash),
+                Err(error) => panic!("cannot seal: {error}"),
             }
-            let StrictValue(value) = access.next_value()?;
-            entries.insert(key, value);
+        };
+        let (first, first_hash) = sealed(1, GENESIS_HASH);
+        let (second, _) = sealed(2, &first_hash);
+        // The same key twice (serde_json's Value keeps the last one) and a lone surrogate.
+        for bad in [
+            second.replacen("{", "{\"seq\":1,", 1),
+            second.replacen("{", "{\"x\":\"\\udead\",", 1),
+        ] {
+            let file = format!("{first}\n{bad}\n");
+            let broken = verify_chain(std::io::Cursor::new(file)).err();
+            assert_eq!(broken.as_ref().map(|b| b.line), Some(2), "{bad}");
+            assert!(broken.is_some_and(|b| b.reason.starts_with("line is not valid JSON")));
         }
-        Ok(Value::Object(entries.into_iter().collect()))
+        let intact = verify_chain(std::io::Cursor::new(format!("{first}\n{second}\n")));
+        assert_eq!(intact.map(|report| report.events), Ok(2));
     }
 }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::strict_json::quote_excerpt;
+use crate::strict_json::quote_excerpt;
 
 /// Longest tool name, in bytes (SPEC section 2).
 pub const MAX_TOOL_NAME_BYTES: usize = 128;

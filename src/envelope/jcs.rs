@@ -190,7 +190,7 @@ pub(crate) mod tests {
     /// Values with finite numbers, unicode keys and strings, nested a few levels deep; integers span
     /// all of i64/u64 when `full_range`, else only the safe integers that the strict parser accepts.
     fn arbitrary_value(full_range: bool) -> impl Strategy<Value = Value> {
-        let safe = crate::envelope::strict_json::MAX_SAFE_INTEGER as i64;
+        let safe = crate::strict_json::MAX_SAFE_INTEGER as i64;
         let (signed, unsigned) = if full_range {
             (i64::MIN..=i64::MAX, 0..=u64::MAX)
         } else {

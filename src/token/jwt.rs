@@ -1,14 +1,12 @@
 //! Check 2 of SPEC section 3: split a compact JWS into its parts and decode header and claims strictly,
 //! before any key is looked at.
 
-use std::fmt;
-
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
 use super::TokenError;
+use crate::strict_json::parse_strict_json;
 
 /// Longest token accepted. Real tokens are a few hundred bytes (an RS256 one with an 8192-bit key stays
 /// under 2 KiB); the bound keeps hashing and decoding cheap for hostile input.
@@ -28,8 +26,7 @@ pub(crate) struct UnverifiedJwt<'a> {
 }
 
 /// Check 2: three canonical base64url parts (no padding, no other alphabet), a JSON object header with a
-/// string `alg`, a JSON object of claims. Duplicate member names anywhere are refused, as the envelope
-/// parser does, so two readers can never disagree about which value counts.
+/// string `alg`, a JSON object of claims, both read by the strict reader of envelope bodies.
 pub(crate) fn parse(token: &str) -> Result<UnverifiedJwt<'_>, TokenError> {
     if token.is_empty() {
         return Err(invalid("token is empty"));
@@ -94,9 +91,12 @@ fn decode_part(part: &str, name: &str) -> Result<Vec<u8>, TokenError> {
     })
 }
 
+/// Reads a header or claims part with the one strict reader that envelope bodies go through, under the
+/// same rules (duplicate keys, depth, safe integers, surrogates), so a token cannot mean one thing here
+/// and another to any other reader of the gateway.
 fn parse_object(bytes: &[u8], name: &str) -> Result<Map<String, Value>, TokenError> {
-    match serde_json::from_slice::<UniqueKeysValue>(bytes) {
-        Ok(UniqueKeysValue(Value::Object(map))) => Ok(map),
+    match parse_strict_json(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(invalid(format!("token {name} is not a JSON object"))),
         Err(err) => Err(invalid(format!("token {name} is not valid JSON: {err}"))),
     }
@@ -106,87 +106,10 @@ fn invalid(message: impl Into<String>) -> TokenError {
     TokenError::Invalid(message.into())
 }
 
-/// A JSON value read with a visitor that refuses repeated member names (serde_json's own `Value` keeps
-/// the last one silently).
-struct UniqueKeysValue(Value);
-
-impl<'de> Deserialize<'de> for UniqueKeysValue {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_any(UniqueKeysVisitor)
-            .map(UniqueKeysValue)
-    }
-}
-
-struct UniqueKeysVisitor;
-
-impl<'de> Visitor<'de> for UniqueKeysVisitor {
-    type Value = Value;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a JSON value without repeated member names")
-    }
-
-    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
-        Ok(Value::Bool(value))
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::Number(value.into()))
-    }
-
-    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::Number(value.into()))
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<Value, E> {
-        Number::from_f64(value)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("number is not finite"))
-    }
-
-    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
-        Ok(Value::String(value.to_owned()))
-    }
-
-    fn visit_string<E>(self, value: String) -> Result<Value, E> {
-        Ok(Value::String(value))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(UniqueKeysValue(item)) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut members = Map::new();
-        while let Some(name) = map.next_key::<String>()? {
-            if members.contains_key(&name) {
-                return Err(serde::de::Error::custom(format!(
-                    "member `{name}` appears more than once"
-                )));
-            }
-            let UniqueKeysValue(value) = map.next_value()?;
-            members.insert(name, value);
-        }
-        Ok(Value::Object(members))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strict_json::MAX_DEPTH;
 
     fn b64(bytes: &[u8]) -> String {
         URL_SAFE_NO_PAD.encode(bytes)
@@ -267,9 +190,73 @@ mod tests {
     #[test]
     fn repeated_member_names_are_refused_at_any_depth() {
         let header = r#"{"alg":"none","alg":"EdDSA"}"#;
-        assert!(message(parse(&token_of(header, "{}", b""))).contains("more than once"));
+        assert!(message(parse(&token_of(header, "{}", b""))).contains("duplicate key \"alg\""));
         let claims = r#"{"sub":"a","x":{"k":1,"k":2}}"#;
-        assert!(message(parse(&token_of(r#"{"alg":"EdDSA"}"#, claims, b""))).contains("`k`"));
+        let refusal = message(parse(&token_of(r#"{"alg":"EdDSA"}"#, claims, b"")));
+        assert!(refusal.contains("duplicate key \"k\" at $.x"), "{refusal}");
+    }
+
+    /// Documents that SPEC 2 refuses in an envelope body, each as a member of an otherwise valid object.
+    const REFUSED_MEMBERS: &[&str] = &[
+        r#""alg":"EdDSA","alg":"EdDSA""#,
+        r#""a":{"b":1,"\u0062":2}"#,
+        r#""n":9007199254740992"#,
+        r#""n":-9007199254740992"#,
+        r#""n":1e400"#,
+        r#""s":"\ud800""#,
+        r#""s":"\udc00\ud800""#,
+        "\"s\":\"\u{1}\"",
+        r#""n":01"#,
+        r#""n":NaN"#,
+    ];
+
+    fn with_alg(members: &str) -> String {
+        format!(r#"{{"alg":"EdDSA",{members}}}"#)
+    }
+
+    #[test]
+    fn header_and_claims_refuse_exactly_what_an_envelope_body_refuses() {
+        let deep = format!("\"d\":{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        let mut refused: Vec<String> = REFUSED_MEMBERS.iter().map(|m| m.to_string()).collect();
+        refused.push(deep);
+        for members in &refused {
+            let document = format!("{{{members}}}");
+            let Err(strict) = crate::strict_json::parse_strict_json(document.as_bytes()) else {
+                panic!("the envelope reader accepts {document}")
+            };
+            let in_header = message(parse(&token_of(&with_alg(members), "{}", b"")));
+            assert!(
+                in_header.starts_with("token header is not valid JSON: "),
+                "{in_header}"
+            );
+            let in_claims = message(parse(&token_of(r#"{"alg":"EdDSA"}"#, &document, b"")));
+            assert_eq!(
+                in_claims,
+                format!("token claims is not valid JSON: {strict}")
+            );
+        }
+        // Just inside every limit, both parts are accepted.
+        let shallow = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
+        let claims = format!(
+            r#"{{"n":9007199254740991,"m":-9007199254740991,"f":1e300,"s":"\ud83d\ude00","d":{shallow}}}"#
+        );
+        let token = token_of(&with_alg(r#""kid":"k""#), &claims, b"");
+        let parsed = parse(&token).expect("accepted");
+        assert_eq!(parsed.claims.get("s"), Some(&Value::from("😀")));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_part_is_accepted_exactly_when_the_envelope_reader_reads_an_object(
+            text in r#"[\[\]{}",:0-9eE.+\-\\ua-f tnrl]{0,64}"#,
+        ) {
+            let strict = crate::strict_json::parse_strict_json(text.as_bytes());
+            let ours = parse_object(text.as_bytes(), "claims");
+            proptest::prop_assert_eq!(ours.ok(), strict.ok().and_then(|v| match v {
+                Value::Object(map) => Some(map),
+                _ => None,
+            }));
+        }
     }
 
     #[test]

@@ -1,19 +1,43 @@
-//! A strict, one-pass JSON parser for untrusted request bodies (SPEC section 2, "Strict parsing").
+//! The one reader for untrusted JSON (SPEC section 2, "Strict parsing"): envelope bodies, control-API
+//! bodies, JWT headers and claims, and the audit lines that `sealgate audit verify` checks. Two readers
+//! of the same bytes that disagree (about a repeated key, say) are how a parser differential becomes a
+//! bypass, so every one of those places reads through this module.
 //!
 //! serde_json alone cannot enforce the seal/v1 rules: it keeps the last of two equal keys, it cannot tell
 //! `18446744073709551616` (an integer literal) from `1e19`, and it replaces nothing we can inspect later.
 //! This parser refuses, with a message that names the place: input that is not UTF-8, any JSON syntax
-//! error, trailing bytes, a repeated key in any object, nesting deeper than [`MAX_DEPTH`], an integer
-//! literal outside ±[`MAX_SAFE_INTEGER`], a number that is not finite as f64, raw control characters in
-//! strings, and unpaired UTF-16 surrogates in `\u` escapes. Recursion is bounded by the depth limit, so no
-//! input can overflow the stack.
+//! error, trailing bytes, a repeated key in any object, nesting deeper than the caller's limit, an
+//! integer literal outside ±[`MAX_SAFE_INTEGER`] (unless the caller's rules say otherwise), a number
+//! that is not finite as f64, raw control characters in strings, and unpaired UTF-16 surrogates in `\u`
+//! escapes. Recursion is bounded by the depth limit, so no input can overflow the stack.
+//!
+//! **Who reads with which rules.** The differences are deliberate, and they are all here:
+//!
+//! | caller | rules | depth | integer literals |
+//! |---|---|---|---|
+//! | envelope bodies (`envelope::parse_envelope`) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
+//! | control-API bodies (`api::json_body`) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
+//! | JWT header and claims (`token`, check 2) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
+//! | audit lines (`audit verify`, the file sink resuming its chain, the chain's JCS read-back) | [`AUDIT_LINES`] | 256 | any, read as serde_json reads them |
+//!
+//! Audit lines are the gateway's own output read back: an event may carry a tool answer that serde_json
+//! read (up to 128 levels, with integers beyond 2^53) and JCS writes doubles in [2^53, 10^21) as plain
+//! digits, so refusing those would break a chain the gateway wrote itself. Everything else (repeated
+//! keys, surrogates, non-finite numbers, framing) is refused there exactly as in a request body.
+//!
+//! (`api::json_body` also asks serde_json whether a body is JSON at all, but only to choose HTTP 400
+//! over 422; the value it acts on comes from here.)
 
 use std::fmt;
 
 use serde_json::{Map, Number, Value};
 
-/// Deepest allowed nesting of objects and arrays; the top-level container is level 1.
+/// Deepest allowed nesting of objects and arrays in untrusted input; the top-level container is level 1.
 pub const MAX_DEPTH: usize = 64;
+
+/// Deepest nesting of an audit line: twice serde_json's own limit of 128, which bounds every tool answer
+/// an event can carry, and still shallow enough that recursion cannot overflow a thread's stack.
+const MAX_AUDIT_DEPTH: usize = 256;
 
 /// The largest integer that an IEEE double (and so every JavaScript client) holds exactly: 2^53 − 1.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
@@ -21,12 +45,46 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 /// Longest excerpt of a key or number that an error message quotes (messages stay readable and bounded).
 const MESSAGE_EXCERPT_CHARS: usize = 48;
 
-/// Parses `bytes` as one strict JSON value (see the module documentation for what is refused).
+/// What one caller's reading allows; the only two sets are [`UNTRUSTED`] and [`AUDIT_LINES`] (see the
+/// module documentation for who uses which, and why they differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    max_depth: usize,
+    integers: Integers,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Integers {
+    /// SPEC 2: an integer literal outside ±(2^53 − 1) is refused.
+    SafeOnly,
+    /// As serde_json reads them: `u64` or `i64` when the value fits, else the nearest double.
+    AnyFinite,
+}
+
+/// Request bodies, control-API bodies and JWT parts: SPEC section 2 as written.
+pub const UNTRUSTED: Rules = Rules {
+    max_depth: MAX_DEPTH,
+    integers: Integers::SafeOnly,
+};
+
+/// Lines of the audit chain, which the gateway wrote itself (see the module documentation).
+pub const AUDIT_LINES: Rules = Rules {
+    max_depth: MAX_AUDIT_DEPTH,
+    integers: Integers::AnyFinite,
+};
+
+/// Parses `bytes` as one strict JSON value under the [`UNTRUSTED`] rules (see the module documentation
+/// for what is refused).
 ///
 /// Integers written without fraction or exponent become `u64` (non-negative) or `i64` (negative)
 /// numbers; every other number becomes an `f64` number.
 pub fn parse_strict_json(bytes: &[u8]) -> Result<Value, String> {
-    parse(bytes).map_err(|error| error.to_string())
+    parse_strict_json_with(bytes, UNTRUSTED)
+}
+
+/// Parses `bytes` as one strict JSON value under `rules`.
+pub fn parse_strict_json_with(bytes: &[u8], rules: Rules) -> Result<Value, String> {
+    parse(bytes, rules).map_err(|error| error.to_string())
 }
 
 /// One step of the location of an error inside the document.
@@ -91,12 +149,12 @@ pub(crate) fn quote_excerpt(text: &str) -> String {
     if shortened {
         excerpt.push('…');
     }
-    let mut quoted = Vec::with_capacity(excerpt.len() + 2);
-    super::jcs::write_string(&mut quoted, &excerpt);
-    String::from_utf8_lossy(&quoted).into_owned()
+    // serde_json escapes exactly what JCS does (quote, backslash, control characters), so a quoted key
+    // reads the same here as in a canonical message.
+    Value::String(excerpt).to_string()
 }
 
-fn parse(bytes: &[u8]) -> Result<Value, ParseError> {
+fn parse(bytes: &[u8], rules: Rules) -> Result<Value, ParseError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|error| ParseError::new("body is not valid UTF-8", error.valid_up_to()))?;
     if text.is_empty() {
@@ -106,6 +164,7 @@ fn parse(bytes: &[u8]) -> Result<Value, ParseError> {
         text,
         bytes,
         pos: 0,
+        rules,
     };
     parser.skip_whitespace();
     if parser.pos == bytes.len() {
@@ -133,6 +192,7 @@ struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
+    rules: Rules,
 }
 
 impl Parser<'_> {
@@ -191,9 +251,9 @@ impl Parser<'_> {
     }
 
     fn check_depth(&self, depth: usize) -> Result<(), ParseError> {
-        if depth > MAX_DEPTH {
+        if depth > self.rules.max_depth {
             Err(ParseError::new(
-                format!("nesting deeper than {MAX_DEPTH} levels"),
+                format!("nesting deeper than {} levels", self.rules.max_depth),
                 self.pos,
             ))
         } else {
@@ -426,24 +486,42 @@ impl Parser<'_> {
             }
         }
         let literal = self.text.get(start..self.pos).unwrap_or_default();
-        if is_integer_literal {
-            integer_number(literal, negative, integer_digits, start)
-        } else {
-            let value: f64 = literal
-                .parse()
-                .map_err(|_| ParseError::new("invalid number", start))?;
-            Number::from_f64(value).ok_or_else(|| {
-                ParseError::new(
-                    format!("number {} is not finite as a double", excerpt(literal)),
-                    start,
-                )
-            })
+        match (is_integer_literal, self.rules.integers) {
+            (true, Integers::SafeOnly) => safe_integer(literal, negative, integer_digits, start),
+            (true, Integers::AnyFinite) => match exact_integer(literal, negative) {
+                Some(number) => Ok(number),
+                None => double(literal, start),
+            },
+            (false, _) => double(literal, start),
         }
     }
 }
 
+/// A number literal read as the nearest double, refused when that is not finite.
+fn double(literal: &str, offset: usize) -> Result<Number, ParseError> {
+    let value: f64 = literal
+        .parse()
+        .map_err(|_| ParseError::new("invalid number", offset))?;
+    Number::from_f64(value).ok_or_else(|| {
+        ParseError::new(
+            format!("number {} is not finite as a double", excerpt(literal)),
+            offset,
+        )
+    })
+}
+
+/// An integer literal as `u64` / `i64` when it fits one of them (`-0` is 0, as JCS writes it).
+fn exact_integer(literal: &str, negative: bool) -> Option<Number> {
+    let magnitude: u64 = literal.trim_start_matches('-').parse().ok()?;
+    if !negative || magnitude == 0 {
+        return Some(Number::from(magnitude));
+    }
+    // i64::MIN has no positive counterpart, hence the detour through i128.
+    i64::try_from(-i128::from(magnitude)).ok().map(Number::from)
+}
+
 /// Turns an integer literal into a JSON number, refusing anything outside ±(2^53 − 1).
-fn integer_number(
+fn safe_integer(
     literal: &str,
     negative: bool,
     digit_count: usize,
@@ -664,6 +742,70 @@ mod tests {
     fn error_paths_quote_unusual_keys() {
         let message = refused(br#"{"a b":{"c":[0, 01]}}"#);
         assert!(message.contains(r#"at $["a b"].c[1]"#), "{message}");
+    }
+
+    fn audit(input: &[u8]) -> Result<Value, String> {
+        parse_strict_json_with(input, AUDIT_LINES)
+    }
+
+    #[test]
+    fn audit_lines_read_every_finite_integer_as_serde_json_does() {
+        // JCS writes the double 2^53 as plain digits; serde_json tool answers hold any u64 / i64.
+        for literal in [
+            "9007199254740992",
+            "-9007199254740993",
+            "18446744073709551615",
+            "-9223372036854775808",
+            "18446744073709552000",
+            "-9223372036854775809",
+            "123456789012345678901234567890",
+        ] {
+            let ours = audit(literal.as_bytes());
+            let theirs: Result<Value, _> = serde_json::from_str(literal);
+            assert_eq!(ours.ok(), theirs.ok(), "{literal}");
+            assert!(refused(literal.as_bytes()).contains("outside ±(2^53−1)"));
+        }
+        assert!(audit(b"18446744073709551615").is_ok_and(|v| v.is_u64()));
+        assert!(audit(b"-9223372036854775808").is_ok_and(|v| v.is_i64()));
+        assert!(audit(b"18446744073709551616").is_ok_and(|v| v.is_f64()));
+        // Past f64's range an integer is not finite, under both rules.
+        let huge = "9".repeat(400);
+        assert!(
+            audit(huge.as_bytes()).is_err_and(|message| message.contains("not finite as a double"))
+        );
+        assert_eq!(audit(b"-0"), Ok(json!(0)));
+    }
+
+    #[test]
+    fn audit_lines_nest_deeper_but_not_without_bound() {
+        assert!(refused(nested_arrays(MAX_AUDIT_DEPTH).as_bytes()).contains("deeper than 64"));
+        assert!(audit(nested_arrays(MAX_AUDIT_DEPTH).as_bytes()).is_ok());
+        assert!(audit(nested_arrays(MAX_AUDIT_DEPTH + 1).as_bytes())
+            .is_err_and(|message| message.contains("nesting deeper than 256 levels")));
+        assert!(audit("[".repeat(1_000_000).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn audit_lines_refuse_everything_else_that_untrusted_input_refuses() {
+        for bad in [
+            &br#"{"seq":1,"seq":2}"#[..],
+            br#"{"a":"\ud800"}"#,
+            b"1e400",
+            b"{\"a\":\"\x01\"}",
+            b"{} {}",
+            b"",
+            b"\xff",
+            b"01",
+            b"NaN",
+        ] {
+            let strict = refused(bad);
+            assert_eq!(
+                audit(bad),
+                Err(strict),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     /// Values inside the limits that serde_json can print: safe integers, finite doubles, any strings.

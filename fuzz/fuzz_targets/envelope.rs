@@ -1,0 +1,4 @@
+//! cargo fuzz target; the body (and what it checks) is `sealgate::fuzzing::envelope`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sealgate::fuzzing::envelope(data));
