@@ -20,7 +20,7 @@ use sha2::{Digest as _, Sha256};
 use crate::strict_json;
 
 pub use call::{json_kind, parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES};
-pub use jcs::jcs;
+pub use jcs::{jcs, jcs_object};
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,
     signing_key_from_text, signing_key_to_pkcs8_pem, SessionKey,

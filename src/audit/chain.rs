@@ -36,12 +36,33 @@ pub(crate) fn is_valid_at(text: &str) -> bool {
 
 /// hex(SHA-256(JCS(event))) of an event object that holds no `hash` key, and the event as JCS reads it
 /// back (identical unless it held numbers JCS cannot write exactly).
-fn canonical_hash(event: &Map<String, Value>) -> Result<(String, Value), String> {
-    let canonical = crate::envelope::jcs(&Value::Object(event.clone()));
-    // Read back by the same reader as `verify`, so sealing and verifying cannot disagree on a number.
+fn canonical_hash(event: Map<String, Value>) -> Result<(String, Value), String> {
+    let canonical = crate::envelope::jcs_object(&event);
+    let hash = crate::envelope::sha256_hex(&canonical);
+    // Strings and integers within ±(2^53−1) read back exactly as JCS writes them; only another number
+    // may read back differently, so only then is the event read back, by the same reader as `verify`,
+    // so that sealing and verifying cannot disagree on a number.
+    if event.values().all(exact_in_jcs) {
+        return Ok((hash, Value::Object(event)));
+    }
     let normalised = strict_json::parse_strict_json_with(&canonical, strict_json::AUDIT_LINES)
         .map_err(|e| format!("canonical event does not read back: {e}"))?;
-    Ok((crate::envelope::sha256_hex(&canonical), normalised))
+    Ok((hash, normalised))
+}
+
+/// Whether JCS writes every number in `value` as exactly the integer it is.
+fn exact_in_jcs(value: &Value) -> bool {
+    const SAFE: u64 = strict_json::MAX_SAFE_INTEGER;
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(|i| i.unsigned_abs() <= SAFE)
+            .or_else(|| n.as_u64().map(|u| u <= SAFE))
+            .unwrap_or(false),
+        Value::Array(items) => items.iter().all(exact_in_jcs),
+        Value::Object(map) => map.values().all(exact_in_jcs),
+        _ => true,
+    }
 }
 
 /// Adds the chain fields to an unchained event object and returns it with its receipt.
@@ -57,7 +78,7 @@ pub(crate) fn seal(
     event.insert("at".to_owned(), Value::from(at));
     event.insert("prev_hash".to_owned(), Value::from(prev_hash));
     event.remove("hash");
-    let (hash, normalised) = canonical_hash(&event)?;
+    let (hash, normalised) = canonical_hash(event)?;
     let Value::Object(mut sealed) = normalised else {
         return Err("canonical event is not an object".to_owned());
     };
@@ -171,7 +192,7 @@ fn check_event(event: &Value) -> Result<Linked, (Option<u64>, Option<String>, St
 
     let mut unhashed = object.clone();
     unhashed.remove("hash");
-    let (computed, normalised) = canonical_hash(&unhashed).map_err(&fail)?;
+    let (computed, normalised) = canonical_hash(unhashed.clone()).map_err(&fail)?;
     // A number that JCS would rewrite (say 9007199254740993 for ...992) leaves the hash unchanged, so
     // only the canonical spelling is accepted.
     if normalised != Value::Object(unhashed) {

@@ -41,6 +41,13 @@ pub(crate) fn write_value(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
+/// The JCS canonical bytes of an object, without wrapping (and so copying) it into a `Value`.
+pub fn jcs_object(map: &Map<String, Value>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    write_object(&mut out, map);
+    out
+}
+
 fn write_object(out: &mut Vec<u8>, map: &Map<String, Value>) {
     let mut entries: Vec<(&String, &Value)> = map.iter().collect();
     // RFC 8785 3.2.3: sort by UTF-16 code units. This differs from UTF-8 byte order when a key holds

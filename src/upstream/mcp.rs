@@ -617,8 +617,10 @@ async fn forward_stderr(upstream: Arc<str>, stderr: ChildStderr) {
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end();
+                // A tool's own log may quote the arguments it was given (paths, URLs): debug level only,
+                // so the default level never repeats argument values (SPEC 9.1 r2).
                 if !text.is_empty() {
-                    tracing::info!(upstream = %upstream, "tool stderr: {text}");
+                    tracing::debug!(upstream = %upstream, "tool stderr: {text}");
                 }
             }
             Err(e) => {
