@@ -110,8 +110,13 @@ impl Gateway {
             file: config.audit.file.as_ref().map(|f| config.resolve(f)),
             ..config.audit.clone()
         };
-        let audit =
-            AuditLog::start(store.clone(), &audit_cfg).map_err(|e| format!("audit: {e}"))?;
+        let options = crate::audit::WriterOptions {
+            replica: Some(config.replica_id.clone()),
+            ..crate::audit::WriterOptions::default()
+        };
+        let audit = AuditLog::start_with(store.clone(), &audit_cfg, options)
+            .await
+            .map_err(|e| format!("audit: {e}"))?;
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
@@ -219,7 +224,7 @@ pub async fn serve_on(
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.sync()).await {
+    if let Err(e) = store.sync().await {
         tracing::error!(error = %e, "the store could not be synced at shutdown");
     }
     tracing::info!("sealgate stopped");
