@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::policy::{ContextRegistry, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
-use crate::store::{SledStore, Store};
+use crate::store::{PgStore, SledStore, Store};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
@@ -53,10 +53,11 @@ impl Gateway {
     /// Builds every part from the configuration; any invalid part stops start-up with a precise message.
     pub async fn build(config: Config) -> Result<Arc<Gateway>, String> {
         if config.store != "embedded" {
-            return Err(format!(
-                "store {:?}: only the embedded store is available in this build (PostgreSQL is planned)",
-                config.store
-            ));
+            // Config validation admits only postgres:// and postgresql:// URLs besides "embedded".
+            let store = PgStore::connect(&config.store)
+                .await
+                .map_err(|e| format!("store: {e}"))?;
+            return Gateway::build_with_store(config, Arc::new(store)).await;
         }
         let data_dir = config.resolve(&config.data_dir);
         let store: Arc<dyn Store> = {

@@ -8,11 +8,13 @@
 //! store first, so the claim, the replay record and the counters written before the event are durable
 //! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
+pub mod postgres;
 pub mod sled_store;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use postgres::PgStore;
 pub use sled_store::SledStore;
 
 /// The last event of the audit chain.
@@ -202,7 +204,8 @@ pub enum Admitted {
     Charged { existing_claim: Option<ClaimRecord> },
 }
 
-/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default). Every method
+/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default) and [`PgStore`]
+/// (shared by replicas). Every method
 /// is a cheap in-memory operation or one round trip; none blocks the async runtime.
 #[async_trait::async_trait]
 pub trait Store: AuditBackend {

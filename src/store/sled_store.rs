@@ -220,11 +220,11 @@ impl Durability {
     }
 }
 
-fn budget_bytes(count: i64) -> Vec<u8> {
+pub(super) fn budget_bytes(count: i64) -> Vec<u8> {
     count.to_be_bytes().to_vec()
 }
 
-fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
+pub(super) fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
     match bytes {
         None => Ok(0),
         Some(raw) => raw
