@@ -54,10 +54,22 @@ impl Gateway {
     pub async fn build(config: Config) -> Result<Arc<Gateway>, String> {
         if config.store != "embedded" {
             // Config validation admits only postgres:// and postgresql:// URLs besides "embedded".
-            let store = PgStore::connect(&config.store)
-                .await
-                .map_err(|e| format!("store: {e}"))?;
-            return Gateway::build_with_store(config, Arc::new(store)).await;
+            let store = Arc::new(
+                PgStore::connect(&config.store)
+                    .await
+                    .map_err(|e| format!("store: {e}"))?,
+            );
+            let gateway = Gateway::build_with_store(config, store.clone()).await?;
+            // A session revoked through another replica leaves this one's cache within 1 s (SPEC 12).
+            let weak = Arc::downgrade(&gateway);
+            store.watch_sessions(move |session_id| match weak.upgrade() {
+                Some(gateway) => {
+                    gateway.sessions.invalidate(session_id);
+                    true
+                }
+                None => false,
+            });
+            return Ok(gateway);
         }
         let data_dir = config.resolve(&config.data_dir);
         let store: Arc<dyn Store> = {

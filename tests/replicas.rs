@@ -157,3 +157,45 @@ async fn the_audit_trail_written_by_both_replicas_under_load_is_one_chain() {
     let prefix: Vec<&str> = again.lines().take(events.len()).collect();
     assert_eq!(prefix, exported.lines().collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_on_one_replica_is_enforced_by_the_other_within_a_second() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let (key, token) = a.session("exec-revoke").await;
+    // B has the session in its cache: only the change notice can make it refuse.
+    let (status, body) = b
+        .call(&key, &token, tool_call(1, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let revoker = a.keys.operator_token("seal.session.revoke");
+    let (status, revoked) = a
+        .operator(
+            reqwest::Method::DELETE,
+            "/v1/seal/sessions/exec-revoke",
+            Some(&revoker),
+            None,
+        )
+        .await;
+    assert_eq!((status, revoked["status"].as_str()), (200, Some("revoked")));
+    let revoked_at = std::time::Instant::now();
+    let mut id = 2;
+    loop {
+        let (status, body) = b
+            .call(&key, &token, tool_call(id, "tool.off", json!({})))
+            .await;
+        if status != 200 {
+            assert_eq!(code(&body), 1006, "{body}");
+            break;
+        }
+        assert!(
+            revoked_at.elapsed() < std::time::Duration::from_secs(1),
+            "replica B still accepts the revoked session after 1 s"
+        );
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(revoked_at.elapsed() < std::time::Duration::from_secs(1));
+}

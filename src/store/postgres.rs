@@ -34,6 +34,8 @@ const WAIT: Duration = Duration::from_secs(5);
 
 pub struct PgStore {
     pool: Pool,
+    /// For the session listener's own connection (LISTEN needs one that the pool never lends out).
+    config: tokio_postgres::Config,
 }
 
 fn db(err: impl std::fmt::Display) -> StoreError {
@@ -70,7 +72,7 @@ impl PgStore {
         config.connect_timeout(WAIT);
         config.application_name("sealgate");
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 // A connection the server closed (restart, pg_terminate_backend) is dropped, not reused.
@@ -85,9 +87,28 @@ impl PgStore {
             .recycle_timeout(Some(WAIT))
             .build()
             .map_err(db)?;
-        let store = PgStore { pool };
+        let store = PgStore { pool, config };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Calls `changed` with the id of every session that any replica changes (revokes), within
+    /// [`SESSION_NOTICE`] of the change, for as long as `changed` returns true. LISTEN/NOTIFY brings the
+    /// change at once; after a lost connection, the changes made meanwhile are read from the table.
+    pub fn watch_sessions(&self, changed: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            // Server time (ms) up to which every change has been seen; None before the first connection.
+            let mut seen_until: Option<i64> = None;
+            loop {
+                match listen(&config, &mut seen_until, &changed).await {
+                    Ok(Listening::Stopped) => return,
+                    Ok(Listening::Lost) => {}
+                    Err(e) => tracing::warn!(error = %e, "session change listener lost PostgreSQL"),
+                }
+                tokio::time::sleep(SESSION_NOTICE / 4).await;
+            }
+        });
     }
 
     async fn conn(&self) -> StoreResult<Object> {
@@ -191,6 +212,77 @@ impl PgStore {
         .await
         .map_err(db)?;
         Ok(())
+    }
+}
+
+/// How soon a replica's session cache learns of a change made elsewhere (SPEC 12: revocation within 1 s).
+pub const SESSION_NOTICE: Duration = Duration::from_millis(800);
+
+enum Listening {
+    /// The callback asked to stop (its gateway is gone).
+    Stopped,
+    /// The connection ended; listen again.
+    Lost,
+}
+
+/// One connection's worth of listening for session changes; see [`PgStore::watch_sessions`].
+async fn listen(
+    config: &tokio_postgres::Config,
+    seen_until: &mut Option<i64>,
+    changed: &(impl Fn(&str) -> bool + Send + Sync),
+) -> Result<Listening, tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    // The connection is driven by a task of its own, which hands over notifications; when it ends,
+    // the channel closes and this listener reconnects.
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(notice) = message {
+                if tx.send(notice.payload().to_owned()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    client.batch_execute("LISTEN sealgate_sessions").await?;
+    let server_now = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    let mut checkpoint: i64 = client.query_one(server_now, &[]).await?.get(0);
+    if let Some(since) = *seen_until {
+        // Changes committed while no listener was connected; a second of slack covers commits whose
+        // timestamp was taken just before the connection was lost.
+        let rows = client
+            .query(
+                "SELECT session_id FROM sessions WHERE changed_at_ms >= $1",
+                &[&(since - 1_000)],
+            )
+            .await?;
+        for row in rows {
+            if !changed(row.get(0)) {
+                return Ok(Listening::Stopped);
+            }
+        }
+    }
+    *seen_until = Some(checkpoint);
+    let mut heartbeat = tokio::time::interval(SESSION_NOTICE / 2);
+    loop {
+        tokio::select! {
+            notice = notices.recv() => match notice {
+                Some(session_id) => {
+                    if !changed(&session_id) {
+                        return Ok(Listening::Stopped);
+                    }
+                }
+                None => return Ok(Listening::Lost),
+            },
+            _ = heartbeat.tick() => {
+                // A dead connection shows here within half the notice bound; the time read is the new
+                // point up to which every change has been delivered.
+                let reached: i64 = client.query_one(server_now, &[]).await?.get(0);
+                *seen_until = Some(checkpoint);
+                checkpoint = reached;
+            }
+        }
     }
 }
 

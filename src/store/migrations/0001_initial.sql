@@ -3,8 +3,23 @@
 
 CREATE TABLE sessions (
     session_id text COLLATE "C" PRIMARY KEY,
-    record text NOT NULL
+    record text NOT NULL,
+    -- When the record last changed (server clock, ms): a replica whose listener reconnects catches up
+    -- on the changes it may have missed.
+    changed_at_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 );
+CREATE INDEX sessions_by_change ON sessions (changed_at_ms);
+
+-- A changed session (a revocation) is announced to every replica, which drops it from its cache.
+CREATE FUNCTION sealgate_session_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.changed_at_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    PERFORM pg_notify('sealgate_sessions', NEW.session_id);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER sessions_changed BEFORE UPDATE ON sessions
+    FOR EACH ROW EXECUTE FUNCTION sealgate_session_changed();
 
 CREATE TABLE seen_signatures (
     signature bytea PRIMARY KEY,
