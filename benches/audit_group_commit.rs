@@ -36,7 +36,7 @@ async fn run(events: usize, callers: usize, max_batch: usize) -> Result<Outcome,
         max_batch,
         ..WriterOptions::default()
     };
-    let log = AuditLog::start_with(backend, &AuditConfig::default(), options)?;
+    let log = AuditLog::start_with(backend, &AuditConfig::default(), options).await?;
     let per_caller = events / callers;
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(callers);
@@ -54,7 +54,7 @@ async fn run(events: usize, callers: usize, max_batch: usize) -> Result<Outcome,
     }
     let elapsed = started.elapsed();
     log.shutdown().await;
-    let report = log.verify_store().map_err(|e| e.to_string())?;
+    let report = log.verify_store().await.map_err(|e| e.to_string())?;
     if report.events != (per_caller * callers) as u64 {
         return Err(format!(
             "store holds {} events, expected {}",

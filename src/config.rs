@@ -18,6 +18,8 @@ pub struct Config {
     pub listen: String,
     pub data_dir: PathBuf,
     pub store: String,
+    /// Names this process in every audit event it writes (SPEC 12 `replica`); default the host name.
+    pub replica_id: String,
     pub policies_dir: PathBuf,
     pub limits: Limits,
     pub sessions: Sessions,
@@ -78,6 +80,7 @@ impl Default for Config {
             listen: "127.0.0.1:8089".into(),
             data_dir: "./data".into(),
             store: "embedded".into(),
+            replica_id: host_name(),
             policies_dir: "./policies".into(),
             limits: Limits::default(),
             sessions: Sessions::default(),
@@ -95,6 +98,7 @@ const OVERRIDABLE: &[&str] = &[
     "listen",
     "data_dir",
     "store",
+    "replica_id",
     "policies_dir",
     "limits.max_body_bytes",
     "limits.max_clock_skew_secs",
@@ -180,6 +184,9 @@ impl Config {
         if self.sessions.max_lifetime_secs <= 0 {
             return Err("sessions.max_lifetime_secs must be positive".into());
         }
+        if self.replica_id.is_empty() || self.replica_id.chars().count() > 256 {
+            return Err("replica_id must be 1 to 256 characters".into());
+        }
         if self.store != "embedded"
             && !self.store.starts_with("postgres://")
             && !self.store.starts_with("postgresql://")
@@ -200,6 +207,17 @@ impl Config {
             self.base_dir.join(path)
         }
     }
+}
+
+/// The kernel's host name (Linux), else `$HOSTNAME`, else "sealgate": the default `replica_id`, which
+/// differs between the containers or machines that replicas usually run on.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "sealgate".to_owned())
 }
 
 /// `SEALGATE_LIMITS__MAX_CLOCK_SKEW_SECS=5` sets `limits.max_clock_skew_secs`; values are read as JSON
@@ -278,6 +296,17 @@ mod tests {
         assert_eq!(config.sessions.max_lifetime_secs, 86_400);
         assert_eq!(config.operator_auth.audience, "sealgate-operators");
         assert_eq!(config.store, "embedded");
+        assert!(!config.replica_id.is_empty());
+    }
+
+    #[test]
+    fn replica_id_is_a_key_and_an_override() {
+        let config = Config::from_yaml("replica_id: a", Path::new(""), &[]).unwrap();
+        assert_eq!(config.replica_id, "a");
+        let config =
+            Config::from_yaml("", Path::new(""), &env(&[("SEALGATE_REPLICA_ID", "b")])).unwrap();
+        assert_eq!(config.replica_id, "b");
+        assert!(Config::from_yaml("replica_id: \"\"", Path::new(""), &[]).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::policy::{ContextRegistry, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
-use crate::store::{SledStore, Store};
+use crate::store::{PgStore, SledStore, Store};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
@@ -53,10 +53,23 @@ impl Gateway {
     /// Builds every part from the configuration; any invalid part stops start-up with a precise message.
     pub async fn build(config: Config) -> Result<Arc<Gateway>, String> {
         if config.store != "embedded" {
-            return Err(format!(
-                "store {:?}: only the embedded store is available in this build (PostgreSQL is planned)",
-                config.store
-            ));
+            // Config validation admits only postgres:// and postgresql:// URLs besides "embedded".
+            let store = Arc::new(
+                PgStore::connect(&config.store)
+                    .await
+                    .map_err(|e| format!("store: {e}"))?,
+            );
+            let gateway = Gateway::build_with_store(config, store.clone()).await?;
+            // A session revoked through another replica leaves this one's cache within 1 s (SPEC 12).
+            let weak = Arc::downgrade(&gateway);
+            store.watch_sessions(move |session_id| match weak.upgrade() {
+                Some(gateway) => {
+                    gateway.sessions.invalidate(session_id);
+                    true
+                }
+                None => false,
+            });
+            return Ok(gateway);
         }
         let data_dir = config.resolve(&config.data_dir);
         let store: Arc<dyn Store> = {
@@ -110,8 +123,13 @@ impl Gateway {
             file: config.audit.file.as_ref().map(|f| config.resolve(f)),
             ..config.audit.clone()
         };
-        let audit =
-            AuditLog::start(store.clone(), &audit_cfg).map_err(|e| format!("audit: {e}"))?;
+        let options = crate::audit::WriterOptions {
+            replica: Some(config.replica_id.clone()),
+            ..crate::audit::WriterOptions::default()
+        };
+        let audit = AuditLog::start_with(store.clone(), &audit_cfg, options)
+            .await
+            .map_err(|e| format!("audit: {e}"))?;
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
@@ -219,7 +237,7 @@ pub async fn serve_on(
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.sync()).await {
+    if let Err(e) = store.sync().await {
         tracing::error!(error = %e, "the store could not be synced at shutdown");
     }
     tracing::info!("sealgate stopped");

@@ -31,30 +31,31 @@ impl SwitchableStore {
     }
 }
 
+#[async_trait::async_trait]
 impl AuditBackend for SwitchableStore {
-    fn head(&self) -> StoreResult<Option<ChainHead>> {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
         self.check()?;
-        self.inner.head()
+        self.inner.head().await
     }
-    fn append(&self, events: &[Value]) -> StoreResult<()> {
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
         self.check()?;
-        self.inner.append(events)
+        self.inner.append(after, events).await
     }
-    fn sync(&self) -> StoreResult<()> {
+    async fn sync(&self) -> StoreResult<()> {
         self.check()?;
-        self.inner.sync()
+        self.inner.sync().await
     }
-    fn scan_newest_first(
+    async fn events_newest_first(
         &self,
         before: Option<u64>,
-        f: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
         self.check()?;
-        self.inner.scan_newest_first(before, f)
+        self.inner.events_newest_first(before, limit).await
     }
-    fn scan_oldest_first(&self, from: u64, f: &mut dyn FnMut(&Value) -> bool) -> StoreResult<()> {
+    async fn events_oldest_first(&self, from: u64, limit: usize) -> StoreResult<Vec<Value>> {
         self.check()?;
-        self.inner.scan_oldest_first(from, f)
+        self.inner.events_oldest_first(from, limit).await
     }
 }
 

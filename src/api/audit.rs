@@ -20,11 +20,7 @@ pub async fn query(
             .collect();
     let query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
-    let audit = gw.audit.clone();
-    let page = tokio::task::spawn_blocking(move || audit.query(&query))
-        .await
-        .map_err(ApiError::store)?
-        .map_err(ApiError::store)?;
+    let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
     Ok(axum::Json(page).into_response())
 }
 

@@ -294,15 +294,18 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
     })
 }
 
+/// Events read from the store per round trip while verifying.
+const VERIFY_PAGE: usize = 512;
+
 /// Walks a store from its head down to seq 1 (see [`super::AuditLog::verify_store`]).
-pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport, ChainBreak> {
+pub(crate) async fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport, ChainBreak> {
     let unreadable = |e: crate::store::StoreError| ChainBreak {
         line: 0,
         seq: None,
         event_id: None,
         reason: format!("the store cannot be read: {e}"),
     };
-    let Some(head) = backend.head().map_err(unreadable)? else {
+    let Some(head) = backend.head().await.map_err(unreadable)? else {
         return Ok(VerifyReport {
             events: 0,
             first_seq: 0,
@@ -314,28 +317,30 @@ pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport,
     let mut expected_seq = head.seq;
     let mut expected_hash = head.hash.clone();
     let mut position = 0usize;
-    let mut failure: Option<ChainBreak> = None;
     // Events appended after the head was read are left out, so the walk sees one consistent chain.
-    let before = head.seq.checked_add(1);
-    backend
-        .scan_newest_first(before, &mut |event| {
+    let mut before = head.seq.checked_add(1);
+    // Stop at seq 1: anything the store still holds below it is reported as extra.
+    while expected_seq > 0 {
+        let page = backend
+            .events_newest_first(before, VERIFY_PAGE)
+            .await
+            .map_err(unreadable)?;
+        let exhausted = page.len() < VERIFY_PAGE;
+        for event in &page {
+            if expected_seq == 0 {
+                break;
+            }
             position += 1;
             let event_id = event
                 .get("event_id")
                 .and_then(Value::as_str)
                 .map(str::to_owned);
-            let linked = match check_event(event) {
-                Ok(linked) => linked,
-                Err((seq, event_id, reason)) => {
-                    failure = Some(ChainBreak {
-                        line: position,
-                        seq,
-                        event_id,
-                        reason,
-                    });
-                    return false;
-                }
-            };
+            let linked = check_event(event).map_err(|(seq, event_id, reason)| ChainBreak {
+                line: position,
+                seq,
+                event_id,
+                reason,
+            })?;
             let reason = if linked.seq != expected_seq {
                 Some(format!(
                     "found seq {} where seq {expected_seq} belongs",
@@ -347,22 +352,20 @@ pub(crate) fn verify_backend(backend: &dyn AuditBackend) -> Result<VerifyReport,
                 None
             };
             if let Some(reason) = reason {
-                failure = Some(ChainBreak {
+                return Err(ChainBreak {
                     line: position,
                     seq: Some(linked.seq),
                     event_id,
                     reason,
                 });
-                return false;
             }
             expected_seq -= 1;
             expected_hash = linked.prev_hash;
-            // Stop at seq 1: anything the scan would still yield below it is reported as extra.
-            expected_seq > 0
-        })
-        .map_err(unreadable)?;
-    if let Some(failure) = failure {
-        return Err(failure);
+            before = Some(linked.seq);
+        }
+        if exhausted {
+            break;
+        }
     }
     if expected_seq != 0 {
         return Err(ChainBreak {

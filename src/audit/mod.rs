@@ -97,7 +97,7 @@ pub enum AuditError {
 /// before the file, so the file can only lag: it is extended with the events it lacks. A file ahead of
 /// the store means the store lost durable events; starting would reuse their sequence numbers and fork
 /// the chain, so start-up is refused.
-fn catch_up_file(
+async fn catch_up_file(
     backend: &dyn AuditBackend,
     sink: &mut FileSink,
     head: &ChainHead,
@@ -118,17 +118,26 @@ fn catch_up_file(
         return Ok(());
     }
     let mut missing = Vec::new();
-    backend
-        .scan_oldest_first(file_last + 1, &mut |event| {
-            missing.push(event.clone());
-            true
-        })
-        .map_err(|e| format!("audit store unavailable: {e}"))?;
+    loop {
+        let from = file_last + 1 + missing.len() as u64;
+        let page = backend
+            .events_oldest_first(from, PAGE)
+            .await
+            .map_err(|e| format!("audit store unavailable: {e}"))?;
+        let last_page = page.len() < PAGE;
+        missing.extend(page);
+        if last_page {
+            break;
+        }
+    }
     let lines: Vec<String> = missing.iter().map(serde_json::Value::to_string).collect();
     tracing::warn!(target: "audit", from = file_last + 1, to = head.seq, file = %sink.path().display(),
         "audit file lagged the store after a crash; extended from the store");
     sink.write_batch(&missing, &lines)
 }
+
+/// Events read from the store per round trip by scans (export, catch-up, verification).
+const PAGE: usize = 256;
 
 /// The audit log handle; cheap to clone.
 #[derive(Clone)]
@@ -177,13 +186,16 @@ impl UnauthenticatedLimiter {
 
 impl AuditLog {
     /// Reads the chain head, opens the file sink and spawns the writer on the current tokio runtime.
-    /// Call at start-up: the head and the file's last line are read synchronously.
-    pub fn start(backend: Arc<dyn AuditBackend>, cfg: &AuditConfig) -> Result<AuditLog, String> {
-        Self::start_with(backend, cfg, WriterOptions::default())
+    /// Call at start-up: the file's last line is read synchronously.
+    pub async fn start(
+        backend: Arc<dyn AuditBackend>,
+        cfg: &AuditConfig,
+    ) -> Result<AuditLog, String> {
+        Self::start_with(backend, cfg, WriterOptions::default()).await
     }
 
     /// [`AuditLog::start`] with explicit writer tuning.
-    pub fn start_with(
+    pub async fn start_with(
         backend: Arc<dyn AuditBackend>,
         cfg: &AuditConfig,
         options: WriterOptions,
@@ -198,6 +210,7 @@ impl AuditLog {
         }
         let head = backend
             .head()
+            .await
             .map_err(|e| format!("audit store unavailable: {e}"))?;
         if let Some(head) = &head {
             if head.seq == 0 || !event::is_sha256_hex(&head.hash) {
@@ -210,7 +223,7 @@ impl AuditLog {
             Some(path) => {
                 let mut sink = FileSink::open(path.clone(), cfg.rotate_bytes)?;
                 if let Some(head) = &head {
-                    catch_up_file(backend.as_ref(), &mut sink, head)?;
+                    catch_up_file(backend.as_ref(), &mut sink, head).await?;
                 }
                 Some(Arc::new(Mutex::new(sink)))
             }
@@ -235,6 +248,7 @@ impl AuditLog {
             suppressed: Arc::clone(&suppressed),
             shed: Arc::clone(&shed),
             rx,
+            replica: options.replica.clone(),
         };
         runtime.spawn(writer.run());
         Ok(AuditLog {
@@ -345,30 +359,53 @@ impl AuditLog {
         }
     }
 
-    /// One page of events, newest first (blocking: call it through `spawn_blocking`).
-    pub fn query(&self, query: &AuditQuery) -> Result<AuditPage, String> {
-        query.run(self.inner.backend.as_ref())
+    /// One page of events, newest first.
+    pub async fn query(&self, query: &AuditQuery) -> Result<AuditPage, String> {
+        query.run(self.inner.backend.as_ref()).await
     }
 
     /// The stored chain from `from_seq`, oldest first, one JSON line each (SPEC 9.3 r2: what
-    /// `sealgate audit verify` reads). Read on a blocking thread and handed over as it is read.
+    /// `sealgate audit verify` reads). Read a page at a time and handed over as it is read.
     pub fn export(&self, from_seq: u64) -> mpsc::Receiver<Result<String, AuditError>> {
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel(PAGE);
         let backend = Arc::clone(&self.inner.backend);
-        tokio::task::spawn_blocking(move || {
-            let scanned = backend.scan_oldest_first(from_seq, &mut |event| {
-                tx.blocking_send(Ok(format!("{event}\n"))).is_ok()
-            });
-            if let Err(e) = scanned {
-                let _ = tx.blocking_send(Err(AuditError::Store(e)));
+        tokio::spawn(async move {
+            let mut from = from_seq;
+            loop {
+                let page = match backend.events_oldest_first(from, PAGE).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let _ = tx.send(Err(AuditError::Store(e))).await;
+                        return;
+                    }
+                };
+                let last_page = page.len() < PAGE;
+                let start = from;
+                for event in page {
+                    if let Some(seq) = event.get("seq").and_then(serde_json::Value::as_u64) {
+                        from = seq.saturating_add(1);
+                    }
+                    if tx.send(Ok(format!("{event}\n"))).await.is_err() {
+                        return;
+                    }
+                }
+                if last_page {
+                    return;
+                }
+                if from == start {
+                    let corrupt =
+                        crate::store::StoreError::Corrupt("audit events without seq".into());
+                    let _ = tx.send(Err(AuditError::Store(corrupt))).await;
+                    return;
+                }
             }
         });
         rx
     }
 
-    /// Walks the whole stored chain from its head down to seq 1 (blocking).
-    pub fn verify_store(&self) -> Result<VerifyReport, ChainBreak> {
-        chain::verify_backend(self.inner.backend.as_ref())
+    /// Walks the whole stored chain from its head down to seq 1.
+    pub async fn verify_store(&self) -> Result<VerifyReport, ChainBreak> {
+        chain::verify_backend(self.inner.backend.as_ref()).await
     }
 
     /// Writes every event already queued, records the suppressed count, and stops the writer. Later

@@ -17,6 +17,8 @@ pub const MAX_LIMIT: usize = 1000;
 /// How many stored events one page may examine. A selective filter over a large store then returns a
 /// short page with a cursor instead of scanning everything in one request.
 const MAX_SCANNED_PER_PAGE: usize = 100_000;
+/// Events read from the store per round trip.
+const SCAN_PAGE: usize = 512;
 
 const PARAMS: [&str; 10] = [
     "type",
@@ -152,10 +154,10 @@ impl AuditQuery {
         }
     }
 
-    /// Runs the query against a store (blocking).
-    pub(crate) fn run(&self, backend: &dyn AuditBackend) -> Result<AuditPage, String> {
+    /// Runs the query against a store, a page of the store at a time.
+    pub(crate) async fn run(&self, backend: &dyn AuditBackend) -> Result<AuditPage, String> {
         self.validate()?;
-        let before = self.cursor_seq()?;
+        let mut before = self.cursor_seq()?;
         // `at` is fixed-width UTC, so comparing the strings compares the instants.
         let from = self.from.map(format_at);
         let to = self.to.map(format_at);
@@ -163,20 +165,30 @@ impl AuditQuery {
         let mut scanned = 0usize;
         let mut last_seq: Option<u64> = None;
         let mut stopped_early = false;
-        backend
-            .scan_newest_first(before, &mut |event| {
+        'pages: loop {
+            let page_size = (MAX_SCANNED_PER_PAGE - scanned).min(SCAN_PAGE);
+            let page = backend
+                .events_newest_first(before, page_size)
+                .await
+                .map_err(|e| e.to_string())?;
+            let exhausted = page.len() < page_size;
+            for event in page {
                 scanned += 1;
                 last_seq = event.get("seq").and_then(Value::as_u64);
-                if self.matches(event, from.as_deref(), to.as_deref()) {
-                    items.push(event.clone());
+                if self.matches(&event, from.as_deref(), to.as_deref()) {
+                    items.push(event);
                 }
                 if items.len() >= self.limit || scanned >= MAX_SCANNED_PER_PAGE {
                     stopped_early = true;
-                    return false;
+                    break 'pages;
                 }
-                true
-            })
-            .map_err(|e| e.to_string())?;
+            }
+            // A page without a readable seq gives no place to continue from.
+            match last_seq {
+                Some(seq) if !exhausted && before != Some(seq) => before = Some(seq),
+                _ => break,
+            }
+        }
         // Nothing lies below seq 1, so a page that ends there has no successor.
         let next_cursor = match last_seq {
             Some(seq) if stopped_early && seq > 1 => Some(seq.to_string()),

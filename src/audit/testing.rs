@@ -86,27 +86,45 @@ impl MemoryBackend {
     }
 }
 
-/// Visits events (in stored order) whose seq is at least `from_seq`, oldest first.
-fn visit_from(events: &[Value], from_seq: u64, visit: &mut dyn FnMut(&Value) -> bool) {
-    for event in events {
-        let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
-        if seq >= from_seq && !visit(event) {
-            break;
-        }
+/// Up to `limit` events (in stored order) whose seq is at least `from_seq`, oldest first.
+fn page_from(events: &[Value], from_seq: u64, limit: usize) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|event| event.get("seq").and_then(Value::as_u64).unwrap_or(0) >= from_seq)
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+/// Up to `limit` events whose seq is below `before_seq`, newest first.
+fn page_before(events: &[Value], before_seq: Option<u64>, limit: usize) -> Vec<Value> {
+    events
+        .iter()
+        .rev()
+        .filter(|event| {
+            let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            before_seq.is_none_or(|before| seq < before)
+        })
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+/// Whether `after` is the head of `events` (the append precondition of [`AuditBackend::append`]).
+fn is_head(events: Option<&Value>, after: &ChainHead) -> StoreResult<bool> {
+    match events {
+        None => Ok(after.seq == 0),
+        Some(last) => Ok(head_of(last)? == *after),
     }
 }
 
+#[async_trait::async_trait]
 impl AuditBackend for MemoryBackend {
-    fn scan_oldest_first(
-        &self,
-        from_seq: u64,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        visit_from(&self.events(), from_seq, visit);
-        Ok(())
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        Ok(page_from(&lock(&self.events), from_seq, limit))
     }
 
-    fn head(&self) -> StoreResult<Option<ChainHead>> {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
         if Self::take_one(&self.fail_heads) {
             return Err(StoreError::unavailable(
                 "memory backend: head failed on purpose",
@@ -115,9 +133,12 @@ impl AuditBackend for MemoryBackend {
         lock(&self.events).last().map(head_of).transpose()
     }
 
-    fn append(&self, events: &[Value]) -> StoreResult<()> {
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
         let mut stored = lock(&self.events);
+        if !is_head(stored.last(), after)? {
+            return Err(StoreError::HeadMoved);
+        }
         if Self::take_one(&self.fail_appends) {
             let keep = self
                 .keep_on_failure
@@ -132,31 +153,21 @@ impl AuditBackend for MemoryBackend {
         Ok(())
     }
 
-    fn sync(&self) -> StoreResult<()> {
+    async fn sync(&self) -> StoreResult<()> {
         let delay = *lock(&self.sync_delay);
         if !delay.is_zero() {
-            std::thread::sleep(delay);
+            // A sleep off the runtime's threads, as an fsync on a blocking thread would be.
+            tokio::time::sleep(delay).await;
         }
         Ok(())
     }
 
-    fn scan_newest_first(
+    async fn events_newest_first(
         &self,
         before_seq: Option<u64>,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        // Copy first so that the visitor runs without the lock held.
-        let events = self.events();
-        for event in events.iter().rev() {
-            let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
-            if before_seq.is_some_and(|before| seq >= before) {
-                continue;
-            }
-            if !visit(event) {
-                break;
-            }
-        }
-        Ok(())
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        Ok(page_before(&lock(&self.events), before_seq, limit))
     }
 }
 
@@ -209,26 +220,30 @@ impl JsonlFileBackend {
     }
 }
 
+#[async_trait::async_trait]
 impl AuditBackend for JsonlFileBackend {
-    fn scan_oldest_first(
-        &self,
-        from_seq: u64,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        visit_from(&self.read_all()?, from_seq, visit);
-        Ok(())
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        Ok(page_from(&self.read_all()?, from_seq, limit))
     }
 
-    fn head(&self) -> StoreResult<Option<ChainHead>> {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
         Ok(lock(&self.head).clone())
     }
 
-    fn append(&self, events: &[Value]) -> StoreResult<()> {
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
         let Some(last) = events.last() else {
             return Ok(());
         };
         let new_head = head_of(last)?;
+        let mut head = lock(&self.head);
+        let unmoved = match head.as_ref() {
+            None => after.seq == 0,
+            Some(current) => current == after,
+        };
+        if !unmoved {
+            return Err(StoreError::HeadMoved);
+        }
         let mut buffer = Vec::new();
         for event in events {
             buffer.extend_from_slice(event.to_string().as_bytes());
@@ -237,30 +252,25 @@ impl AuditBackend for JsonlFileBackend {
         lock(&self.file)
             .write_all(&buffer)
             .map_err(StoreError::unavailable)?;
-        *lock(&self.head) = Some(new_head);
+        *head = Some(new_head);
         Ok(())
     }
 
-    fn sync(&self) -> StoreResult<()> {
-        lock(&self.file)
-            .sync_data()
+    async fn sync(&self) -> StoreResult<()> {
+        let file = lock(&self.file)
+            .try_clone()
+            .map_err(StoreError::unavailable)?;
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(StoreError::unavailable)?
             .map_err(StoreError::unavailable)
     }
 
-    fn scan_newest_first(
+    async fn events_newest_first(
         &self,
         before_seq: Option<u64>,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        for event in self.read_all()?.iter().rev() {
-            let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
-            if before_seq.is_some_and(|before| seq >= before) {
-                continue;
-            }
-            if !visit(event) {
-                break;
-            }
-        }
-        Ok(())
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        Ok(page_before(&self.read_all()?, before_seq, limit))
     }
 }

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -31,9 +31,9 @@ fn authorized(n: usize) -> AuditEvent {
         .claim("NONE")
 }
 
-fn memory_log(backend: &Arc<MemoryBackend>, cfg: &AuditConfig) -> AuditLog {
+async fn memory_log(backend: &Arc<MemoryBackend>, cfg: &AuditConfig) -> AuditLog {
     let backend: Arc<dyn AuditBackend> = backend.clone();
-    match AuditLog::start(backend, cfg) {
+    match AuditLog::start(backend, cfg).await {
         Ok(log) => log,
         Err(e) => panic!("audit log did not start: {e}"),
     }
@@ -176,7 +176,7 @@ fn builder_omits_absent_fields_and_applies_spec_table() {
 #[tokio::test]
 async fn events_are_chained_and_seq_continues_after_restart() {
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     for n in 0..5 {
         let recorded = record_ok(&log, authorized(n)).await;
         assert_eq!(recorded.seq, n as u64 + 1);
@@ -184,7 +184,7 @@ async fn events_are_chained_and_seq_continues_after_restart() {
     log.shutdown().await;
     assert_eq!(log.record(authorized(9)).await, Err(AuditError::Closed));
 
-    let restarted = memory_log(&backend, &AuditConfig::default());
+    let restarted = memory_log(&backend, &AuditConfig::default()).await;
     for n in 5..10 {
         let recorded = record_ok(&restarted, authorized(n)).await;
         assert_eq!(recorded.seq, n as u64 + 1);
@@ -212,7 +212,7 @@ async fn events_are_chained_and_seq_continues_after_restart() {
         let canonical = serde_jcs::to_vec(&unhashed).unwrap_or_default();
         assert_eq!(text(event, "hash"), hex::encode(Sha256::digest(&canonical)));
     }
-    let report = restarted.verify_store();
+    let report = restarted.verify_store().await;
     assert_eq!(report.as_ref().map(|r| r.events), Ok(10));
     assert_eq!(
         report.map(|r| r.last_hash),
@@ -224,7 +224,7 @@ async fn events_are_chained_and_seq_continues_after_restart() {
 async fn concurrent_records_share_appends() {
     // Each sync costs 5 ms, like an fsync: 200 callers must not pay for 200 of them.
     let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(5)));
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     let mut tasks = Vec::new();
     for n in 0..200 {
         let log = log.clone();
@@ -239,13 +239,13 @@ async fn concurrent_records_share_appends() {
     assert_eq!(recorded_seqs, (1..=200).collect::<HashSet<u64>>());
     let appends = backend.append_calls();
     assert!(appends <= 20, "{appends} appends for 200 concurrent events");
-    assert_eq!(log.verify_store().map(|r| r.events), Ok(200));
+    assert_eq!(log.verify_store().await.map(|r| r.events), Ok(200));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_append_fails_every_waiter_and_the_chain_does_not_fork() {
     let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(2)));
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     for n in 0..3 {
         record_ok(&log, authorized(n)).await;
     }
@@ -283,7 +283,7 @@ async fn failed_append_fails_every_waiter_and_the_chain_does_not_fork() {
     assert_eq!(stored, (1..=stored.len() as u64).collect::<Vec<u64>>());
     assert_eq!(after.seq, stored.len() as u64);
     assert_eq!(
-        log.verify_store().map(|r| r.events),
+        log.verify_store().await.map(|r| r.events),
         Ok(stored.len() as u64)
     );
     // Stored = the first 3, what the failed batch kept (1 or 2, by how the batch formed), the callers
@@ -321,7 +321,7 @@ async fn payloads_are_dropped_unless_included() {
             ..file_cfg(&path)
         };
         let backend = Arc::new(MemoryBackend::new());
-        let log = memory_log(&backend, &cfg);
+        let log = memory_log(&backend, &cfg).await;
         let event = AuditEvent::new(EventType::ToolCallCompleted)
             .tool("fs.read")
             .payload(json!({"jsonrpc": "2.0", "params": {"arguments": {"path": MARKER}}}))
@@ -339,7 +339,7 @@ async fn payloads_are_dropped_unless_included() {
 async fn chained_file(dir: &Path, count: usize) -> (PathBuf, Vec<String>) {
     let path = dir.join("audit.jsonl");
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &file_cfg(&path));
+    let log = memory_log(&backend, &file_cfg(&path)).await;
     for n in 0..count {
         record_ok(&log, authorized(n).duration_ms(n as u64)).await;
     }
@@ -477,7 +477,7 @@ async fn verify_chain_names_the_first_broken_event() {
 #[tokio::test]
 async fn verify_store_detects_edits_and_gaps() {
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     for n in 0..6 {
         record_ok(&log, authorized(n)).await;
     }
@@ -485,7 +485,7 @@ async fn verify_store_detects_edits_and_gaps() {
     let mut edited = events.clone();
     edited[2]["tool"] = json!("secrets.read");
     backend.replace_events(edited);
-    let broken = log.verify_store().err();
+    let broken = log.verify_store().await.err();
     assert_eq!(broken.as_ref().map(|b| b.seq), Some(Some(3)));
     assert_eq!(
         broken.and_then(|b| b.event_id),
@@ -495,7 +495,7 @@ async fn verify_store_detects_edits_and_gaps() {
     let mut gap = events.clone();
     gap.remove(1);
     backend.replace_events(gap);
-    let broken = log.verify_store().err();
+    let broken = log.verify_store().await.err();
     assert_eq!(broken.as_ref().map(|b| b.seq), Some(Some(1)));
     assert!(broken.is_some_and(|b| b.reason.contains("seq 2")));
 }
@@ -511,7 +511,7 @@ async fn rotated_files_each_verify_and_join_up() {
         ..file_cfg(&path)
     };
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &cfg);
+    let log = memory_log(&backend, &cfg).await;
     for n in 0..25 {
         record_ok(&log, authorized(n)).await;
     }
@@ -577,12 +577,12 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
     };
     let path = dir.path().join("audit.jsonl");
     let backend = Arc::new(MemoryBackend::new());
-    let first = memory_log(&backend, &file_cfg(&path));
+    let first = memory_log(&backend, &file_cfg(&path)).await;
     for n in 0..4 {
         record_ok(&first, authorized(n)).await;
     }
     first.shutdown().await;
-    let second = memory_log(&backend, &file_cfg(&path));
+    let second = memory_log(&backend, &file_cfg(&path)).await;
     for n in 4..8 {
         record_ok(&second, authorized(n)).await;
     }
@@ -591,12 +591,12 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
 
     // Events reach the store but not the file (a crash between the two syncs, or the sink was off):
     // the store is the truth, and the next start extends the file from it.
-    let without_file = memory_log(&backend, &AuditConfig::default());
+    let without_file = memory_log(&backend, &AuditConfig::default()).await;
     for n in 8..10 {
         record_ok(&without_file, authorized(n)).await;
     }
     without_file.shutdown().await;
-    let third = memory_log(&backend, &file_cfg(&path));
+    let third = memory_log(&backend, &file_cfg(&path)).await;
     record_ok(&third, authorized(10)).await;
     third.shutdown().await;
     let lines = read_lines(&path);
@@ -610,7 +610,7 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
     // A file ahead of the store means the store lost events: starting would reuse their numbers.
     backend.replace_events(backend.events()[..9].to_vec());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
-    let refused = AuditLog::start(dyn_backend, &file_cfg(&path));
+    let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
     assert!(
         refused
             .as_ref()
@@ -626,46 +626,41 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
 struct GatedBackend {
     inner: JsonlFileBackend,
     sink_path: PathBuf,
-    gate: Arc<(Mutex<bool>, Condvar)>,
+    gate: tokio::sync::watch::Receiver<bool>,
     sink_lines_at_sync: Mutex<Vec<usize>>,
 }
 
+#[async_trait::async_trait]
 impl AuditBackend for GatedBackend {
-    fn head(&self) -> StoreResult<Option<ChainHead>> {
-        self.inner.head()
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
+        self.inner.head().await
     }
 
-    fn append(&self, events: &[Value]) -> StoreResult<()> {
-        self.inner.append(events)
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+        self.inner.append(after, events).await
     }
 
-    fn sync(&self) -> StoreResult<()> {
-        let (open, changed) = &*self.gate;
-        let mut guard = open.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*guard {
-            guard = changed.wait(guard).unwrap_or_else(PoisonError::into_inner);
+    async fn sync(&self) -> StoreResult<()> {
+        let mut gate = self.gate.clone();
+        if gate.wait_for(|open| *open).await.is_err() {
+            return Err(crate::store::StoreError::unavailable("gate dropped"));
         }
-        drop(guard);
         if let Ok(mut seen) = self.sink_lines_at_sync.lock() {
             seen.push(read_lines(&self.sink_path).len());
         }
-        self.inner.sync()
+        self.inner.sync().await
     }
 
-    fn scan_newest_first(
+    async fn events_newest_first(
         &self,
         before_seq: Option<u64>,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        self.inner.scan_newest_first(before_seq, visit)
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        self.inner.events_newest_first(before_seq, limit).await
     }
 
-    fn scan_oldest_first(
-        &self,
-        from_seq: u64,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        self.inner.scan_oldest_first(from_seq, visit)
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        self.inner.events_oldest_first(from_seq, limit).await
     }
 }
 
@@ -679,15 +674,15 @@ async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
     let Ok(inner) = JsonlFileBackend::open(&store_path) else {
         panic!("open store")
     };
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
     let backend = Arc::new(GatedBackend {
         inner,
         sink_path: sink_path.clone(),
-        gate: Arc::clone(&gate),
+        gate: gate_rx,
         sink_lines_at_sync: Mutex::new(Vec::new()),
     });
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
-    let Ok(log) = AuditLog::start(dyn_backend, &file_cfg(&sink_path)) else {
+    let Ok(log) = AuditLog::start(dyn_backend, &file_cfg(&sink_path)).await else {
         panic!("start")
     };
 
@@ -702,19 +697,14 @@ async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
     );
     assert!(read_lines(&sink_path).is_empty());
 
-    {
-        let (open, changed) = &*gate;
-        if let Ok(mut guard) = open.lock() {
-            *guard = true;
-        }
-        changed.notify_all();
-    }
+    gate.send_replace(true);
     let recorded = pending.await.ok().and_then(Result::ok);
     assert_eq!(recorded.as_ref().map(|r| r.seq), Some(1));
     // The store reopened from disk holds it, the file holds it, and the file got it after the store.
-    let reopened = JsonlFileBackend::open(&store_path)
-        .ok()
-        .and_then(|b| b.head().ok().flatten());
+    let reopened = match JsonlFileBackend::open(&store_path) {
+        Ok(b) => b.head().await.ok().flatten(),
+        Err(_) => None,
+    };
     assert_eq!(
         reopened.map(|h| h.hash),
         recorded.as_ref().map(|r| r.hash.clone())
@@ -739,7 +729,7 @@ async fn large_integers_are_stored_as_hashed() {
         ..file_cfg(&path)
     };
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &cfg);
+    let log = memory_log(&backend, &cfg).await;
     let result: Value = serde_json::from_str(r#"{"big": 9007199254740993, "neg": -0.0, "f": 1.5}"#)
         .unwrap_or_default();
     record_ok(
@@ -748,7 +738,7 @@ async fn large_integers_are_stored_as_hashed() {
     )
     .await;
     log.shutdown().await;
-    assert_eq!(log.verify_store().map(|r| r.events), Ok(1));
+    assert_eq!(log.verify_store().await.map(|r| r.events), Ok(1));
     let lines = read_lines(&path);
     assert_eq!(verify_lines(&lines).map(|r| r.events), Ok(1));
     // The rounding slack of JCS cannot hide an edit: ...993 and ...992 hash alike, yet only one is canonical.
@@ -788,11 +778,11 @@ fn query_fixture() -> Vec<AuditEvent> {
     events
 }
 
-fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {
+async fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {
     let Ok(query) = AuditQuery::from_pairs(params.iter().copied()) else {
         panic!("query {params:?} refused")
     };
-    match log.query(&query) {
+    match log.query(&query).await {
         Ok(page) => page.items,
         Err(e) => panic!("query failed: {e}"),
     }
@@ -801,7 +791,7 @@ fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {
 #[tokio::test]
 async fn query_filters_newest_first_and_pages_without_gaps() {
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     for (n, event) in query_fixture().into_iter().enumerate() {
         if n == 15 || n == 16 {
             // Give event 16 a millisecond of its own so that from/to have a clean boundary.
@@ -870,23 +860,25 @@ async fn query_filters_newest_first_and_pages_without_gaps() {
             "weak case {params:?}"
         );
         assert_eq!(
-            seqs(&run_query(&log, &params)),
+            seqs(&run_query(&log, &params).await),
             expected,
             "query {params:?}"
         );
     }
 
     let boundary = text(&all[15], "at").to_owned();
-    let from = run_query(&log, &[("from", &boundary)]);
+    let from = run_query(&log, &[("from", &boundary)]).await;
     assert_eq!(seqs(&from), expect(&|e| text(e, "at") >= boundary.as_str()));
     assert_eq!(from.len(), 15);
-    let to = run_query(&log, &[("to", &boundary)]);
+    let to = run_query(&log, &[("to", &boundary)]).await;
     assert_eq!(seqs(&to), expect(&|e| text(e, "at") <= boundary.as_str()));
     assert_eq!(to.len(), 16);
     let old_secs = (chrono::Utc::now().timestamp() - 3600).to_string();
-    assert_eq!(run_query(&log, &[("to", &old_secs)]).len(), 0);
+    assert_eq!(run_query(&log, &[("to", &old_secs)]).await.len(), 0);
     assert_eq!(
-        run_query(&log, &[("from", &old_secs), ("limit", "1000")]).len(),
+        run_query(&log, &[("from", &old_secs), ("limit", "1000")])
+            .await
+            .len(),
         30
     );
 
@@ -900,7 +892,7 @@ async fn query_filters_newest_first_and_pages_without_gaps() {
             ..AuditQuery::default()
         };
         query.cursor = cursor.clone();
-        let Ok(page) = log.query(&query) else {
+        let Ok(page) = log.query(&query).await else {
             panic!("page failed")
         };
         pages += 1;
@@ -914,19 +906,25 @@ async fn query_filters_newest_first_and_pages_without_gaps() {
     assert_eq!(walked, (1..=30).rev().collect::<Vec<u64>>());
     assert_eq!(pages, 5);
     // Filtered pages too.
-    let Ok(first) = log.query(&AuditQuery {
-        limit: 2,
-        decision: Some(Decision::Deny),
-        ..AuditQuery::default()
-    }) else {
+    let Ok(first) = log
+        .query(&AuditQuery {
+            limit: 2,
+            decision: Some(Decision::Deny),
+            ..AuditQuery::default()
+        })
+        .await
+    else {
         panic!("page failed")
     };
-    let Ok(second) = log.query(&AuditQuery {
-        limit: 100,
-        decision: Some(Decision::Deny),
-        cursor: first.next_cursor.clone(),
-        ..AuditQuery::default()
-    }) else {
+    let Ok(second) = log
+        .query(&AuditQuery {
+            limit: 100,
+            decision: Some(Decision::Deny),
+            cursor: first.next_cursor.clone(),
+            ..AuditQuery::default()
+        })
+        .await
+    else {
         panic!("page failed")
     };
     let mut joined = seqs(&first.items);
@@ -994,7 +992,7 @@ async fn unreadable_bodies_are_rate_limited_and_counted() {
         suppressed_report_interval: Duration::from_secs(3600),
         ..WriterOptions::default()
     };
-    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options) else {
+    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options).await else {
         panic!("start")
     };
     let addr: std::net::SocketAddr = ([192, 0, 2, 7], 40000).into();
@@ -1040,7 +1038,7 @@ async fn unreadable_bodies_are_rate_limited_and_counted() {
         );
     }
     assert_eq!(
-        log.verify_store().map(|r| r.events),
+        log.verify_store().await.map(|r| r.events),
         Ok(events.len() as u64)
     );
 }
@@ -1054,7 +1052,7 @@ async fn suppressed_count_is_reported_periodically() {
         suppressed_report_interval: Duration::from_millis(50),
         ..WriterOptions::default()
     };
-    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options) else {
+    let Ok(log) = AuditLog::start_with(dyn_backend, &AuditConfig::default(), options).await else {
         panic!("start")
     };
     for _ in 0..30 {
@@ -1183,7 +1181,7 @@ async fn recorded_events_increment_the_counters() {
     let skips = "sealgate_claims_total{outcome=SKIP}";
     let (d0, e0, s0) = (totals.get(decisions), totals.get(events), totals.get(skips));
     let backend = Arc::new(MemoryBackend::new());
-    let log = memory_log(&backend, &AuditConfig::default());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
     for _ in 0..3 {
         let blocked = AuditEvent::new(EventType::PolicyViolationBlocked)
             .code(2003)
@@ -1221,21 +1219,29 @@ async fn start_refuses_bad_configuration() {
     let Some(dir) = tempfile::tempdir().ok() else {
         panic!("no tempdir")
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &file_cfg(dir.path())).is_err());
+    assert!(AuditLog::start(Arc::clone(&backend), &file_cfg(dir.path()))
+        .await
+        .is_err());
     let rotate_without_file = AuditConfig {
         rotate_bytes: Some(100),
         ..AuditConfig::default()
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &rotate_without_file).is_err());
+    assert!(AuditLog::start(Arc::clone(&backend), &rotate_without_file)
+        .await
+        .is_err());
     let zero_rotation = AuditConfig {
         rotate_bytes: Some(0),
         ..file_cfg(&dir.path().join("a.jsonl"))
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &zero_rotation).is_err());
+    assert!(AuditLog::start(Arc::clone(&backend), &zero_rotation)
+        .await
+        .is_err());
     let failing = Arc::new(MemoryBackend::new());
     failing.fail_next_heads(1);
     let failing: Arc<dyn AuditBackend> = failing;
-    assert!(AuditLog::start(failing, &AuditConfig::default()).is_err());
+    assert!(AuditLog::start(failing, &AuditConfig::default())
+        .await
+        .is_err());
     let parsed: Result<AuditConfig, _> =
         serde_json::from_value(json!({"file": null, "stdout": false, "colour": 1}));
     assert!(parsed.is_err());
@@ -1243,6 +1249,52 @@ async fn start_refuses_bad_configuration() {
 
 #[test]
 fn start_needs_a_runtime() {
+    use futures_util::FutureExt;
     let backend: Arc<dyn AuditBackend> = Arc::new(MemoryBackend::new());
-    assert!(AuditLog::start(backend, &AuditConfig::default()).is_err());
+    // Polled once outside any runtime: it refuses at once instead of spawning nowhere.
+    let started = AuditLog::start(backend, &AuditConfig::default()).now_or_never();
+    assert!(matches!(started, Some(Err(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_on_one_store_keep_one_chain_and_name_their_replica() {
+    // Two logs on one store stand for two replicas: each append is a compare-and-set on the head, so a
+    // writer that lost the race chains its batch again after the other's events.
+    let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(1)));
+    let mut logs = Vec::new();
+    for replica in ["a", "b"] {
+        let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+        let options = WriterOptions {
+            replica: Some(replica.to_owned()),
+            ..WriterOptions::default()
+        };
+        match AuditLog::start_with(dyn_backend, &AuditConfig::default(), options).await {
+            Ok(log) => logs.push(log),
+            Err(e) => panic!("start: {e}"),
+        }
+    }
+    let mut tasks = Vec::new();
+    for n in 0..200 {
+        let log = logs[n % 2].clone();
+        tasks.push(tokio::spawn(async move { log.record(authorized(n)).await }));
+    }
+    let mut receipts = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(Ok(recorded)) => receipts.push(recorded),
+            other => panic!("record failed: {other:?}"),
+        }
+    }
+    assert_eq!(logs[0].verify_store().await.map(|r| r.events), Ok(200));
+    let events = backend.events();
+    for receipt in &receipts {
+        let stored = &events[(receipt.seq - 1) as usize];
+        assert_eq!(
+            text(stored, "hash"),
+            receipt.hash,
+            "a receipt names another event"
+        );
+    }
+    let by = |r: &str| events.iter().filter(|e| text(e, "replica") == r).count();
+    assert_eq!((by("a"), by("b")), (100, 100));
 }

@@ -1,10 +1,11 @@
 //! The single writer task: group commit of audit events.
 //!
 //! Callers queue an event with a reply channel; the writer takes every event waiting (up to a cap),
-//! chains them, appends them to the store (in memory), and then makes the batch durable with one blocking
-//! job: the store's sync (which also covers every store write made before these events were queued) and
-//! then the file's. Only then does it answer every caller. One writer means one chain with no forks; one
-//! sync per batch is the group commit that lets durable calls keep up with many concurrent callers.
+//! chains them, appends them to the store, and then makes the batch durable: the store's sync (which also
+//! covers every store write made before these events were queued), then the file's on a blocking thread.
+//! Only then does it answer every caller. One sync per batch is the group commit that lets durable calls
+//! keep up with many concurrent callers. One writer per process, and an append that is a compare-and-set
+//! on the chain head, mean one chain with no forks even when several replicas share the store.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,6 +19,7 @@ use super::chain::{format_at, seal, GENESIS_HASH};
 use super::event::{AuditEvent, Decision, EventType};
 use super::sink::{write_stdout, FileSink};
 use super::{AuditBackend, AuditError, ChainHead, Recorded};
+use crate::store::StoreError;
 
 pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
 
@@ -47,6 +49,8 @@ pub struct WriterOptions {
     pub unreadable_per_second: Option<u32>,
     /// How often the count of suppressed unreadable-body events is recorded.
     pub suppressed_report_interval: Duration,
+    /// The `replica` written into every event (SPEC 12: `replica_id`); none when unset.
+    pub replica: Option<String>,
 }
 
 impl Default for WriterOptions {
@@ -56,6 +60,7 @@ impl Default for WriterOptions {
             queue_capacity: 8192,
             unreadable_per_second: None,
             suppressed_report_interval: Duration::from_secs(10),
+            replica: None,
         }
     }
 }
@@ -73,6 +78,8 @@ pub(crate) struct Writer {
     /// Calls shed by admission control (5006) since the last report.
     pub(crate) shed: Arc<AtomicU64>,
     pub(crate) rx: mpsc::Receiver<Command>,
+    /// Written into every event as `replica` (SPEC 12), when set.
+    pub(crate) replica: Option<String>,
 }
 
 impl Writer {
@@ -172,67 +179,74 @@ impl Writer {
         jobs
     }
 
+    /// The head to chain from: the one this task wrote last, or the store's after a failure.
+    async fn current_head(&mut self) -> Result<ChainHead, StoreError> {
+        if let Some(head) = &self.head {
+            return Ok(head.clone());
+        }
+        let head = self.backend.head().await?.unwrap_or_else(|| ChainHead {
+            seq: 0,
+            hash: GENESIS_HASH.to_owned(),
+        });
+        Ok(head)
+    }
+
     /// Chains one batch, makes it durable, and answers its callers.
-    async fn commit(&mut self, batch: Vec<Job>) {
-        let head = match self.head.clone() {
-            Some(head) => head,
-            None => match self.backend.head() {
-                Ok(head) => head.unwrap_or_else(|| ChainHead {
-                    seq: 0,
-                    hash: GENESIS_HASH.to_owned(),
-                }),
+    async fn commit(&mut self, mut batch: Vec<Job>) {
+        if let Some(replica) = &self.replica {
+            for job in &mut batch {
+                job.event
+                    .insert("replica".to_owned(), Value::from(replica.as_str()));
+            }
+        }
+        let mut attempts = 0;
+        let (chained, recorded, new_head) = loop {
+            let head = match self.current_head().await {
+                Ok(head) => head,
                 Err(e) => {
                     fail_all(batch, &AuditError::Store(e));
                     return;
                 }
-            },
-        };
-
-        let mut chained = Vec::with_capacity(batch.len());
-        let mut pending = Vec::with_capacity(batch.len());
-        let mut seq = head.seq;
-        let mut prev_hash = head.hash;
-        for job in batch {
-            let Some(next_seq) = seq.checked_add(1) else {
-                answer(
-                    job.reply,
-                    Err(AuditError::InvalidEvent("audit seq overflow".to_owned())),
-                );
-                continue;
             };
-            let at = format_at(chrono::Utc::now());
-            match seal(job.event, next_seq, &prev_hash, &at) {
-                Ok((event, recorded)) => {
-                    seq = next_seq;
-                    prev_hash.clone_from(&recorded.hash);
-                    chained.push(event);
-                    pending.push((job.reply, recorded, job.count_decision));
-                }
-                Err(e) => answer(job.reply, Err(AuditError::InvalidEvent(e))),
+            let (chained, recorded, new_head) = chain(&mut batch, &head);
+            if chained.is_empty() {
+                return;
             }
-        }
-        if chained.is_empty() {
-            return;
-        }
-        let new_head = ChainHead {
-            seq,
-            hash: prev_hash,
+            match self.backend.append(&head, &chained).await {
+                Ok(()) => break (chained, recorded, new_head),
+                // Another replica appended since this task read the head: chain the batch again after
+                // the events it wrote. Each round trip lets at least one writer through, so this ends.
+                Err(StoreError::HeadMoved) if attempts < MAX_HEAD_RETRIES => {
+                    attempts += 1;
+                    self.head = None;
+                }
+                Err(e) => {
+                    self.head = None;
+                    tracing::error!(target: "audit", error = %e, "audit store append failed");
+                    fail_all(batch, &AuditError::Store(e));
+                    return;
+                }
+            }
         };
+        let pending: Vec<(Option<Reply>, Recorded, bool)> = batch
+            .into_iter()
+            .zip(recorded)
+            .map(|(job, recorded)| (job.reply, recorded, job.count_decision))
+            .collect();
 
-        // In memory first (cheap, inline); a failure here fails the batch before anything is synced.
-        if let Err(e) = self.backend.append(&chained) {
+        // The store first: it is the record of truth, and the file must never hold an event that the
+        // store could lose.
+        if let Err(e) = self.backend.sync().await {
             self.head = None;
-            tracing::error!(target: "audit", error = %e, "audit store append failed");
+            tracing::error!(target: "audit", error = %e, "audit store sync failed");
             fail_pending(pending, &AuditError::Store(e));
             return;
         }
-        let backend = Arc::clone(&self.backend);
+        // The store holds the batch, so the chain moved on whatever the file sink does.
+        self.head = Some(new_head);
         let file = self.file.clone();
         let stdout = self.stdout;
         let outcome = run_blocking(move || {
-            // The store first: it is the record of truth, and the file must never hold an event that the
-            // store could lose.
-            backend.sync().map_err(AuditError::Store)?;
             let lines: Vec<String> = chained.iter().map(Value::to_string).collect();
             if let Some(file) = file {
                 let mut sink = file.lock().unwrap_or_else(PoisonError::into_inner);
@@ -247,28 +261,16 @@ impl Writer {
         .await;
 
         let chained = match outcome {
-            Ok(Ok(chained)) => {
-                self.head = Some(new_head);
-                chained
-            }
-            Ok(Err(AuditError::FileSink(e))) => {
-                // The store holds the batch, so the chain moved on; the callers still get an error because
-                // the operator asked for a durable file too.
-                tracing::error!(target: "audit", error = %e, "audit file sink failed");
+            Ok(Ok(chained)) => chained,
+            Ok(Err(error)) => {
+                // The callers still get an error because the operator asked for a durable file too.
+                tracing::error!(target: "audit", error = %error, "audit file sink failed");
                 metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "file")
                     .increment(1);
-                self.head = Some(new_head);
-                fail_pending(pending, &AuditError::FileSink(e));
-                return;
-            }
-            Ok(Err(error)) => {
-                self.head = None;
-                tracing::error!(target: "audit", error = %error, "audit store append failed");
                 fail_pending(pending, &error);
                 return;
             }
             Err(e) => {
-                self.head = None;
                 fail_pending(pending, &AuditError::Worker(e));
                 return;
             }
@@ -281,7 +283,47 @@ impl Writer {
     }
 }
 
-/// Runs the batch's sync off the runtime (once per batch, never per event); a panic there becomes an error.
+/// How often one batch is chained again because other replicas moved the head meanwhile.
+const MAX_HEAD_RETRIES: usize = 64;
+
+/// Seals the batch after `head`. Jobs whose event cannot be sealed are answered with the error and
+/// removed, so `batch`, the events and the receipts stay in step.
+fn chain(batch: &mut Vec<Job>, head: &ChainHead) -> (Vec<Value>, Vec<Recorded>, ChainHead) {
+    let mut chained = Vec::with_capacity(batch.len());
+    let mut receipts = Vec::with_capacity(batch.len());
+    let mut seq = head.seq;
+    let mut prev_hash = head.hash.clone();
+    let mut kept = Vec::with_capacity(batch.len());
+    for job in batch.drain(..) {
+        let Some(next_seq) = seq.checked_add(1) else {
+            answer(
+                job.reply,
+                Err(AuditError::InvalidEvent("audit seq overflow".to_owned())),
+            );
+            continue;
+        };
+        let at = format_at(chrono::Utc::now());
+        match seal(job.event.clone(), next_seq, &prev_hash, &at) {
+            Ok((event, recorded)) => {
+                seq = next_seq;
+                prev_hash.clone_from(&recorded.hash);
+                chained.push(event);
+                receipts.push(recorded);
+                kept.push(job);
+            }
+            Err(e) => answer(job.reply, Err(AuditError::InvalidEvent(e))),
+        }
+    }
+    *batch = kept;
+    let head = ChainHead {
+        seq,
+        hash: prev_hash,
+    };
+    (chained, receipts, head)
+}
+
+/// Runs the batch's file write off the runtime (once per batch, never per event); a panic there becomes an
+/// error.
 async fn run_blocking<T, F>(work: F) -> Result<T, String>
 where
     F: FnOnce() -> T + Send + 'static,

@@ -8,11 +8,13 @@
 //! store first, so the claim, the replay record and the counters written before the event are durable
 //! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
+pub mod postgres;
 pub mod sled_store;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use postgres::PgStore;
 pub use sled_store::SledStore;
 
 /// The last event of the audit chain.
@@ -22,33 +24,32 @@ pub struct ChainHead {
     pub hash: String,
 }
 
-/// Where audit events are kept (SPEC 9): implemented by every store. The audit writer is its only caller;
-/// `append` is cheap (memory, or part of a transaction) and `sync` is the one blocking barrier per batch,
-/// which the writer runs off the async runtime.
+/// Where audit events are kept (SPEC 9): implemented by every store. The audit writer is its only writer
+/// in a process; several processes (replicas) may share one store, so `append` is a compare-and-set on the
+/// chain head. Every method is async, so that a networked store never blocks the runtime.
+#[async_trait::async_trait]
 pub trait AuditBackend: Send + Sync + 'static {
     /// The last event written (its seq and hash), `None` when the store holds no event.
-    fn head(&self) -> StoreResult<Option<ChainHead>>;
-    /// Stores chained events, given in seq order and continuing the head. Not yet durable: see `sync`.
-    /// On `Err` the writer re-reads the head before the next batch, so a store that kept part of the
-    /// batch is continued from what it kept.
-    fn append(&self, events: &[Value]) -> StoreResult<()>;
-    /// Makes everything written to the store so far durable (fsync, or a commit): events, claims,
-    /// sessions, replay records, counters. Blocking.
-    fn sync(&self) -> StoreResult<()>;
-    /// Calls `visit` with stored events in descending seq order, starting below `before_seq` (from the
-    /// newest when `None`), until `visit` returns false or the events run out.
-    fn scan_newest_first(
+    async fn head(&self) -> StoreResult<Option<ChainHead>>;
+    /// Stores chained events, given in seq order and continuing `after` (seq 0 and 64 zeros for an empty
+    /// store), only if `after` is still the store's head: otherwise [`StoreError::HeadMoved`] and nothing
+    /// is stored, so that another replica's events are never forked. Not necessarily durable: see `sync`.
+    /// On another `Err` the writer re-reads the head before the next batch, so a store that kept part of
+    /// the batch is continued from what it kept.
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()>;
+    /// Makes everything written to the store so far durable (fsync, or nothing where every write is a
+    /// commit): events, claims, sessions, replay records, counters.
+    async fn sync(&self) -> StoreResult<()>;
+    /// Up to `limit` stored events in descending seq order, below `before_seq` (from the newest when
+    /// `None`). Fewer than `limit` means none are left.
+    async fn events_newest_first(
         &self,
         before_seq: Option<u64>,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()>;
-    /// Calls `visit` with stored events in ascending seq order from `from_seq`, until `visit` returns
-    /// false or the events run out (the export of SPEC 9.3).
-    fn scan_oldest_first(
-        &self,
-        from_seq: u64,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()>;
+        limit: usize,
+    ) -> StoreResult<Vec<Value>>;
+    /// Up to `limit` stored events in ascending seq order from `from_seq` (the export of SPEC 9.3). Fewer
+    /// than `limit` means none are left.
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>>;
 }
 
 /// Why the store could not do what was asked. Any of them is a 5005 at the edge (fail closed).
@@ -60,6 +61,10 @@ pub enum StoreError {
     /// A stored record does not decode: never acted upon.
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// `append` was given a head that is no longer the chain's last event: another replica wrote since.
+    /// The writer re-reads the head and chains the batch again.
+    #[error("the audit chain head moved (another replica appended)")]
+    HeadMoved,
 }
 
 impl StoreError {
@@ -201,7 +206,8 @@ pub enum Admitted {
     },
 }
 
-/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default). Every method
+/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default) and [`PgStore`]
+/// (shared by replicas). Every method
 /// is a cheap in-memory operation or one round trip; none blocks the async runtime.
 #[async_trait::async_trait]
 pub trait Store: AuditBackend {

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -26,7 +26,6 @@ use super::{
 const SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 pub struct SledStore {
-    db: Db,
     sessions: Tree,
     counters: Tree,
     seen: Tree,
@@ -35,6 +34,13 @@ pub struct SledStore {
     claims_by_time: Tree,
     contexts: Tree,
     audit: Tree,
+    /// Shared with the blocking thread that runs each sync.
+    durability: Arc<Durability>,
+}
+
+/// What a sync needs: the database and the files it writes.
+struct Durability {
+    db: Db,
     /// sled's log file, opened once for fdatasync.
     log_file: File,
     blobs_dir: PathBuf,
@@ -121,10 +127,12 @@ impl SledStore {
             claims_by_time: tree("claims_by_time")?,
             contexts: tree("contexts")?,
             audit: tree("audit")?,
-            log_file,
-            blobs_dir,
-            synced_blobs: Mutex::new(HashSet::new()),
-            db,
+            durability: Arc::new(Durability {
+                log_file,
+                blobs_dir,
+                synced_blobs: Mutex::new(HashSet::new()),
+                db,
+            }),
         })
     }
 
@@ -172,6 +180,15 @@ impl SledStore {
             }
         }
     }
+}
+
+impl Durability {
+    /// sled's flush, then fdatasync of its log and of every new blob file (see the module comment).
+    fn sync(&self) -> StoreResult<()> {
+        self.db.flush().map_err(io)?;
+        self.log_file.sync_data().map_err(io)?;
+        self.sync_new_blobs()
+    }
 
     /// fsyncs every blob file sled wrote since the last sync, and their directory.
     fn sync_new_blobs(&self) -> StoreResult<()> {
@@ -212,11 +229,11 @@ impl SledStore {
 /// Computes a cell's next value from its current one (None = absent), or refuses with `T`.
 type CellUpdate<'a, T> = dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, T> + 'a;
 
-fn budget_bytes(count: i64) -> Vec<u8> {
+pub(super) fn budget_bytes(count: i64) -> Vec<u8> {
     count.to_be_bytes().to_vec()
 }
 
-fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
+pub(super) fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
     match bytes {
         None => Ok(0),
         Some(raw) => raw
@@ -438,8 +455,8 @@ impl Store for SledStore {
     }
 }
 
-impl AuditBackend for SledStore {
-    fn head(&self) -> StoreResult<Option<ChainHead>> {
+impl SledStore {
+    fn chain_head(&self) -> StoreResult<Option<ChainHead>> {
         let Some((_, bytes)) = self.audit.last().map_err(io)? else {
             return Ok(None);
         };
@@ -455,8 +472,25 @@ impl AuditBackend for SledStore {
             hash: hash.to_string(),
         }))
     }
+}
 
-    fn append(&self, events: &[Value]) -> StoreResult<()> {
+#[async_trait::async_trait]
+impl AuditBackend for SledStore {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
+        self.chain_head()
+    }
+
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+        // One process owns a sled store, and its single audit writer is the only caller, so checking the
+        // head and then applying the batch cannot interleave with another append.
+        let current = self.chain_head()?;
+        let unmoved = match &current {
+            None => after.seq == 0,
+            Some(head) => head == after,
+        };
+        if !unmoved {
+            return Err(StoreError::HeadMoved);
+        }
         let mut batch = sled::Batch::default();
         for event in events {
             let seq = event["seq"]
@@ -467,43 +501,35 @@ impl AuditBackend for SledStore {
         self.audit.apply_batch(batch).map_err(io)
     }
 
-    fn sync(&self) -> StoreResult<()> {
-        self.db.flush().map_err(io)?;
-        self.log_file.sync_data().map_err(io)?;
-        self.sync_new_blobs()
+    async fn sync(&self) -> StoreResult<()> {
+        let durability = Arc::clone(&self.durability);
+        tokio::task::spawn_blocking(move || durability.sync())
+            .await
+            .map_err(|e| io(format!("store sync thread failed: {e}")))?
     }
 
-    fn scan_newest_first(
+    async fn events_newest_first(
         &self,
         before_seq: Option<u64>,
-        f: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
         let range = match before_seq {
             Some(seq) => self.audit.range(..seq.to_be_bytes()),
             None => self.audit.range::<&[u8], _>(..),
         };
-        for entry in range.rev() {
-            let (_, bytes) = entry.map_err(io)?;
-            let event: Value = decode(&bytes)?;
-            if !f(&event) {
-                break;
-            }
-        }
-        Ok(())
+        range
+            .rev()
+            .take(limit)
+            .map(|entry| decode(&entry.map_err(io)?.1))
+            .collect()
     }
 
-    fn scan_oldest_first(
-        &self,
-        from_seq: u64,
-        visit: &mut dyn FnMut(&Value) -> bool,
-    ) -> StoreResult<()> {
-        for entry in self.audit.range(from_seq.to_be_bytes()..) {
-            let (_, bytes) = entry.map_err(io)?;
-            if !visit(&decode(&bytes)?) {
-                break;
-            }
-        }
-        Ok(())
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        self.audit
+            .range(from_seq.to_be_bytes()..)
+            .take(limit)
+            .map(|entry| decode(&entry.map_err(io)?.1))
+            .collect()
     }
 }
 
@@ -694,7 +720,7 @@ mod tests {
                 spec: Value::String("x".repeat(300_000)),
             };
             store.context_put(&big).await.unwrap();
-            store.sync().unwrap();
+            store.sync().await.unwrap();
         }
         let store = SledStore::open(dir.path()).unwrap();
         assert!(store

@@ -1,0 +1,1068 @@
+//! The shared store on PostgreSQL (SPEC 12): any number of replicas pointed at one database behave as
+//! one gateway. Every decision is a single statement or one transaction, so it holds across processes:
+//! insert-if-absent is `INSERT … ON CONFLICT DO NOTHING`, compare-and-set compares the stored record text,
+//! `admit` locks its counter rows (`SELECT … FOR UPDATE`), and an audit append locks the chain head.
+//!
+//! Every write is committed before it returns, so it is durable at once and `sync` has nothing to do.
+//! Every failure is a [`StoreError`] (the gateway answers 5005); none is swallowed.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio_postgres::NoTls;
+
+use super::sled_store::{budget_bytes, budget_count};
+use super::{
+    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord,
+    SessionRecord, Store, StoreError, StoreResult, StoredContext,
+};
+
+/// The migrations, in order: entry `i` brings the schema to version `i + 1`.
+const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_initial.sql")];
+
+/// Taken by whichever replica migrates, so that replicas starting together migrate once.
+const MIGRATION_LOCK: i64 = 0x5ea1_6a7e;
+
+/// Connections per replica; concurrent calls beyond this wait for one (at most `WAIT`).
+const POOL_SIZE: usize = 16;
+/// How long a call waits for a connection, or for one to be made, before failing closed.
+const WAIT: Duration = Duration::from_secs(5);
+
+pub struct PgStore {
+    pool: Pool,
+    /// For the session listener's own connection (LISTEN needs one that the pool never lends out).
+    config: tokio_postgres::Config,
+}
+
+fn db(err: impl std::fmt::Display) -> StoreError {
+    StoreError::unavailable(format!("postgres: {err}"))
+}
+
+fn encode<T: Serialize>(value: &T) -> StoreResult<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn decode<T: DeserializeOwned>(text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// SQL's bigint for a seq or a limit (both far below 2^63 in practice; clamped, never wrapped).
+fn bigint(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn seq_of(event: &Value) -> StoreResult<i64> {
+    event
+        .get("seq")
+        .and_then(Value::as_u64)
+        .map(bigint)
+        .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://USER@HOST:PORT/DB`) and brings the schema up to date; refuses a
+    /// schema newer than this build knows.
+    pub async fn connect(url: &str) -> StoreResult<PgStore> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StoreError::unavailable(format!("store URL: {e}")))?;
+        config.connect_timeout(WAIT);
+        config.application_name("sealgate");
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                // A connection the server closed (restart, pg_terminate_backend) is dropped, not reused.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(WAIT))
+            .create_timeout(Some(WAIT))
+            .recycle_timeout(Some(WAIT))
+            .build()
+            .map_err(db)?;
+        let store = PgStore { pool, config };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Calls `changed` with the id of every session that any replica changes (revokes), within
+    /// [`SESSION_NOTICE`] of the change, for as long as `changed` returns true. LISTEN/NOTIFY brings the
+    /// change at once; after a lost connection, the changes made meanwhile are read from the table.
+    pub fn watch_sessions(&self, changed: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            // Server time (ms) up to which every change has been seen; None before the first connection.
+            let mut seen_until: Option<i64> = None;
+            loop {
+                match listen(&config, &mut seen_until, &changed).await {
+                    Ok(Listening::Stopped) => return,
+                    Ok(Listening::Lost) => {}
+                    Err(e) => tracing::warn!(error = %e, "session change listener lost PostgreSQL"),
+                }
+                tokio::time::sleep(SESSION_NOTICE / 4).await;
+            }
+        });
+    }
+
+    async fn conn(&self) -> StoreResult<Object> {
+        self.pool.get().await.map_err(db)
+    }
+
+    /// Applies the migrations this database lacks, each with its version row, in one transaction.
+    async fn migrate(&self) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(db)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (
+                version integer PRIMARY KEY,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )",
+        )
+        .await
+        .map_err(db)?;
+        let row = tx
+            .query_one("SELECT coalesce(max(version), 0) FROM schema_version", &[])
+            .await
+            .map_err(db)?;
+        let current: i32 = row.get(0);
+        let known = MIGRATIONS.len();
+        let current = usize::try_from(current).unwrap_or(usize::MAX);
+        if current > known {
+            return Err(StoreError::Unavailable(format!(
+                "the database schema is at version {current}, newer than the {known} this build knows: \
+                 refusing to start (upgrade this replica)"
+            )));
+        }
+        for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
+            tx.batch_execute(migration).await.map_err(db)?;
+            let version = i32::try_from(index + 1).unwrap_or(i32::MAX);
+            tx.execute(
+                "INSERT INTO schema_version (version) VALUES ($1)",
+                &[&version],
+            )
+            .await
+            .map_err(db)?;
+            tracing::info!(version, "store schema migrated");
+        }
+        tx.commit().await.map_err(db)
+    }
+
+    /// Inserts unless the key exists; returns the existing record text otherwise. `insert` ends in
+    /// `ON CONFLICT DO NOTHING`; `select` reads the record of the same key.
+    async fn insert_or_get(
+        &self,
+        insert: &str,
+        insert_params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        select: &str,
+        select_params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<Option<String>> {
+        let conn = self.conn().await?;
+        loop {
+            let inserted = conn.execute(insert, insert_params).await.map_err(db)?;
+            if inserted == 1 {
+                return Ok(None);
+            }
+            // The row exists, unless it was deleted (a released claim) in between: then insert again.
+            if let Some(row) = conn.query_opt(select, select_params).await.map_err(db)? {
+                return Ok(Some(row.get(0)));
+            }
+        }
+    }
+
+    /// Locks the counter cell `key` in `tx` (creating it empty) and returns its state.
+    async fn lock_cell(
+        tx: &deadpool_postgres::Transaction<'_>,
+        key: &str,
+    ) -> StoreResult<Option<Vec<u8>>> {
+        tx.execute(
+            "INSERT INTO counters (key, state) VALUES ($1, NULL) ON CONFLICT DO NOTHING",
+            &[&key],
+        )
+        .await
+        .map_err(db)?;
+        let row = tx
+            .query_one(
+                "SELECT state FROM counters WHERE key = $1 FOR UPDATE",
+                &[&key],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get(0))
+    }
+
+    async fn set_cell(
+        tx: &deadpool_postgres::Transaction<'_>,
+        key: &str,
+        state: &[u8],
+    ) -> StoreResult<()> {
+        tx.execute(
+            "UPDATE counters SET state = $2 WHERE key = $1",
+            &[&key, &state],
+        )
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+}
+
+/// How soon a replica's session cache learns of a change made elsewhere (SPEC 12: revocation within 1 s).
+pub const SESSION_NOTICE: Duration = Duration::from_millis(800);
+
+enum Listening {
+    /// The callback asked to stop (its gateway is gone).
+    Stopped,
+    /// The connection ended; listen again.
+    Lost,
+}
+
+/// One connection's worth of listening for session changes; see [`PgStore::watch_sessions`].
+async fn listen(
+    config: &tokio_postgres::Config,
+    seen_until: &mut Option<i64>,
+    changed: &(impl Fn(&str) -> bool + Send + Sync),
+) -> Result<Listening, tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    // The connection is driven by a task of its own, which hands over notifications; when it ends,
+    // the channel closes and this listener reconnects.
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(notice) = message {
+                if tx.send(notice.payload().to_owned()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    client.batch_execute("LISTEN sealgate_sessions").await?;
+    let server_now = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    let mut checkpoint: i64 = client.query_one(server_now, &[]).await?.get(0);
+    if let Some(since) = *seen_until {
+        // Changes committed while no listener was connected; a second of slack covers commits whose
+        // timestamp was taken just before the connection was lost.
+        let rows = client
+            .query(
+                "SELECT session_id FROM sessions WHERE changed_at_ms >= $1",
+                &[&(since - 1_000)],
+            )
+            .await?;
+        for row in rows {
+            if !changed(row.get(0)) {
+                return Ok(Listening::Stopped);
+            }
+        }
+    }
+    *seen_until = Some(checkpoint);
+    let mut heartbeat = tokio::time::interval(SESSION_NOTICE / 2);
+    loop {
+        tokio::select! {
+            notice = notices.recv() => match notice {
+                Some(session_id) => {
+                    if !changed(&session_id) {
+                        return Ok(Listening::Stopped);
+                    }
+                }
+                None => return Ok(Listening::Lost),
+            },
+            _ = heartbeat.tick() => {
+                // A dead connection shows here within half the notice bound; the time read is the new
+                // point up to which every change has been delivered.
+                let reached: i64 = client.query_one(server_now, &[]).await?.get(0);
+                *seen_until = Some(checkpoint);
+                checkpoint = reached;
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn ping(&self) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .simple_query("SELECT 1")
+            .await
+            .map(|_| ())
+            .map_err(db)
+    }
+
+    async fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
+        let text = encode(record)?;
+        self.insert_or_get(
+            "INSERT INTO sessions (session_id, record) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&record.session_id, &text],
+            "SELECT record FROM sessions WHERE session_id = $1",
+            &[&record.session_id],
+        )
+        .await?
+        .map(|existing| decode(&existing))
+        .transpose()
+    }
+
+    async fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt(
+                "SELECT record FROM sessions WHERE session_id = $1",
+                &[&session_id],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(row.get(0))).transpose()
+    }
+
+    async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
+        let replaced = self
+            .conn()
+            .await?
+            .execute(
+                "UPDATE sessions SET record = $3 WHERE session_id = $1 AND record = $2",
+                &[&old.session_id, &encode(old)?, &encode(new)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(replaced == 1)
+    }
+
+    async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt("SELECT state FROM counters WHERE key = $1", &[&key])
+            .await
+            .map_err(db)?;
+        match row.and_then(|row| row.get::<_, Option<Vec<u8>>>(0)) {
+            None => Ok(None),
+            Some(bytes) => budget_count(Some(&bytes)).map(Some),
+        }
+    }
+
+    async fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool> {
+        let inserted = self
+            .conn()
+            .await?
+            .execute(
+                "INSERT INTO seen_signatures (signature, expires_at_ms) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+                &[&signature, &expires_at_ms],
+            )
+            .await
+            .map_err(db)?;
+        Ok(inserted == 1)
+    }
+
+    async fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize> {
+        let purged = self
+            .conn()
+            .await?
+            .execute(
+                "DELETE FROM seen_signatures WHERE expires_at_ms < $1",
+                &[&now_ms],
+            )
+            .await
+            .map_err(db)?;
+        Ok(usize::try_from(purged).unwrap_or(usize::MAX))
+    }
+
+    async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        let now_ms = admission.now_ms;
+        let mut conn = self.conn().await?;
+        // One transaction: a refusal rolls back every charge made before it (dropping `tx` rolls back).
+        let tx = conn.transaction().await.map_err(db)?;
+        if let Some((key, window)) = &admission.rate {
+            let state = Self::lock_cell(&tx, key).await?;
+            match window.admit(state.as_deref(), now_ms) {
+                Ok(next) => Self::set_cell(&tx, key, &next).await?,
+                Err(retry_after_ms) => return Ok(Admitted::RateLimited { retry_after_ms }),
+            }
+        }
+        if let Some((key, max)) = &admission.budget {
+            let max = i64::try_from(*max).unwrap_or(i64::MAX);
+            let count = budget_count(Self::lock_cell(&tx, key).await?.as_deref())?;
+            if count >= max {
+                return Ok(Admitted::BudgetExhausted);
+            }
+            Self::set_cell(&tx, key, &budget_bytes(count + 1)).await?;
+        }
+        let mut existing_claim = None;
+        if let Some(claim) = &admission.claim {
+            let inserted = tx
+                .execute(
+                    "INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    &[
+                        &claim.kind.as_str(),
+                        &claim.request_id,
+                        &claim.claimed_at_ms,
+                        &encode(claim)?,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            if inserted == 0 {
+                // The conflicting row is committed (the insert waited for it), so this read sees it.
+                let row = tx
+                    .query_one(
+                        "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
+                        &[&claim.kind.as_str(), &claim.request_id],
+                    )
+                    .await
+                    .map_err(db)?;
+                existing_claim = Some(decode(row.get(0))?);
+            }
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(Admitted::Charged { existing_claim })
+    }
+
+    async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+        let kind = record.kind.as_str();
+        self.insert_or_get(
+            "INSERT INTO claims (kind, request_id, claimed_at_ms, record) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT DO NOTHING",
+            &[
+                &kind,
+                &record.request_id,
+                &record.claimed_at_ms,
+                &encode(record)?,
+            ],
+            "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
+            &[&kind, &record.request_id],
+        )
+        .await?
+        .map(|existing| decode(&existing))
+        .transpose()
+    }
+
+    async fn claim_get(
+        &self,
+        kind: ClaimKind,
+        request_id: &str,
+    ) -> StoreResult<Option<ClaimRecord>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt(
+                "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
+                &[&kind.as_str(), &request_id],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(row.get(0))).transpose()
+    }
+
+    async fn claim_replace(
+        &self,
+        old: &ClaimRecord,
+        new: Option<&ClaimRecord>,
+    ) -> StoreResult<bool> {
+        let conn = self.conn().await?;
+        let kind = old.kind.as_str();
+        let changed = match new {
+            Some(new) => conn
+                .execute(
+                    "UPDATE claims SET record = $4 \
+                     WHERE kind = $1 AND request_id = $2 AND record = $3",
+                    &[&kind, &old.request_id, &encode(old)?, &encode(new)?],
+                )
+                .await
+                .map_err(db)?,
+            None => conn
+                .execute(
+                    "DELETE FROM claims WHERE kind = $1 AND request_id = $2 AND record = $3",
+                    &[&kind, &old.request_id, &encode(old)?],
+                )
+                .await
+                .map_err(db)?,
+        };
+        Ok(changed == 1)
+    }
+
+    async fn claim_page(
+        &self,
+        before: Option<&ClaimCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ClaimRecord>, bool)> {
+        let conn = self.conn().await?;
+        let mut cursor = before.map(|c| (c.claimed_at_ms, c.kind.as_str(), c.request_id.clone()));
+        let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
+        let mut items = Vec::new();
+        loop {
+            let rows = match &cursor {
+                None => conn
+                    .query(
+                        "SELECT claimed_at_ms, kind, request_id, record FROM claims \
+                         ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT $1",
+                        &[&batch],
+                    )
+                    .await
+                    .map_err(db)?,
+                Some((ms, kind, id)) => conn
+                    .query(
+                        "SELECT claimed_at_ms, kind, request_id, record FROM claims \
+                         WHERE (claimed_at_ms, kind, request_id) < ($1, $2, $3) \
+                         ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT $4",
+                        &[ms, kind, id, &batch],
+                    )
+                    .await
+                    .map_err(db)?,
+            };
+            let exhausted = (rows.len() as i64) < batch;
+            for row in &rows {
+                let record: ClaimRecord = decode(row.get(3))?;
+                cursor = Some((row.get(0), record.kind.as_str(), row.get(2)));
+                if !keep(&record) {
+                    continue;
+                }
+                if items.len() == limit {
+                    return Ok((items, true));
+                }
+                items.push(record);
+            }
+            if exhausted {
+                return Ok((items, false));
+            }
+        }
+    }
+
+    async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO contexts (name, record) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+                &[&context.name, &encode(context)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
+        let deleted = self
+            .conn()
+            .await?
+            .execute("DELETE FROM contexts WHERE name = $1", &[&name])
+            .await
+            .map_err(db)?;
+        Ok(deleted == 1)
+    }
+
+    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+        let rows = self
+            .conn()
+            .await?
+            .query("SELECT record FROM contexts ORDER BY name", &[])
+            .await
+            .map_err(db)?;
+        rows.iter().map(|row| decode(row.get(0))).collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditBackend for PgStore {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
+        let row = self
+            .conn()
+            .await?
+            .query_one("SELECT seq, hash FROM audit_head WHERE id = 1", &[])
+            .await
+            .map_err(db)?;
+        let seq: i64 = row.get(0);
+        let seq =
+            u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative audit seq".into()))?;
+        Ok((seq > 0).then(|| ChainHead {
+            seq,
+            hash: row.get(1),
+        }))
+    }
+
+    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+        let Some(last) = events.last() else {
+            return Ok(());
+        };
+        let last_seq = seq_of(last)?;
+        let last_hash = last
+            .get("hash")
+            .and_then(Value::as_str)
+            .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
+        let seqs = events
+            .iter()
+            .map(seq_of)
+            .collect::<StoreResult<Vec<i64>>>()?;
+        let texts: Vec<String> = events.iter().map(Value::to_string).collect();
+
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        // The row lock makes replicas' appends take turns; the loser sees the moved head and re-chains.
+        let row = tx
+            .query_one(
+                "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        let (seq, hash): (i64, String) = (row.get(0), row.get(1));
+        if seq != bigint(after.seq) || hash != after.hash {
+            return Err(StoreError::HeadMoved);
+        }
+        tx.execute(
+            "INSERT INTO audit_events (seq, event) SELECT * FROM unnest($1::bigint[], $2::text[])",
+            &[&seqs, &texts],
+        )
+        .await
+        .map_err(db)?;
+        tx.execute(
+            "UPDATE audit_head SET seq = $1, hash = $2 WHERE id = 1",
+            &[&last_seq, &last_hash],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        // Every write was a commit, durable before it returned.
+        Ok(())
+    }
+
+    async fn events_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        let before = before_seq.map_or(i64::MAX, bigint);
+        let limit = bigint(limit as u64);
+        let rows = self
+            .conn()
+            .await?
+            .query(
+                "SELECT event FROM audit_events WHERE seq < $1 ORDER BY seq DESC LIMIT $2",
+                &[&before, &limit],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter().map(|row| decode(row.get(0))).collect()
+    }
+
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        let from = bigint(from_seq);
+        let limit = bigint(limit as u64);
+        let rows = self
+            .conn()
+            .await?
+            .query(
+                "SELECT event FROM audit_events WHERE seq >= $1 ORDER BY seq LIMIT $2",
+                &[&from, &limit],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter().map(|row| decode(row.get(0))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::policy::rate::SlidingWindow;
+    use crate::store::{ClaimOutcome, ClaimStatus};
+
+    /// A database of its own for one test, on the server named by `SEALGATE_TEST_POSTGRES` (default
+    /// the local one, trust auth); dropped when the test ends, even by a panic.
+    struct TestDb {
+        admin: String,
+        name: String,
+        url: String,
+    }
+
+    impl TestDb {
+        async fn create() -> TestDb {
+            let admin = std::env::var("SEALGATE_TEST_POSTGRES")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let name = format!("sealgate_unit_{}", uuid::Uuid::new_v4().simple());
+            let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            client
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+            let mut config = tokio_postgres::Config::from_str(&admin).unwrap();
+            config.dbname(&name);
+            let url = format!(
+                "postgres://{}@{}/{name}",
+                config.get_user().unwrap_or("postgres"),
+                admin_host(&admin)
+            );
+            TestDb { admin, name, url }
+        }
+    }
+
+    /// `host:port` of a `postgres://user@host:port/db` URL.
+    fn admin_host(url: &str) -> String {
+        let after_user = url.split('@').nth(1).unwrap_or(url);
+        after_user
+            .split('/')
+            .next()
+            .unwrap_or(after_user)
+            .to_owned()
+    }
+
+    impl Drop for TestDb {
+        fn drop(&mut self) {
+            let (admin, name) = (self.admin.clone(), self.name.clone());
+            // Drop runs outside async code: a thread with its own runtime does the round trip.
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                runtime.block_on(async {
+                    let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.ok()?;
+                    tokio::spawn(connection);
+                    client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await
+                        .ok()
+                })
+            })
+            .join();
+            if !matches!(dropped, Ok(Some(()))) {
+                eprintln!("test database {} was not dropped", self.name);
+            }
+        }
+    }
+
+    fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
+        ClaimRecord {
+            kind,
+            request_id: id.into(),
+            call_digest: None,
+            action: "fs.write".into(),
+            agent_id: "agent".into(),
+            session_id: None,
+            status: ClaimStatus::Pending,
+            claimed_at: crate::clock::rfc3339_millis(ms),
+            claimed_at_ms: ms,
+            action_ref: "ref".into(),
+            committed_at: None,
+            outcome: None,
+            resolution: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        let first = claim(ClaimKind::Invoke, "a", 1);
+        assert!(store.claim_insert(&first).await.unwrap().is_none());
+        assert_eq!(
+            store
+                .claim_insert(&claim(ClaimKind::Invoke, "a", 2))
+                .await
+                .unwrap(),
+            Some(first.clone())
+        );
+        let mut committed = first.clone();
+        committed.status = ClaimStatus::Committed;
+        // A NUL inside a tool's answer is kept (jsonb would refuse it).
+        committed.outcome = Some(ClaimOutcome::Answer {
+            response: serde_json::json!({"ok": "a\u{0}b", "big": 9_007_199_254_740_993u64}),
+        });
+        assert!(store.claim_replace(&first, Some(&committed)).await.unwrap());
+        assert!(!store.claim_replace(&first, None).await.unwrap());
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "a").await.unwrap(),
+            Some(committed.clone())
+        );
+        assert!(store.claim_replace(&committed, None).await.unwrap());
+        assert_eq!(store.claim_get(ClaimKind::Invoke, "a").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        store
+            .claim_insert(&claim(ClaimKind::Standalone, "same", 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "same").await.unwrap(),
+            None
+        );
+        assert!(store
+            .claim_insert(&claim(ClaimKind::Invoke, "same", 1))
+            .await
+            .unwrap()
+            .is_none());
+        for (i, id) in ["x", "y", "z"].iter().enumerate() {
+            store
+                .claim_insert(&claim(ClaimKind::Invoke, id, 10 + i as i64))
+                .await
+                .unwrap();
+        }
+        let ids = |page: &[ClaimRecord]| {
+            page.iter()
+                .map(|c| format!("{}:{}", c.kind.as_str(), c.request_id))
+                .collect::<Vec<_>>()
+        };
+        let (page, more) = store.claim_page(None, 2, &|_| true).await.unwrap();
+        assert_eq!(
+            (ids(&page), more),
+            (vec!["invoke:z".into(), "invoke:y".into()], true)
+        );
+        let cursor = ClaimCursor {
+            claimed_at_ms: 11,
+            kind: ClaimKind::Invoke,
+            request_id: "y".into(),
+        };
+        let (page, more) = store
+            .claim_page(Some(&cursor), 10, &|_| true)
+            .await
+            .unwrap();
+        // Same instant: the standalone claim sorts after the invoke one, as in the embedded store.
+        assert_eq!(
+            (ids(&page), more),
+            (
+                vec![
+                    "invoke:x".into(),
+                    "standalone:same".into(),
+                    "invoke:same".into()
+                ],
+                false
+            )
+        );
+        let (page, _) = store
+            .claim_page(None, 10, &|c| c.kind == ClaimKind::Standalone)
+            .await
+            .unwrap();
+        assert_eq!(ids(&page), ["standalone:same"]);
+    }
+
+    #[tokio::test]
+    async fn sessions_insert_once_and_replace_by_compare_and_set() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        let record = SessionRecord {
+            session_id: "s".into(),
+            public_key: Some("k".into()),
+            security_context: "ctx".into(),
+            expires_at: 10,
+            agent_id: None,
+            workload_id: None,
+            allowed_tool_patterns: vec!["fs.*".into()],
+            max_calls: Some(3),
+            security_token: None,
+            created_at_ms: 1,
+            revoked_at_ms: None,
+        };
+        assert_eq!(store.session_insert(&record).await.unwrap(), None);
+        let mut other = record.clone();
+        other.security_context = "other".into();
+        assert_eq!(
+            store.session_insert(&other).await.unwrap(),
+            Some(record.clone())
+        );
+        let mut revoked = record.clone();
+        revoked.public_key = None;
+        revoked.revoked_at_ms = Some(2);
+        assert!(!store.session_replace(&other, &revoked).await.unwrap());
+        assert!(store.session_replace(&record, &revoked).await.unwrap());
+        assert_eq!(store.session_get("s").await.unwrap(), Some(revoked));
+        assert_eq!(store.session_get("nobody").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn signatures_are_remembered_once_and_purged_after_their_window() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        assert!(store.remember_signature(&[1; 64], 1_000).await.unwrap());
+        assert!(!store.remember_signature(&[1; 64], 1_000).await.unwrap());
+        assert!(store.remember_signature(&[2; 64], 5_000).await.unwrap());
+        assert_eq!(store.purge_signatures(2_000).await.unwrap(), 1);
+        assert!(store.remember_signature(&[1; 64], 9_000).await.unwrap());
+        assert!(!store.remember_signature(&[2; 64], 9_000).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        let admission = |n: i64| Admission {
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
+            budget: Some(("budget".into(), 2)),
+            claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
+            now_ms: 1_000 + n,
+        };
+        for n in 0..2 {
+            assert_eq!(
+                store.admit(&admission(n)).await.unwrap(),
+                Admitted::Charged {
+                    existing_claim: None
+                }
+            );
+        }
+        assert_eq!(
+            store.admit(&admission(2)).await.unwrap(),
+            Admitted::BudgetExhausted
+        );
+        assert_eq!(store.counter_get("budget").await.unwrap(), Some(2));
+        assert_eq!(
+            store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
+            None
+        );
+        let rate_only = |n: i64| Admission {
+            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
+            now_ms: 1_000 + n,
+            ..Admission::default()
+        };
+        assert!(matches!(
+            store.admit(&rate_only(3)).await.unwrap(),
+            Admitted::Charged { .. }
+        ));
+        assert!(matches!(
+            store.admit(&rate_only(4)).await.unwrap(),
+            Admitted::RateLimited { retry_after_ms } if retry_after_ms > 0
+        ));
+        // A claim that exists is returned, and the call is still charged.
+        let again = Admission {
+            claim: Some(claim(ClaimKind::Invoke, "c0", 99)),
+            ..Admission::default()
+        };
+        assert_eq!(
+            store.admit(&again).await.unwrap(),
+            Admitted::Charged {
+                existing_claim: Some(Box::new(claim(ClaimKind::Invoke, "c0", 0)))
+            }
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_stores_on_one_database_admit_as_one() {
+        // Two pools stand for two replicas: the counters and claims are one.
+        let db = TestDb::create().await;
+        let stores = [
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+        ];
+        let mut tasks = Vec::new();
+        for n in 0..40 {
+            let store = Arc::clone(&stores[n % 2]);
+            tasks.push(tokio::spawn(async move {
+                let admission = Admission {
+                    rate: Some(("rate".into(), SlidingWindow::new(30, 60_000))),
+                    budget: Some(("budget".into(), 20)),
+                    claim: Some(claim(ClaimKind::Invoke, "one", n as i64)),
+                    now_ms: 5_000,
+                };
+                store.admit(&admission).await.unwrap()
+            }));
+        }
+        let mut charged_new = 0;
+        let mut charged_existing = 0;
+        let mut exhausted = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Admitted::Charged {
+                    existing_claim: None,
+                } => charged_new += 1,
+                Admitted::Charged {
+                    existing_claim: Some(_),
+                } => charged_existing += 1,
+                Admitted::BudgetExhausted => exhausted += 1,
+                Admitted::RateLimited { .. } => panic!("the rate limit is above the budget"),
+            }
+        }
+        assert_eq!((charged_new, charged_existing, exhausted), (1, 19, 20));
+        assert_eq!(stores[1].counter_get("budget").await.unwrap(), Some(20));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_are_compare_and_set_on_the_head_across_pools() {
+        let db = TestDb::create().await;
+        let a = PgStore::connect(&db.url).await.unwrap();
+        let b = PgStore::connect(&db.url).await.unwrap();
+        assert_eq!(a.head().await.unwrap(), None);
+        let genesis = ChainHead {
+            seq: 0,
+            hash: crate::audit::GENESIS_HASH.to_owned(),
+        };
+        let event = |seq: u64, hash: &str| serde_json::json!({"seq": seq, "hash": hash});
+        a.append(&genesis, &[event(1, "h1"), event(2, "h2")])
+            .await
+            .unwrap();
+        // The other replica still believes the store is empty: refused, nothing stored.
+        assert_eq!(
+            b.append(&genesis, &[event(1, "other")]).await,
+            Err(StoreError::HeadMoved)
+        );
+        let head = b.head().await.unwrap().unwrap();
+        assert_eq!((head.seq, head.hash.as_str()), (2, "h2"));
+        b.append(&head, &[event(3, "h3")]).await.unwrap();
+        let newest = a.events_newest_first(None, 2).await.unwrap();
+        assert_eq!(newest, [event(3, "h3"), event(2, "h2")]);
+        let oldest = a.events_oldest_first(2, 10).await.unwrap();
+        assert_eq!(oldest, [event(2, "h2"), event(3, "h3")]);
+        assert_eq!(
+            a.events_newest_first(Some(2), 10).await.unwrap(),
+            [event(1, "h1")]
+        );
+    }
+
+    #[tokio::test]
+    async fn migrations_run_once_and_a_newer_schema_is_refused() {
+        let db = TestDb::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        store
+            .context_put(&StoredContext {
+                name: "kept".into(),
+                spec: serde_json::json!({"name": "kept"}),
+            })
+            .await
+            .unwrap();
+        drop(store);
+        // A restart finds the schema current and keeps the data.
+        let store = PgStore::connect(&db.url).await.unwrap();
+        assert_eq!(store.context_list().await.unwrap().len(), 1);
+        store
+            .conn()
+            .await
+            .unwrap()
+            .execute("INSERT INTO schema_version (version) VALUES (99)", &[])
+            .await
+            .unwrap();
+        let refused = PgStore::connect(&db.url).await.err();
+        assert!(
+            matches!(&refused, Some(StoreError::Unavailable(m)) if m.contains("version 99")),
+            "{refused:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_database_is_an_error_not_a_hang() {
+        // Port 1 refuses at once; the pool reports it as Unavailable (5005 at the edge).
+        let refused = PgStore::connect("postgres://postgres@127.0.0.1:1/none")
+            .await
+            .err();
+        assert!(
+            matches!(refused, Some(StoreError::Unavailable(_))),
+            "{refused:?}"
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! Several gateway processes on one PostgreSQL database behave as one gateway (SPEC 12), shown through
+//! the real HTTP interface: one accepted envelope, one PROCEED per claim, one audit chain.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{code, start_replicas, tool_call, Gateway, TestDatabase};
+use serde_json::{json, Value};
+
+/// `GET /v1/audit/export` of one replica, as the JSON lines it streams.
+async fn export(gw: &Gateway) -> String {
+    let token = gw.keys.operator_token("seal.audit.read");
+    let response = gw
+        .client
+        .get(format!("{}/v1/audit/export", gw.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.text().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_envelope_sent_to_both_replicas_at_once_is_accepted_once() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    // Registered on one replica, usable on the other at once.
+    let (key, token) = a.session("exec-replay").await;
+    for i in 0..100u64 {
+        let envelope = sealgate::envelope::sign_envelope(
+            &key,
+            tool_call(i, "tool.off", json!({"n": i})),
+            &token,
+            sealgate::clock::now_secs(),
+        );
+        let ((status_a, body_a), (status_b, body_b)) =
+            tokio::join!(a.post(&envelope), b.post(&envelope));
+        let (accepted, refused) = match (status_a, status_b) {
+            (200, _) => (body_a, (status_b, body_b)),
+            (_, 200) => (body_b, (status_a, body_a)),
+            _ => panic!("round {i}: neither replica accepted: {body_a} {body_b}"),
+        };
+        assert_eq!(accepted["payload"]["id"], i);
+        assert_ne!(
+            refused.0, 200,
+            "round {i}: both replicas accepted one envelope"
+        );
+        assert_eq!(code(&refused.1), 1008, "round {i}: {}", refused.1);
+    }
+    assert_eq!(tool.count(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_claimed_call_sent_32_times_across_replicas_runs_once() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0].session("exec-once").await;
+    let replicas = Arc::new(replicas);
+    let now = sealgate::clock::now_secs();
+    let calls: Vec<_> = (0..32u64)
+        .map(|i| {
+            // Different JSON-RPC ids make different envelopes; the claim is on the tool and arguments.
+            let envelope = sealgate::envelope::sign_envelope(
+                &key,
+                tool_call(
+                    i,
+                    "tool.write",
+                    json!({"path": "/workspace/once.txt", "op": "once"}),
+                ),
+                &token,
+                now,
+            );
+            let replicas = replicas.clone();
+            tokio::spawn(async move { replicas[(i % 2) as usize].post(&envelope).await })
+        })
+        .collect();
+    let (mut proceed, mut skip, mut pending) = (0, 0, 0);
+    let mut answered = Vec::new();
+    for call in calls {
+        let (status, body) = call.await.unwrap();
+        match (status, body["receipt"]["claim"].as_str()) {
+            (200, Some("PROCEED")) => proceed += 1,
+            (200, Some("SKIP")) => skip += 1,
+            (409, _) => {
+                assert_eq!(code(&body), 4001, "{body}");
+                pending += 1;
+                continue;
+            }
+            other => panic!("unexpected answer {other:?}: {body}"),
+        }
+        answered.push(body);
+    }
+    assert_eq!(proceed, 1);
+    assert_eq!(proceed + skip + pending, 32);
+    assert_eq!(
+        tool.count(),
+        1,
+        "the tool ran exactly once across both replicas"
+    );
+    assert_eq!(tool.ops.lock().unwrap().get("once"), Some(&1));
+    // Every answer carries the one stored result and the same receipt, whichever replica gave it.
+    let first = &answered[0];
+    for body in &answered {
+        assert_eq!(body["payload"]["result"], first["payload"]["result"]);
+        for field in ["request_id", "action_ref", "claimed_at"] {
+            assert_eq!(body["receipt"][field], first["receipt"][field], "{field}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_trail_written_by_both_replicas_under_load_is_one_chain() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[1].session("exec-chain").await;
+    let replicas = Arc::new(replicas);
+    let key = Arc::new(key);
+    let calls: Vec<_> = (0..200u64)
+        .map(|i| {
+            let (replicas, key, token) = (replicas.clone(), key.clone(), token.clone());
+            tokio::spawn(async move {
+                replicas[(i % 2) as usize]
+                    .call(&key, &token, tool_call(i, "tool.off", json!({"n": i})))
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        let (status, body) = call.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(tool.count(), 200);
+
+    let exported = export(&replicas[0]).await;
+    let report = sealgate::audit::verify_chain(std::io::Cursor::new(exported.as_bytes()));
+    let report = report.unwrap_or_else(|e| panic!("the export does not verify: {e:?}"));
+    // The session, then an authorisation and a completion per call.
+    assert!(report.events >= 401, "{} events", report.events);
+    assert_eq!(report.first_seq, 1);
+    let events: Vec<Value> = exported
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    for replica in ["r0", "r1"] {
+        let written = events.iter().filter(|e| e["replica"] == replica).count();
+        assert!(written >= 200, "{replica} wrote {written} events");
+    }
+    assert!(events.iter().all(|e| e["replica"].is_string()));
+    // Whichever replica serves the export, it is the same chain.
+    let again = export(&replicas[1]).await;
+    let prefix: Vec<&str> = again.lines().take(events.len()).collect();
+    assert_eq!(prefix, exported.lines().collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_on_one_replica_is_enforced_by_the_other_within_a_second() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let (key, token) = a.session("exec-revoke").await;
+    // B has the session in its cache: only the change notice can make it refuse.
+    let (status, body) = b
+        .call(&key, &token, tool_call(1, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let revoker = a.keys.operator_token("seal.session.revoke");
+    let (status, revoked) = a
+        .operator(
+            reqwest::Method::DELETE,
+            "/v1/seal/sessions/exec-revoke",
+            Some(&revoker),
+            None,
+        )
+        .await;
+    assert_eq!((status, revoked["status"].as_str()), (200, Some("revoked")));
+    let revoked_at = std::time::Instant::now();
+    let mut id = 2;
+    loop {
+        let (status, body) = b
+            .call(&key, &token, tool_call(id, "tool.off", json!({})))
+            .await;
+        if status != 200 {
+            assert_eq!(code(&body), 1006, "{body}");
+            break;
+        }
+        assert!(
+            revoked_at.elapsed() < std::time::Duration::from_secs(1),
+            "replica B still accepts the revoked session after 1 s"
+        );
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(revoked_at.elapsed() < std::time::Duration::from_secs(1));
+}
