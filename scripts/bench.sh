@@ -16,6 +16,8 @@
 #   BENCH_SERIAL_SECS=5    seconds of one-call-at-a-time latency
 #   BENCH_FSYNCS=300       fdatasync probes on the gateway's data folder
 #   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory row (issue 9's target is BENCH_CALLS=1000000)
+#   BENCH_OVERLOAD_SLOTS=32 BENCH_OVERLOAD_CALLS=10000   the overload row: 4 × SLOTS callers against a gateway
+#                          admitting SLOTS calls at once (4 × CALLS calls), beside SLOTS callers and no cap
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +31,8 @@ SERIAL_SECS=${BENCH_SERIAL_SECS:-5}
 FSYNCS=${BENCH_FSYNCS:-300}
 LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
 CALLS=${BENCH_CALLS:-50000}
+OVERLOAD_SLOTS=${BENCH_OVERLOAD_SLOTS:-32}
+OVERLOAD_CALLS=${BENCH_OVERLOAD_CALLS:-10000}
 SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
@@ -125,8 +129,10 @@ start() {
     PIDS+=("$STARTED")
 }
 
-start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID
-    start "$1" env SEALGATE_LOG=warn SEALGATE_DATA_DIR="$2" "$BIN" serve --config "$WORK/gw/sealgate.yaml"
+start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_CONCURRENT_CALLS passes on)
+    start "$1" env SEALGATE_LOG=warn SEALGATE_DATA_DIR="$2" \
+        ${SEALGATE_LIMITS__MAX_CONCURRENT_CALLS:+SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$SEALGATE_LIMITS__MAX_CONCURRENT_CALLS} \
+        "$BIN" serve --config "$WORK/gw/sealgate.yaml"
     GW_PID=$STARTED
     GW_URL=$(wait_line "$1" '^sealgate ready on ' "$GW_PID")
     GW_URL=${GW_URL#sealgate ready on }
@@ -242,6 +248,16 @@ EOF
         rm -f "$LOAD/serial".*
     done
 
+    # Overload (issue 9): four times as many connections as the gateway admits calls at once. The calls it
+    # admits should go on at the speed of the claim: off row; the rest are shed at once with 5006.
+    say "overload: $((4 * CONNECTIONS)) connections against max_concurrent_calls $CONNECTIONS, ${SECS}s"
+    local main_url=$GW_URL
+    SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$CONNECTIONS start_gateway capped-gateway "$WORK/gw/data-capped"
+    envelopes bench-off $((4 * $(budget "$SECS"))) "$THREADS" "$LOAD/overload" "$SECS"
+    ROW_PID=$GW_PID wrk_row overload "$THREADS" $((4 * CONNECTIONS)) "$SECS" "$GW_URL/v1/invoke" once "$LOAD/overload"
+    rm -f "$LOAD/overload".*
+    GW_URL=$main_url
+
     say "standalone POST /claim: sealgate, then SafeAgent under uvicorn, ${SECS}s each"
     local operator; operator=$("$BIN" bench operator-token --dir "$WORK/gw")
     ROW_PID=$gw_pid wrk_row claim_api "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/claim" claim "run$$" "$operator"
@@ -255,6 +271,17 @@ EOF
     local sa_pid=$STARTED
     wait_port "$sa_port"
     ROW_PID=$sa_pid wrk_row safeagent "$THREADS" "$CONNECTIONS" "$SECS" "http://127.0.0.1:$sa_port/claim" claim "run$$"
+
+    # Overload (issue 9): four times as many callers as the gateway admits at once. The admitted calls
+    # should keep the latency they have with as many callers as slots and no cap; the rest get 5006.
+    say "overload: $((4 * OVERLOAD_SLOTS)) callers against max_concurrent_calls $OVERLOAD_SLOTS, and $OVERLOAD_SLOTS callers without a cap"
+    start_gateway uncapped-gateway "$WORK/gw/data-uncapped"
+    record uncapped "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-off \
+        --sessions "$SESSIONS" --calls "$OVERLOAD_CALLS" --concurrency "$OVERLOAD_SLOTS")"
+    SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$OVERLOAD_SLOTS start_gateway capped-gateway "$WORK/gw/data-capped"
+    record overload "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-off \
+        --sessions "$SESSIONS" --calls $((4 * OVERLOAD_CALLS)) --concurrency $((4 * OVERLOAD_SLOTS)))"
+    R[overload.rss_kib]=$(rss_kib "$GW_PID")
 
     say "memory: $LIVE_SESSIONS live sessions, $CALLS calls with durable claims on a fresh gateway"
     start_gateway soak-gateway "$WORK/gw/data-soak"
@@ -314,6 +341,11 @@ print_table() {
         echo "- one call at a time, $(label $row): p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
     done
     echo "  target: p50 ≤ 0.3 ms + 1 × fsync p50 = $(ms $((300 + f50))) with claim: off; + 2 × = $(ms $((300 + 2 * f50))) with claims"
+    echo "- overload, $((4 * OVERLOAD_SLOTS)) callers against \`max_concurrent_calls: $OVERLOAD_SLOTS\` (\`claim: off\`): answered calls p50 $(ms "${R[overload.ok_p50_us]}"), p99 $(ms "${R[overload.ok_p99_us]}") at $(num "${R[overload.ok_rps]}") req/s, $(num "${R[overload.shed]}") of $(num "${R[overload.requests]}") calls shed with 5006, $(num "$(( ${R[overload.non2xx]} - ${R[overload.shed]} ))") other errors, RSS $(mib "${R[overload.rss_kib]}") after; $OVERLOAD_SLOTS callers without a cap: p50 $(ms "${R[uncapped.ok_p50_us]}"), p99 $(ms "${R[uncapped.ok_p99_us]}") at $(num "${R[uncapped.ok_rps]}") req/s (latency here includes the client's signing)"
+    local answered
+    answered=$(awk -v n="${R[overload.requests]}" -v e="${R[overload.status_errors]}" -v us="${R[overload.duration_us]}" \
+        'BEGIN { printf "%.0f", (n - e) / (us / 1e6) }')
+    echo "- overload, $((4 * CONNECTIONS)) connections against \`max_concurrent_calls: $CONNECTIONS\` (\`claim: off\`): $(num "$answered") calls/s answered ($(ratio "$answered" "$(rps off)") × the \`claim: off\` row), $(num "${R[overload.status_errors]}") shed with 5006 at once, $(num "${R[overload.socket_errors]}") socket errors, all answers p50 $(ms "${R[overload.p50_us]}") p99 $(ms "${R[overload.p99_us]}"), RSS $(mib "${R[overload.rss_kib]}") after"
     echo "- RSS with $(num "$LIVE_SESSIONS") live sessions after $(num "${R[soak.requests]}") calls with durable claims (fresh gateway): $(mib "${R[soak.rss_kib]}") (${R[soak.non2xx]} errors; target < 50 MiB after 1,000,000)"
     echo "- errors: HTTP status ≥ 400 or no answer (neither server answers 1xx or 3xx)"
 }
