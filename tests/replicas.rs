@@ -199,3 +199,82 @@ async fn a_revocation_on_one_replica_is_enforced_by_the_other_within_a_second() 
     }
     assert!(revoked_at.elapsed() < std::time::Duration::from_secs(1));
 }
+
+/// Calls `call` every 50 ms until it answers true; panics when that takes `within` or longer.
+async fn until<F, Fut>(within: std::time::Duration, what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !call().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() < within, "{what}: not within {within:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_put_or_deleted_on_one_replica_applies_on_the_other_within_2_s() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let spec =
+        json!({"name": "api-ctx", "capabilities": [{"tool_pattern": "limited.*", "claim": "off"}]});
+    let (status, body) = a
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/security-contexts/api-ctx",
+            Some(spec),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // The session needs the context where it is registered: A has it at once.
+    let (key, _) = a
+        .session_with("exec-ctx", json!({"security_context": "api-ctx"}))
+        .await;
+    let token = a
+        .keys
+        .agent_token_from(&a.keys.agent_claims("exec-ctx", "api-ctx"));
+    let id = std::sync::atomic::AtomicU64::new(0);
+    let call_b = || async {
+        let n = id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        b.call(&key, &token, tool_call(n, "limited.echo", json!({})))
+            .await
+    };
+    until(
+        std::time::Duration::from_secs(2),
+        "PUT reaches B",
+        || async { call_b().await.0 == 200 },
+    )
+    .await;
+
+    let (status, body) = a
+        .admin(
+            reqwest::Method::DELETE,
+            "/v1/security-contexts/api-ctx",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    until(
+        std::time::Duration::from_secs(2),
+        "DELETE reaches B",
+        || async {
+            let (status, body) = call_b().await;
+            if status == 200 {
+                return false;
+            }
+            assert!(code(&body) < 5000, "a refusal, not a failure: {body}");
+            true
+        },
+    )
+    .await;
+    // And B's own listing no longer shows it.
+    let (status, listing) = b
+        .admin(reqwest::Method::GET, "/v1/security-contexts", None)
+        .await;
+    assert_eq!(status, 200);
+    assert!(!listing.to_string().contains("api-ctx"), "{listing}");
+}

@@ -22,7 +22,10 @@ use super::{
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_initial.sql"),
+    include_str!("migrations/0002_context_version.sql"),
+];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
 const MIGRATION_LOCK: i64 = 0x5ea1_6a7e;
@@ -109,6 +112,56 @@ impl PgStore {
                 tokio::time::sleep(SESSION_NOTICE / 4).await;
             }
         });
+    }
+
+    /// Calls `changed` with every API-managed context whenever any replica changed them, polling the
+    /// change counter every [`CONTEXT_POLL`], for as long as `changed` returns true. The first poll
+    /// always calls it, so that a change made while the gateway was starting is not missed.
+    pub fn watch_contexts(
+        self: &std::sync::Arc<Self>,
+        changed: impl Fn(Vec<StoredContext>) -> bool + Send + Sync + 'static,
+    ) {
+        let store = std::sync::Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut seen: Option<i64> = None;
+            let mut tick = tokio::time::interval(CONTEXT_POLL);
+            loop {
+                tick.tick().await;
+                let Some(store) = store.upgrade() else { return };
+                match store.contexts_if_changed(seen).await {
+                    Ok(None) => {}
+                    Ok(Some((version, contexts))) => {
+                        if !changed(contexts) {
+                            return;
+                        }
+                        seen = Some(version);
+                    }
+                    // Polled again at the next tick; the calls themselves fail closed meanwhile.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not poll the stored security contexts")
+                    }
+                }
+            }
+        });
+    }
+
+    /// The change counter and the contexts, when the counter differs from `seen`. The counter is read
+    /// first: a change made between the two reads moves it again, so the next poll reads once more.
+    async fn contexts_if_changed(
+        &self,
+        seen: Option<i64>,
+    ) -> StoreResult<Option<(i64, Vec<StoredContext>)>> {
+        let version: i64 = self
+            .conn()
+            .await?
+            .query_one("SELECT version FROM contexts_version WHERE id = 1", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        if seen == Some(version) {
+            return Ok(None);
+        }
+        Ok(Some((version, self.context_list().await?)))
     }
 
     async fn conn(&self) -> StoreResult<Object> {
@@ -217,6 +270,9 @@ impl PgStore {
 
 /// How soon a replica's session cache learns of a change made elsewhere (SPEC 12: revocation within 1 s).
 pub const SESSION_NOTICE: Duration = Duration::from_millis(800);
+
+/// How often a replica polls for context changes made elsewhere (SPEC 12: applied within 2 s).
+pub const CONTEXT_POLL: Duration = Duration::from_secs(1);
 
 enum Listening {
     /// The callback asked to stop (its gateway is gone).
