@@ -278,3 +278,71 @@ async fn a_context_put_or_deleted_on_one_replica_applies_on_the_other_within_2_s
     assert_eq!(status, 200);
     assert!(!listing.to_string().contains("api-ctx"), "{listing}");
 }
+
+/// Sends `count` calls of `tool` at once under one session, alternating replicas; returns each answer's
+/// status and error code (0 for a 200).
+async fn spread_on(
+    replicas: &Arc<Vec<Gateway>>,
+    key: Arc<ed25519_dalek::SigningKey>,
+    token: &str,
+    tool: &str,
+    count: u64,
+) -> Vec<(u16, u64)> {
+    let calls: Vec<_> = (0..count)
+        .map(|i| {
+            let (replicas, key, token, tool) = (
+                replicas.clone(),
+                key.clone(),
+                token.to_owned(),
+                tool.to_owned(),
+            );
+            tokio::spawn(async move {
+                let (status, body) = replicas[(i % 2) as usize]
+                    .call(&key, &token, tool_call(i, &tool, json!({"n": i})))
+                    .await;
+                (status, if status == 200 { 0 } else { code(&body) })
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_and_budgets_count_the_calls_of_both_replicas() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let replicas = Arc::new(replicas);
+
+    // A budget of 5 calls: 40 parallel calls over both replicas spend exactly 5.
+    let (key, token) = replicas[0]
+        .session_with("exec-budget", json!({"budget": {"max_calls": 5}}))
+        .await;
+    let answers = spread_on(&replicas, Arc::new(key), &token, "tool.off", 40).await;
+    let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert_eq!(admitted, 5, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|answer| *answer == (200, 0) || *answer == (403, 2008)),
+        "{answers:?}"
+    );
+    assert_eq!(tool.count(), 5, "the tool ran once per admitted call");
+
+    // `limited.*` admits 2 calls per 60 s: 20 parallel calls over both replicas get 2 through.
+    let (key, token) = replicas[1].session("exec-rate").await;
+    let answers = spread_on(&replicas, Arc::new(key), &token, "limited.echo", 20).await;
+    let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert_eq!(admitted, 2, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|answer| *answer == (200, 0) || *answer == (429, 2005)),
+        "{answers:?}"
+    );
+    assert_eq!(tool.count(), 7);
+}

@@ -25,6 +25,7 @@ use super::{
 const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_initial.sql"),
     include_str!("migrations/0002_context_version.sql"),
+    include_str!("migrations/0003_counter_keys_bytea.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -41,8 +42,16 @@ pub struct PgStore {
     config: tokio_postgres::Config,
 }
 
-fn db(err: impl std::fmt::Display) -> StoreError {
-    StoreError::unavailable(format!("postgres: {err}"))
+/// The error with its causes: tokio-postgres's own text is only "db error", the server's message is its
+/// source.
+fn db(err: impl std::error::Error) -> StoreError {
+    let mut text = format!("postgres: {err}");
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    StoreError::unavailable(text)
 }
 
 fn encode<T: Serialize>(value: &T) -> StoreResult<String> {
@@ -239,14 +248,14 @@ impl PgStore {
     ) -> StoreResult<Option<Vec<u8>>> {
         tx.execute(
             "INSERT INTO counters (key, state) VALUES ($1, NULL) ON CONFLICT DO NOTHING",
-            &[&key],
+            &[&key.as_bytes()],
         )
         .await
         .map_err(db)?;
         let row = tx
             .query_one(
                 "SELECT state FROM counters WHERE key = $1 FOR UPDATE",
-                &[&key],
+                &[&key.as_bytes()],
             )
             .await
             .map_err(db)?;
@@ -260,7 +269,7 @@ impl PgStore {
     ) -> StoreResult<()> {
         tx.execute(
             "UPDATE counters SET state = $2 WHERE key = $1",
-            &[&key, &state],
+            &[&key.as_bytes(), &state],
         )
         .await
         .map_err(db)?;
@@ -396,7 +405,10 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt("SELECT state FROM counters WHERE key = $1", &[&key])
+            .query_opt(
+                "SELECT state FROM counters WHERE key = $1",
+                &[&key.as_bytes()],
+            )
             .await
             .map_err(db)?;
         match row.and_then(|row| row.get::<_, Option<Vec<u8>>>(0)) {
@@ -962,7 +974,8 @@ mod tests {
         let store = PgStore::connect(&db.url).await.unwrap();
         let admission = |n: i64| Admission {
             rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            budget: Some(("budget".into(), 2)),
+            // The gateway's budget keys hold a NUL separator (session::budget_key).
+            budget: Some((crate::session::budget_key("s1"), 2)),
             claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
             now_ms: 1_000 + n,
         };
@@ -978,7 +991,13 @@ mod tests {
             store.admit(&admission(2)).await.unwrap(),
             Admitted::BudgetExhausted
         );
-        assert_eq!(store.counter_get("budget").await.unwrap(), Some(2));
+        assert_eq!(
+            store
+                .counter_get(&crate::session::budget_key("s1"))
+                .await
+                .unwrap(),
+            Some(2)
+        );
         assert_eq!(
             store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
             None
