@@ -346,3 +346,84 @@ async fn rate_limits_and_budgets_count_the_calls_of_both_replicas() {
     );
     assert_eq!(tool.count(), 7);
 }
+
+/// `GET /readyz` of one replica: its status.
+async fn ready(gw: &Gateway) -> u16 {
+    let response = gw
+        .client
+        .get(format!("{}/readyz", gw.base))
+        .send()
+        .await
+        .unwrap();
+    response.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_database_connections_fail_closed_with_5005_and_service_resumes_by_itself() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0].session("exec-outage").await;
+    let claimed = json!({"path": "/workspace/kept.txt", "op": "kept"});
+    let (status, body) = replicas[1]
+        .call(&key, &token, tool_call(1, "tool.write", claimed.clone()))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tool.count(), 1);
+
+    // The outage: every connection of the test database killed, and no new one admitted.
+    db.admin_execute(
+        "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'",
+    )
+    .await;
+    let lost_at = std::time::Instant::now();
+    let mut id = 100;
+    for gw in &replicas {
+        for tool_name in ["tool.off", "tool.write"] {
+            id += 1;
+            let arguments = json!({"path": "/workspace/outage.txt", "op": format!("op{id}")});
+            let (status, body) = gw
+                .call(&key, &token, tool_call(id, tool_name, arguments))
+                .await;
+            assert_eq!((status, code(&body)), (503, 5005), "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("postgres")),
+                "the cause is kept: {body}"
+            );
+        }
+        let gw_ready = || async { ready(gw).await == 503 };
+        until(std::time::Duration::from_secs(5), "/readyz 503", gw_ready).await;
+    }
+    assert!(lost_at.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(tool.count(), 1, "nothing was forwarded during the outage");
+
+    db.admin_execute("ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+        .await;
+    let next = std::sync::atomic::AtomicU64::new(id + 1);
+    for gw in &replicas {
+        until(
+            std::time::Duration::from_secs(5),
+            "service resumes",
+            || async {
+                let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let (status, body) = gw
+                    .call(&key, &token, tool_call(id, "tool.off", json!({})))
+                    .await;
+                assert!(status == 200 || code(&body) == 5005, "{body}");
+                status == 200
+            },
+        )
+        .await;
+        assert_eq!(ready(gw).await, 200);
+    }
+    // What was acknowledged before the outage is kept: the claimed call is answered from its claim.
+    let (status, body) = replicas[0]
+        .call(&key, &token, tool_call(2, "tool.write", claimed))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["receipt"]["claim"], "SKIP", "{body}");
+    assert_eq!(tool.ops.lock().unwrap().get("kept"), Some(&1));
+}
