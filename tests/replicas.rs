@@ -427,3 +427,73 @@ async fn killed_database_connections_fail_closed_with_5005_and_service_resumes_b
     assert_eq!(body["receipt"]["claim"], "SKIP", "{body}");
     assert_eq!(tool.ops.lock().unwrap().get("kept"), Some(&1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pending_claim_of_a_replica_killed_mid_call_is_resolved_on_the_other() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0]
+        .session_with("exec-killed", json!({"allowed_tool_patterns": ["slow.*"]}))
+        .await;
+    let arguments = json!({"transfer": 7});
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(1, "slow.pay", arguments.clone()),
+        &token,
+        sealgate::clock::now_secs(),
+    );
+    let (client, base) = (replicas[0].client.clone(), replicas[0].base.clone());
+    let in_flight = tokio::spawn(async move {
+        client
+            .post(format!("{base}/v1/invoke"))
+            .json(&envelope)
+            .send()
+            .await
+    });
+    // The tool has the call (and answers only after 5 s): A dies before any answer or timeout.
+    until(
+        std::time::Duration::from_secs(5),
+        "call forwarded",
+        || async { tool.count() == 1 },
+    )
+    .await;
+    replicas[0].kill();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "A was killed before it answered"
+    );
+
+    let b = &replicas[1];
+    let (status, listed) = b
+        .admin(reqwest::Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["action"], "slow.pay");
+    let request_id = items[0]["request_id"].as_str().unwrap().to_owned();
+    // Until it is resolved, a retry on B neither runs the tool again nor answers for it.
+    let (status, body) = b
+        .call(&key, &token, tool_call(2, "slow.pay", arguments.clone()))
+        .await;
+    assert_eq!((status, code(&body)), (409, 4001), "{body}");
+
+    let result = json!({"jsonrpc": "2.0", "id": 0, "result": {"content": [{"type": "text", "text": "paid"}]}});
+    let (status, resolved) = b
+        .admin(
+            reqwest::Method::POST,
+            &format!("/v1/claims/{request_id}/resolve"),
+            Some(json!({"outcome": "committed", "result": result, "evidence": "ledger"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{resolved}");
+    assert_eq!(resolved["status"], "COMMITTED");
+    let (status, body) = b
+        .call(&key, &token, tool_call(3, "slow.pay", arguments))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["receipt"]["claim"], "SKIP", "{body}");
+    assert_eq!(body["payload"]["result"]["content"][0]["text"], "paid");
+    assert_eq!(tool.count(), 1, "the tool ran once");
+}
