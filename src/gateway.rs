@@ -141,9 +141,13 @@ impl Gateway {
             replica: Some(config.replica_id.clone()),
             ..crate::audit::WriterOptions::default()
         };
-        let audit = AuditLog::start_with(store.clone(), &audit_cfg, options)
-            .await
-            .map_err(|e| format!("audit: {e}"))?;
+        // A networked store is shared by replicas: the audit file is then this replica's own log.
+        let audit = if config.store == "embedded" {
+            AuditLog::start_with(store.clone(), &audit_cfg, options).await
+        } else {
+            AuditLog::start_shared(store.clone(), &audit_cfg, options).await
+        }
+        .map_err(|e| format!("audit: {e}"))?;
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {

@@ -497,3 +497,65 @@ async fn the_pending_claim_of_a_replica_killed_mid_call_is_resolved_on_the_other
     assert_eq!(body["payload"]["result"]["content"][0]["text"], "paid");
     assert_eq!(tool.count(), 1, "the tool ran once");
 }
+
+/// The events of a replica's `audit.file`, and the names of rotated files beside it.
+fn audit_file(gw: &Gateway) -> (Vec<Value>, Vec<String>) {
+    let text = std::fs::read_to_string(gw.dir.join("audit.jsonl")).unwrap();
+    let events = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let rotated = std::fs::read_dir(&gw.dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("audit.jsonl."))
+        .collect();
+    (events, rotated)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_audit_file_holds_the_events_it_wrote() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0].session("exec-files").await;
+    // Alternate one call at a time, so that every batch of one replica follows the other's events.
+    for i in 0..20u64 {
+        let (status, body) = replicas[(i % 2) as usize]
+            .call(&key, &token, tool_call(i, "tool.off", json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let exported = export(&replicas[0]).await;
+    sealgate::audit::verify_chain(std::io::Cursor::new(exported.as_bytes()))
+        .unwrap_or_else(|e| panic!("the export does not verify: {e:?}"));
+    let chain: Vec<Value> = exported
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let check = |gw: &Gateway, replica: &str| {
+        let (events, rotated) = audit_file(gw);
+        assert!(rotated.is_empty(), "{replica} rotated: {rotated:?}");
+        let own: Vec<&Value> = chain.iter().filter(|e| e["replica"] == replica).collect();
+        assert!(own.len() >= 20, "{replica} wrote {} events", own.len());
+        // Exactly its own events, in order, as they are in the chain.
+        assert_eq!(events.iter().collect::<Vec<_>>(), own, "{replica}'s file");
+    };
+    check(&replicas[0], "r0");
+    check(&replicas[1], "r1");
+
+    // Restarted, a replica does not copy the other's events into its file, and goes on appending.
+    replicas[1].restart();
+    let (status, body) = replicas[1]
+        .call(&key, &token, tool_call(99, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (events, rotated) = audit_file(&replicas[1]);
+    assert!(rotated.is_empty(), "r1 rotated: {rotated:?}");
+    assert!(events.iter().all(|e| e["replica"] == "r1"));
+    let last_seq = |events: &[Value]| events.last().unwrap()["seq"].as_u64().unwrap();
+    assert!(
+        last_seq(&events) > last_seq(&chain),
+        "r1 appended after its restart"
+    );
+}
