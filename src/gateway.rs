@@ -1,19 +1,22 @@
 //! The running gateway: everything a request needs, built once from the configuration at start-up, and
 //! the server loop with readiness, background upkeep and graceful shutdown.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::policy::{ContextRegistry, ReloadEvent, WatcherHandle};
+use crate::policy::model::ContextSource;
+use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
-use crate::store::{PgStore, SledStore, Store};
+use crate::store::{PgStore, SledStore, Store, StoredContext};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
@@ -65,6 +68,17 @@ impl Gateway {
             store.watch_sessions(move |session_id| match weak.upgrade() {
                 Some(gateway) => {
                     gateway.sessions.invalidate(session_id);
+                    true
+                }
+                None => false,
+            });
+            // Contexts put or deleted through another replica's API apply here within 2 s (SPEC 12).
+            let weak = Arc::downgrade(&gateway);
+            let previous = std::sync::Mutex::new(None);
+            store.watch_contexts(move |polled| match weak.upgrade() {
+                Some(gateway) => {
+                    let mut previous = previous.lock().unwrap_or_else(|p| p.into_inner());
+                    apply_polled_contexts(&gateway.contexts, &mut previous, polled);
                     true
                 }
                 None => false,
@@ -127,9 +141,13 @@ impl Gateway {
             replica: Some(config.replica_id.clone()),
             ..crate::audit::WriterOptions::default()
         };
-        let audit = AuditLog::start_with(store.clone(), &audit_cfg, options)
-            .await
-            .map_err(|e| format!("audit: {e}"))?;
+        // A networked store is shared by replicas: the audit file is then this replica's own log.
+        let audit = if config.store == "embedded" {
+            AuditLog::start_with(store.clone(), &audit_cfg, options).await
+        } else {
+            AuditLog::start_shared(store.clone(), &audit_cfg, options).await
+        }
+        .map_err(|e| format!("audit: {e}"))?;
 
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
@@ -151,6 +169,56 @@ impl Gateway {
         gateway.spawn_upkeep();
         Ok(gateway)
     }
+}
+
+/// Applies the store's API-managed contexts as polled: puts what is new or changed since the previous
+/// poll and removes what is gone. Diffing against the previous poll, not against the registry, keeps a
+/// poll that raced this replica's own API change from undoing it; the first poll puts everything and
+/// removes the store contexts that are no longer stored.
+fn apply_polled_contexts(
+    contexts: &ContextRegistry,
+    previous: &mut Option<BTreeMap<String, Value>>,
+    polled: Vec<StoredContext>,
+) {
+    let polled: BTreeMap<String, Value> = polled.into_iter().map(|c| (c.name, c.spec)).collect();
+    let gone: Vec<String> = match previous.as_ref() {
+        Some(previous) => previous
+            .keys()
+            .filter(|name| !polled.contains_key(*name))
+            .cloned()
+            .collect(),
+        None => contexts
+            .list()
+            .iter()
+            .filter(|c| c.source == ContextSource::Store && !polled.contains_key(c.name()))
+            .map(|c| c.name().to_owned())
+            .collect(),
+    };
+    for name in gone {
+        match contexts.remove_store_context(&name) {
+            Ok(_) => tracing::info!(context = %name, "security context removed by another replica"),
+            // Already removed here (this replica's own API call).
+            Err(RegistryError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::error!(context = %name, error = %e, "stored security context removal not applied")
+            }
+        }
+    }
+    for (name, spec) in &polled {
+        if previous.as_ref().and_then(|p| p.get(name)) == Some(spec) {
+            continue;
+        }
+        let applied = crate::policy::parse_context_json(spec)
+            .map_err(|e| e.to_string())
+            .and_then(|ctx| contexts.put_store_context(ctx).map_err(|e| e.to_string()));
+        match applied {
+            Ok(_) => tracing::debug!(context = %name, "stored security context applied"),
+            Err(e) => {
+                tracing::error!(context = %name, error = %e, "stored security context no longer loads; skipped")
+            }
+        }
+    }
+    *previous = Some(polled);
 }
 
 /// Hot reload: applied changes and refused files both leave an audit event.

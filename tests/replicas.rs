@@ -199,3 +199,363 @@ async fn a_revocation_on_one_replica_is_enforced_by_the_other_within_a_second() 
     }
     assert!(revoked_at.elapsed() < std::time::Duration::from_secs(1));
 }
+
+/// Calls `call` every 50 ms until it answers true; panics when that takes `within` or longer.
+async fn until<F, Fut>(within: std::time::Duration, what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !call().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() < within, "{what}: not within {within:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_put_or_deleted_on_one_replica_applies_on_the_other_within_2_s() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let spec =
+        json!({"name": "api-ctx", "capabilities": [{"tool_pattern": "limited.*", "claim": "off"}]});
+    let (status, body) = a
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/security-contexts/api-ctx",
+            Some(spec),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // The session needs the context where it is registered: A has it at once.
+    let (key, _) = a
+        .session_with("exec-ctx", json!({"security_context": "api-ctx"}))
+        .await;
+    let token = a
+        .keys
+        .agent_token_from(&a.keys.agent_claims("exec-ctx", "api-ctx"));
+    let id = std::sync::atomic::AtomicU64::new(0);
+    let call_b = || async {
+        let n = id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        b.call(&key, &token, tool_call(n, "limited.echo", json!({})))
+            .await
+    };
+    until(
+        std::time::Duration::from_secs(2),
+        "PUT reaches B",
+        || async { call_b().await.0 == 200 },
+    )
+    .await;
+
+    let (status, body) = a
+        .admin(
+            reqwest::Method::DELETE,
+            "/v1/security-contexts/api-ctx",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    until(
+        std::time::Duration::from_secs(2),
+        "DELETE reaches B",
+        || async {
+            let (status, body) = call_b().await;
+            if status == 200 {
+                return false;
+            }
+            assert!(code(&body) < 5000, "a refusal, not a failure: {body}");
+            true
+        },
+    )
+    .await;
+    // And B's own listing no longer shows it.
+    let (status, listing) = b
+        .admin(reqwest::Method::GET, "/v1/security-contexts", None)
+        .await;
+    assert_eq!(status, 200);
+    assert!(!listing.to_string().contains("api-ctx"), "{listing}");
+}
+
+/// Sends `count` calls of `tool` at once under one session, alternating replicas; returns each answer's
+/// status and error code (0 for a 200).
+async fn spread_on(
+    replicas: &Arc<Vec<Gateway>>,
+    key: Arc<ed25519_dalek::SigningKey>,
+    token: &str,
+    tool: &str,
+    count: u64,
+) -> Vec<(u16, u64)> {
+    let calls: Vec<_> = (0..count)
+        .map(|i| {
+            let (replicas, key, token, tool) = (
+                replicas.clone(),
+                key.clone(),
+                token.to_owned(),
+                tool.to_owned(),
+            );
+            tokio::spawn(async move {
+                let (status, body) = replicas[(i % 2) as usize]
+                    .call(&key, &token, tool_call(i, &tool, json!({"n": i})))
+                    .await;
+                (status, if status == 200 { 0 } else { code(&body) })
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_and_budgets_count_the_calls_of_both_replicas() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let replicas = Arc::new(replicas);
+
+    // A budget of 5 calls: 40 parallel calls over both replicas spend exactly 5.
+    let (key, token) = replicas[0]
+        .session_with("exec-budget", json!({"budget": {"max_calls": 5}}))
+        .await;
+    let answers = spread_on(&replicas, Arc::new(key), &token, "tool.off", 40).await;
+    let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert_eq!(admitted, 5, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|answer| *answer == (200, 0) || *answer == (403, 2008)),
+        "{answers:?}"
+    );
+    assert_eq!(tool.count(), 5, "the tool ran once per admitted call");
+
+    // `limited.*` admits 2 calls per 60 s: 20 parallel calls over both replicas get 2 through.
+    let (key, token) = replicas[1].session("exec-rate").await;
+    let answers = spread_on(&replicas, Arc::new(key), &token, "limited.echo", 20).await;
+    let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert_eq!(admitted, 2, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|answer| *answer == (200, 0) || *answer == (429, 2005)),
+        "{answers:?}"
+    );
+    assert_eq!(tool.count(), 7);
+}
+
+/// `GET /readyz` of one replica: its status.
+async fn ready(gw: &Gateway) -> u16 {
+    let response = gw
+        .client
+        .get(format!("{}/readyz", gw.base))
+        .send()
+        .await
+        .unwrap();
+    response.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_database_connections_fail_closed_with_5005_and_service_resumes_by_itself() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0].session("exec-outage").await;
+    let claimed = json!({"path": "/workspace/kept.txt", "op": "kept"});
+    let (status, body) = replicas[1]
+        .call(&key, &token, tool_call(1, "tool.write", claimed.clone()))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tool.count(), 1);
+
+    // The outage: every connection of the test database killed, and no new one admitted.
+    db.admin_execute(
+        "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'",
+    )
+    .await;
+    let lost_at = std::time::Instant::now();
+    let mut id = 100;
+    for gw in &replicas {
+        for tool_name in ["tool.off", "tool.write"] {
+            id += 1;
+            let arguments = json!({"path": "/workspace/outage.txt", "op": format!("op{id}")});
+            let (status, body) = gw
+                .call(&key, &token, tool_call(id, tool_name, arguments))
+                .await;
+            assert_eq!((status, code(&body)), (503, 5005), "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("postgres")),
+                "the cause is kept: {body}"
+            );
+        }
+        let gw_ready = || async { ready(gw).await == 503 };
+        until(std::time::Duration::from_secs(5), "/readyz 503", gw_ready).await;
+    }
+    assert!(lost_at.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(tool.count(), 1, "nothing was forwarded during the outage");
+
+    db.admin_execute("ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+        .await;
+    let next = std::sync::atomic::AtomicU64::new(id + 1);
+    for gw in &replicas {
+        until(
+            std::time::Duration::from_secs(5),
+            "service resumes",
+            || async {
+                let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let (status, body) = gw
+                    .call(&key, &token, tool_call(id, "tool.off", json!({})))
+                    .await;
+                assert!(status == 200 || code(&body) == 5005, "{body}");
+                status == 200
+            },
+        )
+        .await;
+        assert_eq!(ready(gw).await, 200);
+    }
+    // What was acknowledged before the outage is kept: the claimed call is answered from its claim.
+    let (status, body) = replicas[0]
+        .call(&key, &token, tool_call(2, "tool.write", claimed))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["receipt"]["claim"], "SKIP", "{body}");
+    assert_eq!(tool.ops.lock().unwrap().get("kept"), Some(&1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pending_claim_of_a_replica_killed_mid_call_is_resolved_on_the_other() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0]
+        .session_with("exec-killed", json!({"allowed_tool_patterns": ["slow.*"]}))
+        .await;
+    let arguments = json!({"transfer": 7});
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(1, "slow.pay", arguments.clone()),
+        &token,
+        sealgate::clock::now_secs(),
+    );
+    let (client, base) = (replicas[0].client.clone(), replicas[0].base.clone());
+    let in_flight = tokio::spawn(async move {
+        client
+            .post(format!("{base}/v1/invoke"))
+            .json(&envelope)
+            .send()
+            .await
+    });
+    // The tool has the call (and answers only after 5 s): A dies before any answer or timeout.
+    until(
+        std::time::Duration::from_secs(5),
+        "call forwarded",
+        || async { tool.count() == 1 },
+    )
+    .await;
+    replicas[0].kill();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "A was killed before it answered"
+    );
+
+    let b = &replicas[1];
+    let (status, listed) = b
+        .admin(reqwest::Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["action"], "slow.pay");
+    let request_id = items[0]["request_id"].as_str().unwrap().to_owned();
+    // Until it is resolved, a retry on B neither runs the tool again nor answers for it.
+    let (status, body) = b
+        .call(&key, &token, tool_call(2, "slow.pay", arguments.clone()))
+        .await;
+    assert_eq!((status, code(&body)), (409, 4001), "{body}");
+
+    let result = json!({"jsonrpc": "2.0", "id": 0, "result": {"content": [{"type": "text", "text": "paid"}]}});
+    let (status, resolved) = b
+        .admin(
+            reqwest::Method::POST,
+            &format!("/v1/claims/{request_id}/resolve"),
+            Some(json!({"outcome": "committed", "result": result, "evidence": "ledger"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{resolved}");
+    assert_eq!(resolved["status"], "COMMITTED");
+    let (status, body) = b
+        .call(&key, &token, tool_call(3, "slow.pay", arguments))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["receipt"]["claim"], "SKIP", "{body}");
+    assert_eq!(body["payload"]["result"]["content"][0]["text"], "paid");
+    assert_eq!(tool.count(), 1, "the tool ran once");
+}
+
+/// The events of a replica's `audit.file`, and the names of rotated files beside it.
+fn audit_file(gw: &Gateway) -> (Vec<Value>, Vec<String>) {
+    let text = std::fs::read_to_string(gw.dir.join("audit.jsonl")).unwrap();
+    let events = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let rotated = std::fs::read_dir(&gw.dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("audit.jsonl."))
+        .collect();
+    (events, rotated)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_audit_file_holds_the_events_it_wrote() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut replicas, _tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (key, token) = replicas[0].session("exec-files").await;
+    // Alternate one call at a time, so that every batch of one replica follows the other's events.
+    for i in 0..20u64 {
+        let (status, body) = replicas[(i % 2) as usize]
+            .call(&key, &token, tool_call(i, "tool.off", json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let exported = export(&replicas[0]).await;
+    sealgate::audit::verify_chain(std::io::Cursor::new(exported.as_bytes()))
+        .unwrap_or_else(|e| panic!("the export does not verify: {e:?}"));
+    let chain: Vec<Value> = exported
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let check = |gw: &Gateway, replica: &str| {
+        let (events, rotated) = audit_file(gw);
+        assert!(rotated.is_empty(), "{replica} rotated: {rotated:?}");
+        let own: Vec<&Value> = chain.iter().filter(|e| e["replica"] == replica).collect();
+        assert!(own.len() >= 20, "{replica} wrote {} events", own.len());
+        // Exactly its own events, in order, as they are in the chain.
+        assert_eq!(events.iter().collect::<Vec<_>>(), own, "{replica}'s file");
+    };
+    check(&replicas[0], "r0");
+    check(&replicas[1], "r1");
+
+    // Restarted, a replica does not copy the other's events into its file, and goes on appending.
+    replicas[1].restart();
+    let (status, body) = replicas[1]
+        .call(&key, &token, tool_call(99, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (events, rotated) = audit_file(&replicas[1]);
+    assert!(rotated.is_empty(), "r1 rotated: {rotated:?}");
+    assert!(events.iter().all(|e| e["replica"] == "r1"));
+    let last_seq = |events: &[Value]| events.last().unwrap()["seq"].as_u64().unwrap();
+    assert!(
+        last_seq(&events) > last_seq(&chain),
+        "r1 appended after its restart"
+    );
+}

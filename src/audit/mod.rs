@@ -94,9 +94,8 @@ pub enum AuditError {
 }
 
 /// Makes the file agree with the store after a crash: the store is the truth. The writer syncs the store
-/// before the file, so the file can only lag: it is extended with the events it lacks. A file ahead of
-/// the store means the store lost durable events; starting would reuse their sequence numbers and fork
-/// the chain, so start-up is refused.
+/// before the file, so the file can only lag: it is extended with the events it lacks (a file ahead of
+/// the store is refused, see [`refuse_file_ahead`]).
 async fn catch_up_file(
     backend: &dyn AuditBackend,
     sink: &mut FileSink,
@@ -105,15 +104,7 @@ async fn catch_up_file(
     let Some(file_last) = sink.last_seq() else {
         return Ok(());
     };
-    if file_last > head.seq {
-        return Err(format!(
-            "audit file {} ends at seq {file_last} but the store's chain ends at seq {}: the store lost \
-             events that the file holds; refusing to start rather than fork the chain (move the file aside \
-             to continue)",
-            sink.path().display(),
-            head.seq
-        ));
-    }
+    refuse_file_ahead(sink, head)?;
     if file_last == head.seq {
         return Ok(());
     }
@@ -134,6 +125,21 @@ async fn catch_up_file(
     tracing::warn!(target: "audit", from = file_last + 1, to = head.seq, file = %sink.path().display(),
         "audit file lagged the store after a crash; extended from the store");
     sink.write_batch(&missing, &lines)
+}
+
+/// A file that ends beyond the store's chain means the store lost durable events; starting would reuse
+/// their sequence numbers and fork the chain, so start-up is refused (whole chain or per-replica log).
+fn refuse_file_ahead(sink: &FileSink, head: &ChainHead) -> Result<(), String> {
+    match sink.last_seq() {
+        Some(file_last) if file_last > head.seq => Err(format!(
+            "audit file {} ends at seq {file_last} but the store's chain ends at seq {}: the store lost \
+             events that the file holds; refusing to start rather than fork the chain (move the file aside \
+             to continue)",
+            sink.path().display(),
+            head.seq
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Events read from the store per round trip by scans (export, catch-up, verification).
@@ -200,6 +206,26 @@ impl AuditLog {
         cfg: &AuditConfig,
         options: WriterOptions,
     ) -> Result<AuditLog, String> {
+        Self::start_inner(backend, cfg, options, false).await
+    }
+
+    /// [`AuditLog::start_with`] on a store that other replicas write to as well (SPEC 12): `audit.file`
+    /// is this replica's own log, so it is neither caught up from the store nor rotated when a batch
+    /// does not follow its last line (other replicas' events come in between).
+    pub async fn start_shared(
+        backend: Arc<dyn AuditBackend>,
+        cfg: &AuditConfig,
+        options: WriterOptions,
+    ) -> Result<AuditLog, String> {
+        Self::start_inner(backend, cfg, options, true).await
+    }
+
+    async fn start_inner(
+        backend: Arc<dyn AuditBackend>,
+        cfg: &AuditConfig,
+        options: WriterOptions,
+        shared: bool,
+    ) -> Result<AuditLog, String> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "the audit log needs a tokio runtime".to_owned())?;
         if options.max_batch == 0 || options.queue_capacity == 0 {
@@ -223,7 +249,14 @@ impl AuditLog {
             Some(path) => {
                 let mut sink = FileSink::open(path.clone(), cfg.rotate_bytes)?;
                 if let Some(head) = &head {
-                    catch_up_file(backend.as_ref(), &mut sink, head).await?;
+                    if shared {
+                        refuse_file_ahead(&sink, head)?;
+                    } else {
+                        catch_up_file(backend.as_ref(), &mut sink, head).await?;
+                    }
+                }
+                if shared {
+                    sink = sink.per_replica_log();
                 }
                 Some(Arc::new(Mutex::new(sink)))
             }

@@ -4,6 +4,10 @@
 //! does not link to the file's last line: after a failed write, a crash between the store and the file,
 //! or a torn last line, it first rotates the file away and starts a new one (the store still holds every
 //! event). All calls are blocking; the writer runs them on a blocking thread.
+//!
+//! With a store shared by replicas the file is instead a per-replica log (SPEC 12): the events this
+//! replica wrote, with the other replicas' seqs missing in between, so it is not a whole chain and only
+//! a torn line starts a new file; `audit verify` applies to the export (`GET /v1/audit/export`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -34,6 +38,8 @@ pub(crate) struct FileSink {
     file: Option<File>,
     size: u64,
     tail: Tail,
+    /// False for a per-replica log: a batch need not follow the file's last line.
+    whole_chain: bool,
 }
 
 impl FileSink {
@@ -64,10 +70,18 @@ impl FileSink {
             file: None,
             size,
             tail,
+            whole_chain: true,
         };
         // Open now so that a file that cannot be written stops start-up instead of the first call.
         sink.ensure_open()?;
         Ok(sink)
+    }
+
+    /// Makes the file a per-replica log (a store shared by replicas): batches are appended whether or
+    /// not they follow the file's last line.
+    pub(crate) fn per_replica_log(mut self) -> FileSink {
+        self.whole_chain = false;
+        self
     }
 
     /// The seq of the file's last event, when the file ends on a whole, chained line.
@@ -106,7 +120,11 @@ impl FileSink {
                 last_seq: file_last_seq,
                 last_hash: file_last_hash,
                 ..
-            } => file_last_hash == first_prev && file_last_seq.checked_add(1) == Some(first_seq),
+            } => {
+                !self.whole_chain
+                    || (file_last_hash == first_prev
+                        && file_last_seq.checked_add(1) == Some(first_seq))
+            }
             Tail::Unknown => false,
         };
         if !links {

@@ -22,7 +22,11 @@ use super::{
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_initial.sql"),
+    include_str!("migrations/0002_context_version.sql"),
+    include_str!("migrations/0003_counter_keys_bytea.sql"),
+];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
 const MIGRATION_LOCK: i64 = 0x5ea1_6a7e;
@@ -38,8 +42,16 @@ pub struct PgStore {
     config: tokio_postgres::Config,
 }
 
-fn db(err: impl std::fmt::Display) -> StoreError {
-    StoreError::unavailable(format!("postgres: {err}"))
+/// The error with its causes: tokio-postgres's own text is only "db error", the server's message is its
+/// source.
+fn db(err: impl std::error::Error) -> StoreError {
+    let mut text = format!("postgres: {err}");
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    StoreError::unavailable(text)
 }
 
 fn encode<T: Serialize>(value: &T) -> StoreResult<String> {
@@ -109,6 +121,56 @@ impl PgStore {
                 tokio::time::sleep(SESSION_NOTICE / 4).await;
             }
         });
+    }
+
+    /// Calls `changed` with every API-managed context whenever any replica changed them, polling the
+    /// change counter every [`CONTEXT_POLL`], for as long as `changed` returns true. The first poll
+    /// always calls it, so that a change made while the gateway was starting is not missed.
+    pub fn watch_contexts(
+        self: &std::sync::Arc<Self>,
+        changed: impl Fn(Vec<StoredContext>) -> bool + Send + Sync + 'static,
+    ) {
+        let store = std::sync::Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut seen: Option<i64> = None;
+            let mut tick = tokio::time::interval(CONTEXT_POLL);
+            loop {
+                tick.tick().await;
+                let Some(store) = store.upgrade() else { return };
+                match store.contexts_if_changed(seen).await {
+                    Ok(None) => {}
+                    Ok(Some((version, contexts))) => {
+                        if !changed(contexts) {
+                            return;
+                        }
+                        seen = Some(version);
+                    }
+                    // Polled again at the next tick; the calls themselves fail closed meanwhile.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not poll the stored security contexts")
+                    }
+                }
+            }
+        });
+    }
+
+    /// The change counter and the contexts, when the counter differs from `seen`. The counter is read
+    /// first: a change made between the two reads moves it again, so the next poll reads once more.
+    async fn contexts_if_changed(
+        &self,
+        seen: Option<i64>,
+    ) -> StoreResult<Option<(i64, Vec<StoredContext>)>> {
+        let version: i64 = self
+            .conn()
+            .await?
+            .query_one("SELECT version FROM contexts_version WHERE id = 1", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        if seen == Some(version) {
+            return Ok(None);
+        }
+        Ok(Some((version, self.context_list().await?)))
     }
 
     async fn conn(&self) -> StoreResult<Object> {
@@ -186,14 +248,14 @@ impl PgStore {
     ) -> StoreResult<Option<Vec<u8>>> {
         tx.execute(
             "INSERT INTO counters (key, state) VALUES ($1, NULL) ON CONFLICT DO NOTHING",
-            &[&key],
+            &[&key.as_bytes()],
         )
         .await
         .map_err(db)?;
         let row = tx
             .query_one(
                 "SELECT state FROM counters WHERE key = $1 FOR UPDATE",
-                &[&key],
+                &[&key.as_bytes()],
             )
             .await
             .map_err(db)?;
@@ -207,7 +269,7 @@ impl PgStore {
     ) -> StoreResult<()> {
         tx.execute(
             "UPDATE counters SET state = $2 WHERE key = $1",
-            &[&key, &state],
+            &[&key.as_bytes(), &state],
         )
         .await
         .map_err(db)?;
@@ -217,6 +279,9 @@ impl PgStore {
 
 /// How soon a replica's session cache learns of a change made elsewhere (SPEC 12: revocation within 1 s).
 pub const SESSION_NOTICE: Duration = Duration::from_millis(800);
+
+/// How often a replica polls for context changes made elsewhere (SPEC 12: applied within 2 s).
+pub const CONTEXT_POLL: Duration = Duration::from_secs(1);
 
 enum Listening {
     /// The callback asked to stop (its gateway is gone).
@@ -340,7 +405,10 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt("SELECT state FROM counters WHERE key = $1", &[&key])
+            .query_opt(
+                "SELECT state FROM counters WHERE key = $1",
+                &[&key.as_bytes()],
+            )
             .await
             .map_err(db)?;
         match row.and_then(|row| row.get::<_, Option<Vec<u8>>>(0)) {
@@ -906,7 +974,8 @@ mod tests {
         let store = PgStore::connect(&db.url).await.unwrap();
         let admission = |n: i64| Admission {
             rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            budget: Some(("budget".into(), 2)),
+            // The gateway's budget keys hold a NUL separator (session::budget_key).
+            budget: Some((crate::session::budget_key("s1"), 2)),
             claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
             now_ms: 1_000 + n,
         };
@@ -922,7 +991,13 @@ mod tests {
             store.admit(&admission(2)).await.unwrap(),
             Admitted::BudgetExhausted
         );
-        assert_eq!(store.counter_get("budget").await.unwrap(), Some(2));
+        assert_eq!(
+            store
+                .counter_get(&crate::session::budget_key("s1"))
+                .await
+                .unwrap(),
+            Some(2)
+        );
         assert_eq!(
             store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
             None

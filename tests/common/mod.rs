@@ -514,6 +514,21 @@ impl TestDatabase {
     }
 }
 
+impl TestDatabase {
+    /// Runs `sql` on the server's admin database (say, to refuse connections to the test database);
+    /// `{db}` in `sql` stands for the test database's name.
+    pub async fn admin_execute(&self, sql: &str) {
+        let (client, connection) = tokio_postgres::connect(&self.admin, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&sql.replace("{db}", &self.name))
+            .await
+            .unwrap();
+    }
+}
+
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         let (admin, name) = (self.admin.clone(), self.name.clone());
