@@ -16,8 +16,6 @@
 #   BENCH_SERIAL_SECS=5    seconds of one-call-at-a-time latency
 #   BENCH_FSYNCS=300       fdatasync probes on the gateway's data folder
 #   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory row (issue 9's target is BENCH_CALLS=1000000)
-#   BENCH_OVERLOAD_SLOTS=32 BENCH_OVERLOAD_CALLS=10000   the overload row: 4 × SLOTS callers against a gateway
-#                          admitting SLOTS calls at once (4 × CALLS calls), beside SLOTS callers and no cap
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,8 +29,6 @@ SERIAL_SECS=${BENCH_SERIAL_SECS:-5}
 FSYNCS=${BENCH_FSYNCS:-300}
 LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
 CALLS=${BENCH_CALLS:-50000}
-OVERLOAD_SLOTS=${BENCH_OVERLOAD_SLOTS:-32}
-OVERLOAD_CALLS=${BENCH_OVERLOAD_CALLS:-10000}
 SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
@@ -272,17 +268,6 @@ EOF
     wait_port "$sa_port"
     ROW_PID=$sa_pid wrk_row safeagent "$THREADS" "$CONNECTIONS" "$SECS" "http://127.0.0.1:$sa_port/claim" claim "run$$"
 
-    # Overload (issue 9): four times as many callers as the gateway admits at once. The admitted calls
-    # should keep the latency they have with as many callers as slots and no cap; the rest get 5006.
-    say "overload: $((4 * OVERLOAD_SLOTS)) callers against max_concurrent_calls $OVERLOAD_SLOTS, and $OVERLOAD_SLOTS callers without a cap"
-    start_gateway uncapped-gateway "$WORK/gw/data-uncapped"
-    record uncapped "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-off \
-        --sessions "$SESSIONS" --calls "$OVERLOAD_CALLS" --concurrency "$OVERLOAD_SLOTS")"
-    SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$OVERLOAD_SLOTS start_gateway capped-gateway "$WORK/gw/data-capped"
-    record overload "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-off \
-        --sessions "$SESSIONS" --calls $((4 * OVERLOAD_CALLS)) --concurrency $((4 * OVERLOAD_SLOTS)))"
-    R[overload.rss_kib]=$(rss_kib "$GW_PID")
-
     say "memory: $LIVE_SESSIONS live sessions, $CALLS calls with durable claims on a fresh gateway"
     start_gateway soak-gateway "$WORK/gw/data-soak"
     record soak "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-claim \
@@ -341,7 +326,6 @@ print_table() {
         echo "- one call at a time, $(label $row): p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
     done
     echo "  target: p50 ≤ 0.3 ms + 1 × fsync p50 = $(ms $((300 + f50))) with claim: off; + 2 × = $(ms $((300 + 2 * f50))) with claims"
-    echo "- overload, $((4 * OVERLOAD_SLOTS)) callers against \`max_concurrent_calls: $OVERLOAD_SLOTS\` (\`claim: off\`): answered calls p50 $(ms "${R[overload.ok_p50_us]}"), p99 $(ms "${R[overload.ok_p99_us]}") at $(num "${R[overload.ok_rps]}") req/s, $(num "${R[overload.shed]}") of $(num "${R[overload.requests]}") calls shed with 5006, $(num "$(( ${R[overload.non2xx]} - ${R[overload.shed]} ))") other errors, RSS $(mib "${R[overload.rss_kib]}") after; $OVERLOAD_SLOTS callers without a cap: p50 $(ms "${R[uncapped.ok_p50_us]}"), p99 $(ms "${R[uncapped.ok_p99_us]}") at $(num "${R[uncapped.ok_rps]}") req/s (latency here includes the client's signing)"
     local answered
     answered=$(awk -v n="${R[overload.requests]}" -v e="${R[overload.status_errors]}" -v us="${R[overload.duration_us]}" \
         'BEGIN { printf "%.0f", (n - e) / (us / 1e6) }')

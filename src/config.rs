@@ -102,6 +102,10 @@ const OVERRIDABLE: &[&str] = &[
     "policies_dir",
     "limits.max_body_bytes",
     "limits.max_clock_skew_secs",
+    "limits.header_read_timeout_secs",
+    "limits.body_read_timeout_secs",
+    "limits.max_concurrent_calls",
+    "limits.store_retry_secs",
     "sessions.max_lifetime_secs",
     "agent_tokens.issuer",
     "agent_tokens.audience",
@@ -117,6 +121,7 @@ const OVERRIDABLE: &[&str] = &[
     "audit.stdout",
     "audit.include_payloads",
     "audit.rotate_bytes",
+    "audit.unauthenticated_per_second",
 ];
 
 impl Config {
@@ -279,6 +284,44 @@ fn resolve_env_values(value: &mut Value, env: &[(String, String)]) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_of_limits_and_audit_can_be_set_from_the_environment() {
+        // A key added to a section must be added to OVERRIDABLE too (SPEC 11: every key).
+        let limits = [
+            "max_body_bytes",
+            "max_clock_skew_secs",
+            "header_read_timeout_secs",
+            "body_read_timeout_secs",
+            "max_concurrent_calls",
+            "store_retry_secs",
+        ];
+        let audit = serde_json::to_value(AuditConfig::default()).unwrap();
+        let keys = limits.iter().map(|k| format!("limits.{k}")).chain(
+            audit
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| format!("audit.{k}")),
+        );
+        for key in keys {
+            assert!(
+                OVERRIDABLE.contains(&key.as_str()),
+                "{key} cannot be overridden"
+            );
+        }
+        let config = Config::from_yaml(
+            "",
+            Path::new("."),
+            &env(&[
+                ("SEALGATE_LIMITS__MAX_CONCURRENT_CALLS", "7"),
+                ("SEALGATE_AUDIT__UNAUTHENTICATED_PER_SECOND", "3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.limits.max_concurrent_calls, 7);
+        assert_eq!(config.audit.unauthenticated_per_second, 3);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
