@@ -8,6 +8,8 @@
 //! store first, so the claim, the replay record and the counters written before the event are durable
 //! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
+#[cfg(test)]
+mod conformance;
 pub mod postgres;
 pub mod sled_store;
 

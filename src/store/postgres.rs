@@ -748,7 +748,7 @@ mod tests {
 
     use super::*;
     use crate::policy::rate::SlidingWindow;
-    use crate::store::{ClaimOutcome, ClaimStatus};
+    use crate::store::conformance::{self, claim};
 
     /// A database of its own for one test, on the server named by `SEALGATE_TEST_POSTGRES` (default
     /// the local one, trust auth); dropped when the test ends, even by a panic.
@@ -815,217 +815,49 @@ mod tests {
         }
     }
 
-    fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
-        ClaimRecord {
-            kind,
-            request_id: id.into(),
-            call_digest: None,
-            action: "fs.write".into(),
-            agent_id: "agent".into(),
-            session_id: None,
-            status: ClaimStatus::Pending,
-            claimed_at: crate::clock::rfc3339_millis(ms),
-            claimed_at_ms: ms,
-            action_ref: "ref".into(),
-            committed_at: None,
-            outcome: None,
-            resolution: None,
-        }
-    }
-
     #[tokio::test]
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
         let db = TestDb::create().await;
-        let store = PgStore::connect(&db.url).await.unwrap();
-        let first = claim(ClaimKind::Invoke, "a", 1);
-        assert!(store.claim_insert(&first).await.unwrap().is_none());
-        assert_eq!(
-            store
-                .claim_insert(&claim(ClaimKind::Invoke, "a", 2))
-                .await
-                .unwrap(),
-            Some(first.clone())
-        );
-        let mut committed = first.clone();
-        committed.status = ClaimStatus::Committed;
-        // A NUL inside a tool's answer is kept (jsonb would refuse it).
-        committed.outcome = Some(ClaimOutcome::Answer {
-            response: serde_json::json!({"ok": "a\u{0}b", "big": 9_007_199_254_740_993u64}),
-        });
-        assert!(store.claim_replace(&first, Some(&committed)).await.unwrap());
-        assert!(!store.claim_replace(&first, None).await.unwrap());
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "a").await.unwrap(),
-            Some(committed.clone())
-        );
-        assert!(store.claim_replace(&committed, None).await.unwrap());
-        assert_eq!(store.claim_get(ClaimKind::Invoke, "a").await.unwrap(), None);
+        conformance::claim_insert_is_insert_if_absent_and_replace_is_compare_and_set(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
         let db = TestDb::create().await;
-        let store = PgStore::connect(&db.url).await.unwrap();
-        store
-            .claim_insert(&claim(ClaimKind::Standalone, "same", 1))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "same").await.unwrap(),
-            None
-        );
-        assert!(store
-            .claim_insert(&claim(ClaimKind::Invoke, "same", 1))
-            .await
-            .unwrap()
-            .is_none());
-        for (i, id) in ["x", "y", "z"].iter().enumerate() {
-            store
-                .claim_insert(&claim(ClaimKind::Invoke, id, 10 + i as i64))
-                .await
-                .unwrap();
-        }
-        let ids = |page: &[ClaimRecord]| {
-            page.iter()
-                .map(|c| format!("{}:{}", c.kind.as_str(), c.request_id))
-                .collect::<Vec<_>>()
-        };
-        let (page, more) = store.claim_page(None, 2, &|_| true).await.unwrap();
-        assert_eq!(
-            (ids(&page), more),
-            (vec!["invoke:z".into(), "invoke:y".into()], true)
-        );
-        let cursor = ClaimCursor {
-            claimed_at_ms: 11,
-            kind: ClaimKind::Invoke,
-            request_id: "y".into(),
-        };
-        let (page, more) = store
-            .claim_page(Some(&cursor), 10, &|_| true)
-            .await
-            .unwrap();
-        // Same instant: the standalone claim sorts after the invoke one, as in the embedded store.
-        assert_eq!(
-            (ids(&page), more),
-            (
-                vec![
-                    "invoke:x".into(),
-                    "standalone:same".into(),
-                    "invoke:same".into()
-                ],
-                false
-            )
-        );
-        let (page, _) = store
-            .claim_page(None, 10, &|c| c.kind == ClaimKind::Standalone)
-            .await
-            .unwrap();
-        assert_eq!(ids(&page), ["standalone:same"]);
+        conformance::the_two_claim_namespaces_never_meet_and_pages_run_newest_first(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn sessions_insert_once_and_replace_by_compare_and_set() {
         let db = TestDb::create().await;
-        let store = PgStore::connect(&db.url).await.unwrap();
-        let record = SessionRecord {
-            session_id: "s".into(),
-            public_key: Some("k".into()),
-            security_context: "ctx".into(),
-            expires_at: 10,
-            agent_id: None,
-            workload_id: None,
-            allowed_tool_patterns: vec!["fs.*".into()],
-            max_calls: Some(3),
-            security_token: None,
-            created_at_ms: 1,
-            revoked_at_ms: None,
-        };
-        assert_eq!(store.session_insert(&record).await.unwrap(), None);
-        let mut other = record.clone();
-        other.security_context = "other".into();
-        assert_eq!(
-            store.session_insert(&other).await.unwrap(),
-            Some(record.clone())
-        );
-        let mut revoked = record.clone();
-        revoked.public_key = None;
-        revoked.revoked_at_ms = Some(2);
-        assert!(!store.session_replace(&other, &revoked).await.unwrap());
-        assert!(store.session_replace(&record, &revoked).await.unwrap());
-        assert_eq!(store.session_get("s").await.unwrap(), Some(revoked));
-        assert_eq!(store.session_get("nobody").await.unwrap(), None);
+        conformance::sessions_insert_once_and_replace_by_compare_and_set(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn signatures_are_remembered_once_and_purged_after_their_window() {
         let db = TestDb::create().await;
-        let store = PgStore::connect(&db.url).await.unwrap();
-        assert!(store.remember_signature(&[1; 64], 1_000).await.unwrap());
-        assert!(!store.remember_signature(&[1; 64], 1_000).await.unwrap());
-        assert!(store.remember_signature(&[2; 64], 5_000).await.unwrap());
-        assert_eq!(store.purge_signatures(2_000).await.unwrap(), 1);
-        assert!(store.remember_signature(&[1; 64], 9_000).await.unwrap());
-        assert!(!store.remember_signature(&[2; 64], 9_000).await.unwrap());
+        conformance::signatures_are_remembered_once_and_purged_after_their_window(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
         let db = TestDb::create().await;
-        let store = PgStore::connect(&db.url).await.unwrap();
-        let admission = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            // The gateway's budget keys hold a NUL separator (session::budget_key).
-            budget: Some((crate::session::budget_key("s1"), 2)),
-            claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
-            now_ms: 1_000 + n,
-        };
-        for n in 0..2 {
-            assert_eq!(
-                store.admit(&admission(n)).await.unwrap(),
-                Admitted::Charged {
-                    existing_claim: None
-                }
-            );
-        }
-        assert_eq!(
-            store.admit(&admission(2)).await.unwrap(),
-            Admitted::BudgetExhausted
-        );
-        assert_eq!(
-            store
-                .counter_get(&crate::session::budget_key("s1"))
-                .await
-                .unwrap(),
-            Some(2)
-        );
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
-            None
-        );
-        let rate_only = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            now_ms: 1_000 + n,
-            ..Admission::default()
-        };
-        assert!(matches!(
-            store.admit(&rate_only(3)).await.unwrap(),
-            Admitted::Charged { .. }
-        ));
-        assert!(matches!(
-            store.admit(&rate_only(4)).await.unwrap(),
-            Admitted::RateLimited { retry_after_ms } if retry_after_ms > 0
-        ));
-        // A claim that exists is returned, and the call is still charged.
-        let again = Admission {
-            claim: Some(claim(ClaimKind::Invoke, "c0", 99)),
-            ..Admission::default()
-        };
-        assert_eq!(
-            store.admit(&again).await.unwrap(),
-            Admitted::Charged {
-                existing_claim: Some(Box::new(claim(ClaimKind::Invoke, "c0", 0)))
-            }
-        );
+        conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

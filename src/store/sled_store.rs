@@ -536,26 +536,7 @@ impl AuditBackend for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::rate::SlidingWindow;
-    use crate::store::{ClaimOutcome, ClaimStatus};
-
-    fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
-        ClaimRecord {
-            kind,
-            request_id: id.into(),
-            call_digest: None,
-            action: "fs.write".into(),
-            agent_id: "agent".into(),
-            session_id: None,
-            status: ClaimStatus::Pending,
-            claimed_at: crate::clock::rfc3339_millis(ms),
-            claimed_at_ms: ms,
-            action_ref: "ref".into(),
-            committed_at: None,
-            outcome: None,
-            resolution: None,
-        }
-    }
+    use crate::store::conformance::{self, claim};
 
     fn open() -> (tempfile::TempDir, SledStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -566,137 +547,32 @@ mod tests {
     #[tokio::test]
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
         let (_dir, store) = open();
-        let first = claim(ClaimKind::Invoke, "a", 1);
-        assert!(store.claim_insert(&first).await.unwrap().is_none());
-        assert_eq!(
-            store
-                .claim_insert(&claim(ClaimKind::Invoke, "a", 2))
-                .await
-                .unwrap(),
-            Some(first.clone())
-        );
-        let mut committed = first.clone();
-        committed.status = ClaimStatus::Committed;
-        committed.outcome = Some(ClaimOutcome::Answer {
-            response: serde_json::json!({"ok": 1}),
-        });
-        assert!(store.claim_replace(&first, Some(&committed)).await.unwrap());
-        // A second writer holding the stale PENDING record loses.
-        assert!(!store.claim_replace(&first, None).await.unwrap());
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "a").await.unwrap(),
-            Some(committed)
-        );
+        conformance::claim_insert_is_insert_if_absent_and_replace_is_compare_and_set(&store).await;
     }
 
     #[tokio::test]
-    async fn the_two_claim_namespaces_never_meet() {
+    async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
         let (_dir, store) = open();
-        store
-            .claim_insert(&claim(ClaimKind::Standalone, "same", 1))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "same").await.unwrap(),
-            None
-        );
-        assert!(store
-            .claim_insert(&claim(ClaimKind::Invoke, "same", 2))
-            .await
-            .unwrap()
-            .is_none());
+        conformance::the_two_claim_namespaces_never_meet_and_pages_run_newest_first(&store).await;
     }
 
     #[tokio::test]
-    async fn claims_page_newest_first_with_cursor_and_release_removes() {
+    async fn sessions_insert_once_and_replace_by_compare_and_set() {
         let (_dir, store) = open();
-        for (i, id) in ["x", "y", "z"].iter().enumerate() {
-            store
-                .claim_insert(&claim(ClaimKind::Invoke, id, 10 + i as i64))
-                .await
-                .unwrap();
-        }
-        let ids = |page: &[ClaimRecord]| {
-            page.iter()
-                .map(|c| c.request_id.clone())
-                .collect::<Vec<_>>()
-        };
-        let (page, more) = store.claim_page(None, 2, &|_| true).await.unwrap();
-        assert_eq!(
-            (ids(&page), more),
-            (vec!["z".to_string(), "y".to_string()], true)
-        );
-        let cursor = ClaimCursor {
-            claimed_at_ms: 11,
-            kind: ClaimKind::Invoke,
-            request_id: "y".into(),
-        };
-        let (page, more) = store.claim_page(Some(&cursor), 2, &|_| true).await.unwrap();
-        assert_eq!((ids(&page), more), (vec!["x".to_string()], false));
-        let (page, _) = store
-            .claim_page(None, 10, &|c| c.request_id != "y")
-            .await
-            .unwrap();
-        assert_eq!(ids(&page), ["z", "x"]);
-        assert!(store
-            .claim_replace(&claim(ClaimKind::Invoke, "x", 10), None)
-            .await
-            .unwrap());
-        assert_eq!(store.claim_get(ClaimKind::Invoke, "x").await.unwrap(), None);
+        conformance::sessions_insert_once_and_replace_by_compare_and_set(&store).await;
     }
 
     #[tokio::test]
     async fn signatures_are_remembered_once_and_purged_after_their_window() {
         let (_dir, store) = open();
-        assert!(store.remember_signature(&[1; 64], 1_000).await.unwrap());
-        assert!(!store.remember_signature(&[1; 64], 1_000).await.unwrap());
-        assert!(store.remember_signature(&[2; 64], 5_000).await.unwrap());
-        assert_eq!(store.purge_signatures(2_000).await.unwrap(), 1);
-        assert!(store.remember_signature(&[1; 64], 9_000).await.unwrap());
-        assert!(!store.remember_signature(&[2; 64], 9_000).await.unwrap());
+        conformance::signatures_are_remembered_once_and_purged_after_their_window(&store).await;
     }
 
     #[tokio::test]
     async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
         let (_dir, store) = open();
-        let admission = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            budget: Some(("budget".into(), 2)),
-            claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
-            now_ms: 1_000 + n,
-        };
-        for n in 0..2 {
-            assert_eq!(
-                store.admit(&admission(n)).await.unwrap(),
-                Admitted::Charged {
-                    existing_claim: None
-                }
-            );
-        }
-        // The budget refuses the third call, and gives its rate charge back.
-        assert_eq!(
-            store.admit(&admission(2)).await.unwrap(),
-            Admitted::BudgetExhausted
-        );
-        assert_eq!(store.counter_get("budget").await.unwrap(), Some(2));
-        assert_eq!(
-            store.claim_get(ClaimKind::Invoke, "c2").await.unwrap(),
-            None
-        );
-        let rate_only = |n: i64| Admission {
-            rate: Some(("rate".into(), SlidingWindow::new(3, 60_000))),
-            now_ms: 1_000 + n,
-            ..Admission::default()
-        };
-        // Two of three rate slots are used, so one more passes and the next waits.
-        assert!(matches!(
-            store.admit(&rate_only(3)).await.unwrap(),
-            Admitted::Charged { .. }
-        ));
-        assert!(matches!(
-            store.admit(&rate_only(4)).await.unwrap(),
-            Admitted::RateLimited { retry_after_ms } if retry_after_ms > 0
-        ));
+        conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(&store)
+            .await;
     }
 
     #[tokio::test]
