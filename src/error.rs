@@ -130,8 +130,9 @@ impl ApiError {
         self
     }
 
+    /// 5005 with the store's own message (a `StoreError` or `AuditError` already says what failed).
     pub fn store(err: impl std::fmt::Display) -> Self {
-        ApiError::new(Code::StoreUnavailable, format!("store unavailable: {err}"))
+        ApiError::new(Code::StoreUnavailable, err.to_string())
     }
 
     /// The error object of SPEC section 10 (without the outer envelope).

@@ -48,10 +48,7 @@ fn refuse(code: Code, message: impl Into<String>) -> Refused {
 }
 
 fn store_refusal(error: impl std::fmt::Display) -> Refused {
-    refuse(
-        Code::StoreUnavailable,
-        format!("store unavailable: {error}"),
-    )
+    refuse(Code::StoreUnavailable, error.to_string())
 }
 
 /// What the audit events of one call share, filled in as the checks learn it.
@@ -610,7 +607,7 @@ async fn skip(
             Code::ResponseTooLarge,
             format!("the stored answer is larger than this capability's max_response_size ({limit} bytes)"),
         ),
-        Withheld::Missing => store_refusal("committed claim without an answer"),
+        Withheld::Missing => store_refusal("store holds a committed claim without an answer"),
     })?;
     let recorded = gw
         .audit
