@@ -16,6 +16,8 @@
 #   BENCH_SERIAL_SECS=5    seconds of one-call-at-a-time latency
 #   BENCH_FSYNCS=300       fdatasync probes on the gateway's data folder
 #   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory row (issue 9's target is BENCH_CALLS=1000000)
+#   BENCH_POSTGRES=postgres://postgres@127.0.0.1:5432   server for the PostgreSQL rows (a database is created
+#                          and dropped); the rows are skipped when it does not answer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +31,7 @@ SERIAL_SECS=${BENCH_SERIAL_SECS:-5}
 FSYNCS=${BENCH_FSYNCS:-300}
 LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
 CALLS=${BENCH_CALLS:-50000}
+POSTGRES=${BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
@@ -80,12 +83,13 @@ remove_policy_rc() {
 }
 
 # ---- processes ----
-WORK="" LOAD="" PIDS=() POLICY_RC=""
+WORK="" LOAD="" PIDS=() POLICY_RC="" PG_DROP=""
 cleanup() {
     local pid
     remove_policy_rc
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    [[ -z $PG_DROP ]] || psql "$POSTGRES/postgres" -qc "drop database if exists $PG_DROP" >/dev/null 2>&1 || true
     [[ -z $WORK ]] || rm -rf "$WORK"
     [[ -z $LOAD ]] || rm -rf "$LOAD"
 }
@@ -125,9 +129,11 @@ start() {
     PIDS+=("$STARTED")
 }
 
-start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_CONCURRENT_CALLS passes on)
+start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_CONCURRENT_CALLS, _STORE and
+                  # _REPLICA_ID pass on)
     start "$1" env SEALGATE_LOG=warn SEALGATE_DATA_DIR="$2" \
         ${SEALGATE_LIMITS__MAX_CONCURRENT_CALLS:+SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$SEALGATE_LIMITS__MAX_CONCURRENT_CALLS} \
+        ${SEALGATE_STORE:+SEALGATE_STORE=$SEALGATE_STORE} ${SEALGATE_REPLICA_ID:+SEALGATE_REPLICA_ID=$SEALGATE_REPLICA_ID} \
         "$BIN" serve --config "$WORK/gw/sealgate.yaml"
     GW_PID=$STARTED
     GW_URL=$(wait_line "$1" '^sealgate ready on ' "$GW_PID")
@@ -254,6 +260,58 @@ EOF
     rm -f "$LOAD/overload".*
     GW_URL=$main_url
 
+    # Issue 11: durable claims on PostgreSQL, one replica, then two behind nginx (round robin). Skipped when
+    # no PostgreSQL answers at BENCH_POSTGRES.
+    if psql "$POSTGRES/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+        local db=sealgate_bench_$$ store
+        psql "$POSTGRES/postgres" -qc "create database $db" >/dev/null
+        PG_DROP="$db"
+        store="$POSTGRES/$db"
+        say "sealgate on PostgreSQL, durable claims, one replica, ${SECS}s"
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-a start_gateway pg-a "$WORK/gw/data-pg-a"
+        local pg_a=$GW_PID pg_a_url=$GW_URL
+        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
+        ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
+        rm -f "$LOAD/pg1".*
+        say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b start_gateway pg-b "$WORK/gw/data-pg-b"
+        local pg_b=$GW_PID pg_b_url=$GW_URL lb_port
+        lb_port=$(free_port)
+        mkdir -p "$WORK/lb/logs"
+        cat >"$WORK/lb/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/lb/nginx.pid;
+error_log $WORK/lb/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/lb/body;
+    proxy_temp_path $WORK/lb/proxy;
+    fastcgi_temp_path $WORK/lb/fastcgi;
+    uwsgi_temp_path $WORK/lb/uwsgi;
+    scgi_temp_path $WORK/lb/scgi;
+    upstream replicas { server ${pg_a_url#http://}; server ${pg_b_url#http://}; keepalive 64; }
+    server {
+        listen 127.0.0.1:$lb_port;
+        location / { proxy_pass http://replicas; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
+}
+EOF
+        start balancer nginx -p "$WORK/lb" -e "$WORK/lb/logs/error.log" -c "$WORK/lb/nginx.conf"
+        wait_port "$lb_port"
+        GW_URL="http://127.0.0.1:$lb_port"
+        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
+        local before_b; before_b=$(cpu_ticks "$pg_b")
+        ROW_PID=$pg_a wrk_row pg2 "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/pg2"
+        # Both replicas' CPU counts for the row.
+        R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + ($(cpu_ticks "$pg_b") - before_b) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
+        rm -f "$LOAD/pg2".*
+        GW_URL=$main_url
+    else
+        say "no PostgreSQL at $POSTGRES: the PostgreSQL rows are skipped"
+    fi
+
     say "standalone POST /claim: sealgate, then SafeAgent under uvicorn, ${SECS}s each"
     local operator; operator=$("$BIN" bench operator-token --dir "$WORK/gw")
     ROW_PID=$gw_pid wrk_row claim_api "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/claim" claim "run$$" "$operator"
@@ -299,9 +357,13 @@ print_table() {
     echo
     echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
     echo "|---|---|---|---|---|---|---|---|"
-    for row in nginx off claim; do
+    local rows="nginx off claim"
+    [[ -z ${R[pg1.requests]:-} ]] || rows="$rows pg1 pg2"
+    for row in $rows; do
         case $row in
             nginx) name="nginx pass-through"; cpu="—"; rss="—" ;;
+            pg1) name="sealgate on PostgreSQL, durable claims, 1 replica" ;;
+            pg2) name="sealgate on PostgreSQL, durable claims, 2 replicas (CPU of both; RSS of one)" ;;
             *) name="sealgate, $(label $row)" ;;
         esac
         if [[ $row != nginx ]]; then cpu="$(num "${R[$row.cpu_us]}") µs"; rss=$(mib "${R[$row.rss_kib]}"); fi
