@@ -140,6 +140,39 @@ start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_
     GW_URL=${GW_URL#sealgate ready on }
 }
 
+start_nginx() { # NAME PORT WORKERS SERVER…: nginx in the foreground, proxying 127.0.0.1:PORT to the servers
+    local name=$1 port=$2 workers=$3 dir=$WORK/$1 servers="" server
+    shift 3
+    for server in "$@"; do servers+="server $server; "; done
+    mkdir -p "$dir/logs"
+    cat >"$dir/nginx.conf" <<EOF
+worker_processes $workers;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    upstream backends { ${servers}keepalive 64; }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://backends;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    start "$name" nginx -p "$dir" -e "$dir/logs/error.log" -c "$dir/nginx.conf"
+    wait_port "$port"
+}
+
 cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
@@ -196,33 +229,7 @@ main() {
     local gw_pid=$GW_PID
 
     local nginx_port; nginx_port=$(free_port)
-    mkdir -p "$WORK/nginx/logs"
-    cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes auto;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/nginx/body;
-    proxy_temp_path $WORK/nginx/proxy;
-    fastcgi_temp_path $WORK/nginx/fastcgi;
-    uwsgi_temp_path $WORK/nginx/uwsgi;
-    scgi_temp_path $WORK/nginx/scgi;
-    upstream tool { server ${up#http://}; keepalive 64; }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        location / {
-            proxy_pass http://tool;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-EOF
-    start nginx nginx -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log" -c "$WORK/nginx/nginx.conf"
-    wait_port "$nginx_port"
+    start_nginx nginx "$nginx_port" auto "${up#http://}"
 
     say "fsync probe on the gateway's data folder"
     record fsync "$("$BIN" bench fsync --dir "$WORK/gw/data" --count "$FSYNCS")"
@@ -277,29 +284,7 @@ EOF
         SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b start_gateway pg-b "$WORK/gw/data-pg-b"
         local pg_b=$GW_PID pg_b_url=$GW_URL lb_port
         lb_port=$(free_port)
-        mkdir -p "$WORK/lb/logs"
-        cat >"$WORK/lb/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/lb/nginx.pid;
-error_log $WORK/lb/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/lb/body;
-    proxy_temp_path $WORK/lb/proxy;
-    fastcgi_temp_path $WORK/lb/fastcgi;
-    uwsgi_temp_path $WORK/lb/uwsgi;
-    scgi_temp_path $WORK/lb/scgi;
-    upstream replicas { server ${pg_a_url#http://}; server ${pg_b_url#http://}; keepalive 64; }
-    server {
-        listen 127.0.0.1:$lb_port;
-        location / { proxy_pass http://replicas; proxy_http_version 1.1; proxy_set_header Connection ""; }
-    }
-}
-EOF
-        start balancer nginx -p "$WORK/lb" -e "$WORK/lb/logs/error.log" -c "$WORK/lb/nginx.conf"
-        wait_port "$lb_port"
+        start_nginx balancer "$lb_port" 1 "${pg_a_url#http://}" "${pg_b_url#http://}"
         GW_URL="http://127.0.0.1:$lb_port"
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
         local before_b; before_b=$(cpu_ticks "$pg_b")
