@@ -5,7 +5,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{code, start_replicas, tool_call, Gateway, TestDatabase};
+use common::{code, start_replicas, tool_call, Gateway};
+use sealgate::store::testing::TestDatabase;
 use serde_json::{json, Value};
 
 /// `GET /v1/audit/export` of one replica, as the JSON lines it streams.

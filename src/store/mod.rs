@@ -12,6 +12,7 @@
 mod conformance;
 pub mod postgres;
 pub mod sled_store;
+pub mod testing;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -749,75 +749,11 @@ mod tests {
     use super::*;
     use crate::policy::rate::SlidingWindow;
     use crate::store::conformance::{self, claim};
-
-    /// A database of its own for one test, on the server named by `SEALGATE_TEST_POSTGRES` (default
-    /// the local one, trust auth); dropped when the test ends, even by a panic.
-    struct TestDb {
-        admin: String,
-        name: String,
-        url: String,
-    }
-
-    impl TestDb {
-        async fn create() -> TestDb {
-            let admin = std::env::var("SEALGATE_TEST_POSTGRES")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let name = format!("sealgate_unit_{}", uuid::Uuid::new_v4().simple());
-            let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.unwrap();
-            tokio::spawn(connection);
-            client
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .await
-                .unwrap();
-            let mut config = tokio_postgres::Config::from_str(&admin).unwrap();
-            config.dbname(&name);
-            let url = format!(
-                "postgres://{}@{}/{name}",
-                config.get_user().unwrap_or("postgres"),
-                admin_host(&admin)
-            );
-            TestDb { admin, name, url }
-        }
-    }
-
-    /// `host:port` of a `postgres://user@host:port/db` URL.
-    fn admin_host(url: &str) -> String {
-        let after_user = url.split('@').nth(1).unwrap_or(url);
-        after_user
-            .split('/')
-            .next()
-            .unwrap_or(after_user)
-            .to_owned()
-    }
-
-    impl Drop for TestDb {
-        fn drop(&mut self) {
-            let (admin, name) = (self.admin.clone(), self.name.clone());
-            // Drop runs outside async code: a thread with its own runtime does the round trip.
-            let dropped = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
-                runtime.block_on(async {
-                    let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.ok()?;
-                    tokio::spawn(connection);
-                    client
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .await
-                        .ok()
-                })
-            })
-            .join();
-            if !matches!(dropped, Ok(Some(()))) {
-                eprintln!("test database {} was not dropped", self.name);
-            }
-        }
-    }
+    use crate::store::testing::TestDatabase;
 
     #[tokio::test]
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         conformance::claim_insert_is_insert_if_absent_and_replace_is_compare_and_set(
             &PgStore::connect(&db.url).await.unwrap(),
         )
@@ -826,7 +762,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         conformance::the_two_claim_namespaces_never_meet_and_pages_run_newest_first(
             &PgStore::connect(&db.url).await.unwrap(),
         )
@@ -835,7 +771,7 @@ mod tests {
 
     #[tokio::test]
     async fn sessions_insert_once_and_replace_by_compare_and_set() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         conformance::sessions_insert_once_and_replace_by_compare_and_set(
             &PgStore::connect(&db.url).await.unwrap(),
         )
@@ -844,7 +780,7 @@ mod tests {
 
     #[tokio::test]
     async fn signatures_are_remembered_once_and_purged_after_their_window() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         conformance::signatures_are_remembered_once_and_purged_after_their_window(
             &PgStore::connect(&db.url).await.unwrap(),
         )
@@ -853,7 +789,7 @@ mod tests {
 
     #[tokio::test]
     async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(
             &PgStore::connect(&db.url).await.unwrap(),
         )
@@ -863,7 +799,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_stores_on_one_database_admit_as_one() {
         // Two pools stand for two replicas: the counters and claims are one.
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         let stores = [
             Arc::new(PgStore::connect(&db.url).await.unwrap()),
             Arc::new(PgStore::connect(&db.url).await.unwrap()),
@@ -902,7 +838,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn appends_are_compare_and_set_on_the_head_across_pools() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         let a = PgStore::connect(&db.url).await.unwrap();
         let b = PgStore::connect(&db.url).await.unwrap();
         assert_eq!(a.head().await.unwrap(), None);
@@ -934,7 +870,7 @@ mod tests {
 
     #[tokio::test]
     async fn migrations_run_once_and_a_newer_schema_is_refused() {
-        let db = TestDb::create().await;
+        let db = TestDatabase::create().await;
         let store = PgStore::connect(&db.url).await.unwrap();
         store
             .context_put(&StoredContext {
