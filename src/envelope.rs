@@ -7,6 +7,7 @@
 
 mod call;
 mod jcs;
+pub mod keygen;
 mod keys;
 #[cfg(test)]
 mod tests;
@@ -23,7 +24,7 @@ pub use call::{json_kind, parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX
 pub use jcs::{jcs, jcs_object};
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,
-    signing_key_from_text, signing_key_to_pkcs8_pem, SessionKey,
+    read_signing_key_file, signing_key_from_text, signing_key_to_pkcs8_pem, SessionKey,
 };
 // The strict reader moved to `crate::strict_json` (token and audit read JSON with it too); these names
 // stay here for the callers that know it as the envelope parser.

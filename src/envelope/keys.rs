@@ -6,14 +6,18 @@
 //! verify.
 
 use std::fmt;
+use std::path::Path;
 
 use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::pkcs8::{
+    DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, KeypairBytes,
+};
 use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
+use serde_json::Value;
 
 use super::EnvelopeError;
 
@@ -150,11 +154,26 @@ pub fn generate_signing_key() -> Result<SigningKey, String> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Reads a private key given as PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`), as 64 hex digits of the
-/// 32-byte seed, or as base64 (either alphabet, padding optional) of the seed or of seed ‖ public key
-/// (the 64-byte libsodium form, whose public half must match).
+/// Reads a private key given as PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`, v1 or v2), as 64 hex digits of
+/// the 32-byte seed, as base64 (either alphabet, padding optional) of the seed or of seed ‖ public key
+/// (the 64-byte libsodium form, whose public half must match), or as the JSON that `sealgate keygen`
+/// prints (every key field in it must describe the same key).
 pub fn signing_key_from_text(text: &str) -> Result<SigningKey, String> {
     let text = text.trim();
+    if text.starts_with('{') {
+        return signing_key_from_keygen_json(text);
+    }
+    signing_key_from_plain_text(text)
+}
+
+/// [`signing_key_from_text`] of the file at `path`; errors name the file.
+pub fn read_signing_key_file(path: &Path) -> Result<SigningKey, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    signing_key_from_text(&text).map_err(|error| format!("{}: {error}", path.display()))
+}
+
+fn signing_key_from_plain_text(text: &str) -> Result<SigningKey, String> {
     if text.starts_with("-----BEGIN") {
         if !text.starts_with("-----BEGIN PRIVATE KEY-----") {
             return Err(
@@ -168,7 +187,9 @@ pub fn signing_key_from_text(text: &str) -> Result<SigningKey, String> {
         hex::decode(text).map_err(|error| format!("invalid hex private key: {error}"))?
     } else {
         decode_base64_flexible(text).map_err(|error| {
-            format!("private key is neither a PKCS#8 PEM, 64 hex digits nor base64: {error}")
+            format!(
+                "private key is neither a PKCS#8 PEM, 64 hex digits, base64 nor keygen JSON: {error}"
+            )
         })?
     };
     if let Ok(seed) = <[u8; 32]>::try_from(bytes.as_slice()) {
@@ -185,9 +206,64 @@ pub fn signing_key_from_text(text: &str) -> Result<SigningKey, String> {
     ))
 }
 
-/// The private key as a PKCS#8 PEM document (for `sealgate keygen`).
+/// `sealgate keygen`'s JSON: `private_key` and/or `private_key_pem`, optionally the public halves. A key
+/// file whose fields disagree was edited or mixed up, so it is refused rather than half-used.
+fn signing_key_from_keygen_json(text: &str) -> Result<SigningKey, String> {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
+        return Err(
+            "private key starts with `{` but is not a JSON object like `sealgate keygen` prints"
+                .to_string(),
+        );
+    };
+    let field_text = |name: &str| -> Result<Option<&str>, String> {
+        match fields.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text)),
+            Some(_) => Err(format!("keygen JSON: `{name}` is not a string")),
+        }
+    };
+    let mut key: Option<SigningKey> = None;
+    for name in ["private_key", "private_key_pem"] {
+        let Some(text) = field_text(name)? else {
+            continue;
+        };
+        let parsed = signing_key_from_plain_text(text.trim())
+            .map_err(|error| format!("keygen JSON `{name}`: {error}"))?;
+        if key
+            .as_ref()
+            .is_some_and(|k| k.to_bytes() != parsed.to_bytes())
+        {
+            return Err(
+                "keygen JSON: `private_key` and `private_key_pem` are different keys".to_string(),
+            );
+        }
+        key = Some(parsed);
+    }
+    let key = key
+        .ok_or_else(|| "keygen JSON has neither `private_key` nor `private_key_pem`".to_string())?;
+    for name in ["public_key", "public_key_pem"] {
+        if let Some(text) = field_text(name)? {
+            let public = SessionKey::parse(text)
+                .map_err(|error| format!("keygen JSON `{name}`: {error}"))?;
+            if public.to_bytes() != key.verifying_key().to_bytes() {
+                return Err(format!(
+                    "keygen JSON: `{name}` is not the public half of the private key"
+                ));
+            }
+        }
+    }
+    Ok(key)
+}
+
+/// The private key as a PKCS#8 v1 PEM document, the form `openssl genpkey -algorithm ed25519` writes. The
+/// v2 form (public key embedded) is refused by OpenSSL 3.0's `openssl pkey` and by Python `cryptography`.
 pub fn signing_key_to_pkcs8_pem(key: &SigningKey) -> Result<String, String> {
-    key.to_pkcs8_pem(LineEnding::LF)
+    let seed_only = KeypairBytes {
+        secret_key: key.to_bytes(),
+        public_key: None,
+    };
+    seed_only
+        .to_pkcs8_pem(LineEnding::LF)
         .map(|pem| pem.as_str().to_owned())
         .map_err(|error| format!("cannot encode the private key as PKCS#8 PEM: {error}"))
 }
@@ -369,6 +445,101 @@ mod tests {
                 .unwrap()
                 .verifying_key(),
             &key.verifying_key()
+        );
+    }
+    /// RFC 8410 section 10.3's private key: PKCS#8 v1, byte for byte what OpenSSL writes for it.
+    const RFC8410_PEM: &str = "-----BEGIN PRIVATE KEY-----\n\
+        MC4CAQAwBQYDK2VwBCIEINTuctv5E1hK1bbY8fdp+K06/nwoy/HU++CXqI9EdVhC\n\
+        -----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn private_keys_are_written_as_pkcs8_v1_like_openssl() {
+        let seed: [u8; 32] =
+            hex::decode("d4ee72dbf913584ad5b6d8f1f769f8ad3afe7c28cbf1d4fbe097a88f44755842")
+                .unwrap()
+                .try_into()
+                .unwrap();
+        let key = SigningKey::from_bytes(&seed);
+        assert_eq!(signing_key_to_pkcs8_pem(&key).unwrap(), RFC8410_PEM);
+        assert_eq!(signing_key_from_text(RFC8410_PEM).unwrap().to_bytes(), seed);
+        // The v2 form written by earlier versions still reads.
+        let v2 = key.to_pkcs8_pem(LineEnding::LF).unwrap();
+        assert_ne!(v2.as_str(), RFC8410_PEM);
+        assert_eq!(signing_key_from_text(&v2).unwrap().to_bytes(), seed);
+    }
+
+    fn keygen_json(key: &SigningKey) -> serde_json::Map<String, Value> {
+        let public = key.verifying_key();
+        let Value::Object(fields) = serde_json::json!({
+            "private_key": STANDARD.encode(key.to_bytes()),
+            "private_key_pem": signing_key_to_pkcs8_pem(key).unwrap(),
+            "public_key": public_key_b64(&public),
+            "public_key_pem": public_key_pem(&public).unwrap(),
+        }) else {
+            unreachable!("a JSON object literal")
+        };
+        fields
+    }
+
+    #[test]
+    fn keygen_json_is_read_when_its_fields_agree() {
+        let key = generate_signing_key().unwrap();
+        let other = generate_signing_key().unwrap();
+        let fields = keygen_json(&key);
+        let text = Value::Object(fields.clone()).to_string();
+        assert_eq!(
+            signing_key_from_text(&text).unwrap().to_bytes(),
+            key.to_bytes()
+        );
+        for only in ["private_key", "private_key_pem"] {
+            let one: serde_json::Map<_, _> = fields
+                .iter()
+                .filter(|(k, _)| *k == only)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let read = signing_key_from_text(&Value::Object(one).to_string()).unwrap();
+            assert_eq!(read.to_bytes(), key.to_bytes(), "{only}");
+        }
+        let other_fields = keygen_json(&other);
+        let mixed = |name: &str| {
+            let mut fields = fields.clone();
+            fields.insert(name.to_string(), other_fields[name].clone());
+            signing_key_from_text(&Value::Object(fields).to_string()).unwrap_err()
+        };
+        assert!(mixed("private_key_pem").contains("different keys"));
+        assert!(mixed("public_key").contains("`public_key` is not the public half"));
+        assert!(mixed("public_key_pem").contains("`public_key_pem` is not the public half"));
+        for (bad, expected) in [
+            ("{}", "neither `private_key` nor `private_key_pem`"),
+            ("{\"private_key\": 7}", "`private_key` is not a string"),
+            (
+                "{\"private_key\": \"AAAA\"}",
+                "keygen JSON `private_key`: private key decodes to 3 bytes",
+            ),
+            ("{not json", "not a JSON object"),
+        ] {
+            let error = signing_key_from_text(bad).unwrap_err();
+            assert!(error.contains(expected), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn key_files_are_read_and_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.key");
+        std::fs::write(&path, RFC8410_PEM).unwrap();
+        assert!(read_signing_key_file(&path).is_ok());
+        std::fs::write(&path, "garbage!").unwrap();
+        let error = read_signing_key_file(&path).unwrap_err();
+        assert!(
+            error.starts_with(&format!("{}: ", path.display())),
+            "{error}"
+        );
+        let missing = dir.path().join("missing.key");
+        let error = read_signing_key_file(&missing).unwrap_err();
+        assert!(
+            error.contains("cannot read") && error.contains("missing.key"),
+            "{error}"
         );
     }
 }
