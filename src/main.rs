@@ -1,5 +1,5 @@
-//! The `sealgate` command: the gateway (`serve`), a guided tour (`demo`), agent-side helpers (`keygen`,
-//! `sign`, `invoke`), offline policy and audit tools, and a benchmark.
+//! The `sealgate` command: the gateway (`serve`), a guided tour (`demo`), key and token helpers (`keygen`,
+//! `token`, `sign`, `invoke`), offline policy and audit tools, and a benchmark.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,8 +32,13 @@ enum Command {
     },
     /// Start a gateway in-process with a demo tool and walk through the whole flow.
     Demo,
-    /// Make an Ed25519 key pair for an execution (JSON on stdout).
-    Keygen,
+    /// Make an Ed25519 key pair (JSON on stdout, or files with --out).
+    Keygen(sealgate::envelope::keygen::KeygenArgs),
+    /// Mint an operator or agent token (JWT on stdout).
+    Token {
+        #[command(subcommand)]
+        command: sealgate::token::cli::TokenCommand,
+    },
     /// Print a signed seal/v1 envelope for a JSON-RPC payload.
     Sign(SignArgs),
     /// Sign a payload and POST it to a gateway; prints the answer.
@@ -63,7 +68,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct SignArgs {
-    /// The execution's private key: base64 or hex of the 32-byte seed, a PKCS#8 PEM, or @FILE holding one.
+    /// The execution's private key: base64 or hex of the 32-byte seed, a PKCS#8 PEM, keygen's JSON, or
+    /// @FILE holding one.
     #[arg(long, allow_hyphen_values = true)]
     key: String,
     /// The session's JWT (or @FILE).
@@ -161,7 +167,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             sealgate::gateway::serve(config).await?;
         }
         Command::Demo => sealgate::demo::run().await?,
-        Command::Keygen => println!("{}", keygen()?),
+        Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
+        Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),
         Command::Invoke { sign, url } => {
             let envelope = signed_envelope(&sign)?;
@@ -187,20 +194,6 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Bench { command } => sealgate::bench::run(command).await?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A new execution key pair: the seed and PKCS#8 PEM for the agent, the public key for registration.
-fn keygen() -> Result<String, String> {
-    use base64::Engine;
-    let key = sealgate::envelope::generate_signing_key()?;
-    let public = key.verifying_key();
-    let described = serde_json::json!({
-        "private_key": base64::engine::general_purpose::STANDARD.encode(key.to_bytes()),
-        "private_key_pem": sealgate::envelope::signing_key_to_pkcs8_pem(&key)?,
-        "public_key": sealgate::envelope::public_key_b64(&public),
-        "public_key_pem": sealgate::envelope::public_key_pem(&public)?,
-    });
-    serde_json::to_string_pretty(&described).map_err(|e| e.to_string())
 }
 
 /// `sealgate audit verify FILE`: exit 0 with a summary, or 1 naming the first broken event.

@@ -9,6 +9,7 @@
 mod agent;
 mod cache;
 mod claims;
+pub mod cli;
 mod jwt;
 mod keys;
 mod mint;
@@ -18,7 +19,10 @@ mod test_support;
 
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
 pub use keys::KeyConfig;
-pub use mint::{ed25519_keypair_pem, sign_eddsa_for_tests_and_cli, TokenMinter};
+pub use mint::{
+    ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,
+    NewOperatorToken, TokenMinter,
+};
 pub use operator::{scopes, OperatorAuthConfig, OperatorClaims, OperatorVerifier};
 
 /// Why a token was refused. The message is precise and safe to show to the caller (it never holds key

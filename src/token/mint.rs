@@ -1,17 +1,19 @@
-//! Minting agent tokens with the gateway's own Ed25519 key (`agent_tokens.issuer_key`, SPEC sections 4
-//! and 5), plus the signing helpers that the CLI, the demo and tests use.
+//! Minting tokens: agent tokens with the gateway's own Ed25519 key (`agent_tokens.issuer_key`, SPEC
+//! sections 4 and 5), the claims of both token kinds (shared by the gateway and `sealgate token`), and
+//! the EdDSA signing that the CLI, the demo and tests use.
 
 use std::fmt;
 use std::path::Path;
 
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
-use ed25519_dalek::SigningKey;
+use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{SigningKey, VerifyingKey};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::keys::{resolve, KeyConfig};
+use super::operator::scopes;
 use super::AgentTokenConfig;
 
 /// Signs agent tokens for sessions (EdDSA). The private key never leaves this value.
@@ -36,24 +38,14 @@ impl fmt::Debug for TokenMinter {
 
 impl TokenMinter {
     /// `Ok(None)` when `issuer_key` is not configured; an error when it is set but unreadable or not an
-    /// Ed25519 PKCS#8 private key.
+    /// Ed25519 private key (any form `sealgate sign --key` reads, keygen's JSON included).
     pub fn from_config(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Option<Self>, String> {
         let Some(path) = &cfg.issuer_key else {
             return Ok(None);
         };
         let full = resolve(base_dir, path);
-        let pem = std::fs::read_to_string(&full).map_err(|err| {
-            format!(
-                "agent_tokens.issuer_key: cannot read {}: {err}",
-                full.display()
-            )
-        })?;
-        let signing_key = SigningKey::from_pkcs8_pem(&pem).map_err(|err| {
-            format!(
-                "agent_tokens.issuer_key {}: not an Ed25519 PKCS#8 private key: {err}",
-                full.display()
-            )
-        })?;
+        let signing_key = crate::envelope::read_signing_key_file(&full)
+            .map_err(|err| format!("agent_tokens.issuer_key: {err}"))?;
         let minter = Self::from_signing_key(&signing_key, cfg.issuer.clone(), cfg.audience.clone())
             .map_err(|err| format!("agent_tokens.issuer_key {}: {err}", full.display()))?;
         Ok(Some(minter))
@@ -69,13 +61,10 @@ impl TokenMinter {
         let public_key_pem = verifying_key
             .to_public_key_pem(LineEnding::LF)
             .map_err(|err| format!("cannot encode the public key: {err}"))?;
-        // A stable kid derived from the public key lets verifiers pick this key without trying others.
-        let fingerprint = hex::encode(Sha256::digest(verifying_key.as_bytes()));
-        let kid = format!("sealgate-{}", fingerprint.get(..16).unwrap_or(&fingerprint));
         Ok(TokenMinter {
             encoding_key,
             public_key_pem,
-            kid,
+            kid: key_id(&verifying_key),
             issuer,
             audience,
         })
@@ -92,35 +81,17 @@ impl TokenMinter {
         expires_at: i64,
         now: i64,
     ) -> Result<String, String> {
-        for (name, value) in [("sub", sub), ("scp", scp), ("exec_id", exec_id)] {
-            if value.is_empty() {
-                return Err(format!("cannot mint a token with an empty `{name}`"));
-            }
+        let claims = NewAgentToken {
+            sub,
+            scp,
+            exec_id,
+            wid,
+            iss: self.issuer.as_deref(),
+            aud: self.audience.as_deref(),
+            iat: now,
+            exp: expires_at,
         }
-        if wid == Some("") {
-            return Err("cannot mint a token with an empty `wid`".to_owned());
-        }
-        if expires_at <= now {
-            return Err(format!(
-                "cannot mint a token that expires at {expires_at}, not after now ({now})"
-            ));
-        }
-        let mut claims = Map::new();
-        claims.insert("sub".into(), sub.into());
-        claims.insert("scp".into(), scp.into());
-        claims.insert("exec_id".into(), exec_id.into());
-        if let Some(wid) = wid {
-            claims.insert("wid".into(), wid.into());
-        }
-        claims.insert("jti".into(), random_uuid()?.into());
-        claims.insert("iat".into(), now.into());
-        claims.insert("exp".into(), expires_at.into());
-        if let Some(issuer) = &self.issuer {
-            claims.insert("iss".into(), issuer.as_str().into());
-        }
-        if let Some(audience) = &self.audience {
-            claims.insert("aud".into(), audience.as_str().into());
-        }
+        .claims()?;
         encode_eddsa(&claims, Some(&self.kid), &self.encoding_key)
     }
 
@@ -138,35 +109,159 @@ impl TokenMinter {
     }
 }
 
+/// The claims of an agent token (SPEC section 4), as the gateway mints them at registration and
+/// `sealgate token agent` mints them for an orchestrator.
+#[derive(Debug, Clone, Copy)]
+pub struct NewAgentToken<'a> {
+    pub sub: &'a str,
+    pub scp: &'a str,
+    pub exec_id: &'a str,
+    pub wid: Option<&'a str>,
+    pub iss: Option<&'a str>,
+    pub aud: Option<&'a str>,
+    pub iat: i64,
+    pub exp: i64,
+}
+
+impl NewAgentToken<'_> {
+    /// The claim set with a fresh random (UUID v4) `jti`. Refuses empty values, which the verifier would
+    /// refuse, and a token that is expired when minted.
+    pub fn claims(&self) -> Result<Map<String, Value>, String> {
+        for (name, value) in [
+            ("sub", self.sub),
+            ("scp", self.scp),
+            ("exec_id", self.exec_id),
+        ] {
+            if value.is_empty() {
+                return Err(format!("cannot mint a token with an empty `{name}`"));
+            }
+        }
+        for (name, value) in [("wid", self.wid), ("iss", self.iss), ("aud", self.aud)] {
+            if value == Some("") {
+                return Err(format!("cannot mint a token with an empty `{name}`"));
+            }
+        }
+        check_lifetime(self.iat, self.exp)?;
+        let mut claims = Map::new();
+        claims.insert("sub".into(), self.sub.into());
+        claims.insert("scp".into(), self.scp.into());
+        claims.insert("exec_id".into(), self.exec_id.into());
+        if let Some(wid) = self.wid {
+            claims.insert("wid".into(), wid.into());
+        }
+        claims.insert("jti".into(), random_uuid()?.into());
+        claims.insert("iat".into(), self.iat.into());
+        claims.insert("exp".into(), self.exp.into());
+        if let Some(issuer) = self.iss {
+            claims.insert("iss".into(), issuer.into());
+        }
+        if let Some(audience) = self.aud {
+            claims.insert("aud".into(), audience.into());
+        }
+        Ok(claims)
+    }
+}
+
+/// The claims of an operator token for the control API (SPEC section 4), as `sealgate token operator`
+/// mints them.
+#[derive(Debug, Clone, Copy)]
+pub struct NewOperatorToken<'a> {
+    pub sub: &'a str,
+    pub aud: &'a str,
+    pub iss: Option<&'a str>,
+    /// Space-separated scope names; every one must be a scope the gateway knows.
+    pub scope: &'a str,
+    pub iat: i64,
+    pub exp: i64,
+}
+
+impl NewOperatorToken<'_> {
+    /// The claim set with a fresh random `jti` and `scope` rewritten with single spaces. A scope the
+    /// gateway does not know would grant nothing, so it is refused here rather than found at a 403.
+    pub fn claims(&self) -> Result<Map<String, Value>, String> {
+        for (name, value) in [
+            ("sub", Some(self.sub)),
+            ("aud", Some(self.aud)),
+            ("iss", self.iss),
+        ] {
+            if value == Some("") {
+                return Err(format!("cannot mint a token with an empty `{name}`"));
+            }
+        }
+        let names: Vec<&str> = self.scope.split_whitespace().collect();
+        if names.is_empty() {
+            return Err(format!(
+                "an operator token needs at least one scope (one of: {})",
+                scopes::ALL.join(" ")
+            ));
+        }
+        if let Some(unknown) = names.iter().find(|name| !scopes::ALL.contains(name)) {
+            return Err(format!(
+                "unknown scope `{unknown}` (known: {})",
+                scopes::ALL.join(" ")
+            ));
+        }
+        check_lifetime(self.iat, self.exp)?;
+        let mut claims = Map::new();
+        claims.insert("sub".into(), self.sub.into());
+        claims.insert("aud".into(), self.aud.into());
+        claims.insert("scope".into(), names.join(" ").into());
+        claims.insert("jti".into(), random_uuid()?.into());
+        claims.insert("iat".into(), self.iat.into());
+        claims.insert("exp".into(), self.exp.into());
+        if let Some(issuer) = self.iss {
+            claims.insert("iss".into(), issuer.into());
+        }
+        Ok(claims)
+    }
+}
+
+fn check_lifetime(iat: i64, exp: i64) -> Result<(), String> {
+    if exp <= iat {
+        return Err(format!(
+            "cannot mint a token that expires at {exp}, not after now ({iat})"
+        ));
+    }
+    Ok(())
+}
+
+/// Signs `claims` as an EdDSA JWT with `kid` in the header when given.
+pub fn sign_eddsa(
+    key: &SigningKey,
+    claims: &Map<String, Value>,
+    kid: Option<&str>,
+) -> Result<String, String> {
+    encode_eddsa(claims, kid, &encoding_key(key)?)
+}
+
+/// A stable kid derived from the public key, so verifiers can pick a key without trying the others.
+pub fn key_id(key: &VerifyingKey) -> String {
+    let fingerprint = hex::encode(Sha256::digest(key.as_bytes()));
+    format!("sealgate-{}", fingerprint.get(..16).unwrap_or(&fingerprint))
+}
+
 /// Signs `claims` (a JSON object) as an EdDSA JWT with `kid` in the header when given. For tests, the
-/// CLI (`sealgate sign`) and the demo; the gateway itself mints through [`TokenMinter`].
+/// demo and the benchmark; the gateway itself mints through [`TokenMinter`].
 pub fn sign_eddsa_for_tests_and_cli(
-    private_pkcs8_pem: &str,
+    private_key: &str,
     claims: &Value,
     kid: Option<&str>,
 ) -> Result<String, String> {
     let Value::Object(claims) = claims else {
         return Err("token claims must be a JSON object".to_owned());
     };
-    let signing_key = SigningKey::from_pkcs8_pem(private_pkcs8_pem)
-        .map_err(|err| format!("not an Ed25519 PKCS#8 private key: {err}"))?;
-    encode_eddsa(claims, kid, &encoding_key(&signing_key)?)
+    let signing_key = crate::envelope::signing_key_from_text(private_key)?;
+    sign_eddsa(&signing_key, claims, kid)
 }
 
-/// A fresh Ed25519 key pair from OS randomness: (private PKCS#8 PEM, public SPKI PEM).
+/// A fresh Ed25519 key pair from OS randomness: (private PKCS#8 v1 PEM, public SPKI PEM).
 /// Returns an error instead of panicking when the OS cannot supply randomness.
 pub fn ed25519_keypair_pem() -> Result<(String, String), String> {
-    let mut seed = [0u8; 32];
-    getrandom::getrandom(&mut seed).map_err(|err| format!("OS randomness unavailable: {err}"))?;
-    let signing_key = SigningKey::from_bytes(&seed);
-    let private_pem = signing_key
-        .to_pkcs8_pem(LineEnding::LF)
-        .map_err(|err| format!("cannot encode the private key: {err}"))?;
-    let public_pem = signing_key
-        .verifying_key()
-        .to_public_key_pem(LineEnding::LF)
-        .map_err(|err| format!("cannot encode the public key: {err}"))?;
-    Ok((private_pem.to_string(), public_pem))
+    let signing_key = crate::envelope::generate_signing_key()?;
+    Ok((
+        crate::envelope::signing_key_to_pkcs8_pem(&signing_key)?,
+        crate::envelope::public_key_pem(&signing_key.verifying_key())?,
+    ))
 }
 
 fn encoding_key(signing_key: &SigningKey) -> Result<EncodingKey, String> {
@@ -333,7 +428,7 @@ mod tests {
             ..AgentTokenConfig::default()
         };
         let err = TokenMinter::from_config(&public, dir.path()).expect_err("public key");
-        assert!(err.contains("not an Ed25519 PKCS#8 private key"), "{err}");
+        assert!(err.contains("must be a PKCS#8 block"), "{err}");
         let rsa = AgentTokenConfig {
             issuer_key: Some(
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/rs256.private.pem"),
@@ -363,5 +458,69 @@ mod tests {
         let (_, minter) = minter_in(dir.path(), None, None);
         let shown = format!("{minter:?}");
         assert!(shown.contains("sealgate-") && !shown.contains("BEGIN"));
+    }
+    fn operator_token(scope: &str) -> NewOperatorToken<'_> {
+        NewOperatorToken {
+            sub: "ops",
+            aud: "sealgate-operators",
+            iss: Some("idp"),
+            scope,
+            iat: 1_000,
+            exp: 2_000,
+        }
+    }
+
+    #[test]
+    fn operator_tokens_round_trip_through_the_operator_verifier() {
+        let key = crate::envelope::generate_signing_key().expect("key");
+        let public_pem = crate::envelope::public_key_pem(&key.verifying_key()).expect("pem");
+        let cfg = crate::token::OperatorAuthConfig {
+            issuer: Some("idp".into()),
+            keys: vec![crate::token::test_support::ed25519_key_entry(
+                &public_pem,
+                None,
+            )],
+            ..Default::default()
+        };
+        let verifier = crate::token::OperatorVerifier::new(&cfg, Path::new("/")).expect("verifier");
+        let claims = operator_token("  seal.session.create\tseal.audit.read ")
+            .claims()
+            .expect("claims");
+        assert_eq!(
+            claims["scope"],
+            json!("seal.session.create seal.audit.read")
+        );
+        let token = sign_eddsa(&key, &claims, None).expect("signs");
+        let verified = verifier.verify(&token, 1_500).expect("verifies");
+        assert_eq!(verified.sub, "ops");
+        assert!(verified.allows(scopes::SESSION_CREATE) && !verified.allows(scopes::SESSION_READ));
+        assert!(verifier.verify(&token, 2_000).is_err());
+    }
+
+    #[test]
+    fn operator_tokens_refuse_unknown_or_missing_scopes_and_empty_claims() {
+        let err = operator_token("seal.session.create seal.sesion.read")
+            .claims()
+            .expect_err("misspelt");
+        assert!(err.contains("unknown scope `seal.sesion.read`"), "{err}");
+        assert!(operator_token("  ")
+            .claims()
+            .expect_err("none")
+            .contains("at least one scope"));
+        let mut empty_sub = operator_token("seal.admin");
+        empty_sub.sub = "";
+        assert!(empty_sub.claims().expect_err("sub").contains("`sub`"));
+        let mut dead = operator_token("seal.admin");
+        dead.exp = dead.iat;
+        assert!(dead.claims().expect_err("dead").contains("expires"));
+    }
+
+    #[test]
+    fn key_ids_are_stable_per_key() {
+        let key = crate::envelope::generate_signing_key().expect("key");
+        let other = crate::envelope::generate_signing_key().expect("key");
+        assert_eq!(key_id(&key.verifying_key()), key_id(&key.verifying_key()));
+        assert_ne!(key_id(&key.verifying_key()), key_id(&other.verifying_key()));
+        assert_eq!(key_id(&key.verifying_key()).len(), "sealgate-".len() + 16);
     }
 }

@@ -26,6 +26,18 @@ pub mod scopes {
     pub const CLAIM_RESOLVE: &str = "seal.claim.resolve";
     /// Grants every other scope.
     pub const ADMIN: &str = "seal.admin";
+    /// Every name above, for tools that refuse a misspelt scope before it becomes a useless token.
+    pub const ALL: [&str; 9] = [
+        SESSION_CREATE,
+        SESSION_REVOKE,
+        SESSION_READ,
+        CONTEXT_READ,
+        CONTEXT_WRITE,
+        AUDIT_READ,
+        CLAIM_READ,
+        CLAIM_RESOLVE,
+        ADMIN,
+    ];
 }
 
 fn default_operator_audience() -> String {
