@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 if ! command -v strace >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq strace
 fi
+# tests/cli_tokens.rs round-trips keys through openssl and Python `cryptography` (Debian packages).
+if ! command -v openssl >/dev/null 2>&1 || ! python3 -c 'import cryptography' >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq openssl python3-cryptography
+fi
 # Real MCP servers for the integration tests, pinned by tests/mcp-servers/package-lock.json.
 if [ -f tests/mcp-servers/package-lock.json ]; then
   npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error
