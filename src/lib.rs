@@ -10,6 +10,7 @@ pub mod envelope;
 pub mod error;
 pub mod fuzzing;
 pub mod gateway;
+pub mod logging;
 pub mod pipeline;
 pub mod policy;
 pub mod session;
