@@ -17,4 +17,5 @@ pub mod session;
 pub mod store;
 pub mod strict_json;
 pub mod token;
+pub mod trace;
 pub mod upstream;
