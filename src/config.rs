@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::audit::AuditConfig;
+use crate::logging::LogConfig;
 use crate::token::{AgentTokenConfig, OperatorAuthConfig};
 use crate::upstream::UpstreamConfig;
 
@@ -27,6 +28,7 @@ pub struct Config {
     pub operator_auth: OperatorAuthConfig,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub audit: AuditConfig,
+    pub log: LogConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -88,6 +90,7 @@ impl Default for Config {
             operator_auth: OperatorAuthConfig::default(),
             upstreams: BTreeMap::new(),
             audit: AuditConfig::default(),
+            log: LogConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -122,6 +125,8 @@ const OVERRIDABLE: &[&str] = &[
     "audit.include_payloads",
     "audit.rotate_bytes",
     "audit.unauthenticated_per_second",
+    "log.level",
+    "log.format",
 ];
 
 impl Config {
@@ -229,13 +234,16 @@ fn host_name() -> String {
 /// when they parse (numbers, booleans, lists), else as strings. Unknown names are ignored with a warning.
 fn apply_overrides(tree: &mut Value, env: &[(String, String)]) {
     for (name, raw) in env {
-        // SEALGATE_LOG is the log filter, not a configuration key.
-        let Some(rest) = name
-            .strip_prefix("SEALGATE_")
-            .filter(|_| name != "SEALGATE_LOG")
-        else {
+        let Some(rest) = name.strip_prefix("SEALGATE_") else {
             continue;
         };
+        // The log filter of earlier versions; say what replaced it rather than "no configuration key".
+        if name == "SEALGATE_LOG" {
+            tracing::warn!(
+                "SEALGATE_LOG is no longer read; set log.level (SEALGATE_LOG__LEVEL) or RUST_LOG"
+            );
+            continue;
+        }
         let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
         let dotted = path.join(".");
         if !OVERRIDABLE.contains(&dotted.as_str()) {
@@ -286,7 +294,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_key_of_limits_and_audit_can_be_set_from_the_environment() {
+    fn every_key_of_limits_audit_and_log_can_be_set_from_the_environment() {
         // A key added to a section must be added to OVERRIDABLE too (SPEC 11: every key).
         let limits = [
             "max_body_bytes",
@@ -296,14 +304,21 @@ mod tests {
             "max_concurrent_calls",
             "store_retry_secs",
         ];
-        let audit = serde_json::to_value(AuditConfig::default()).unwrap();
-        let keys = limits.iter().map(|k| format!("limits.{k}")).chain(
-            audit
-                .as_object()
-                .unwrap()
-                .keys()
-                .map(|k| format!("audit.{k}")),
-        );
+        let section_keys = |name: &str, section: Value| {
+            let keys = section.as_object().unwrap().keys();
+            keys.map(|k| format!("{name}.{k}")).collect::<Vec<_>>()
+        };
+        let keys = limits
+            .iter()
+            .map(|k| format!("limits.{k}"))
+            .chain(section_keys(
+                "audit",
+                serde_json::to_value(AuditConfig::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "log",
+                serde_json::to_value(LogConfig::default()).unwrap(),
+            ));
         for key in keys {
             assert!(
                 OVERRIDABLE.contains(&key.as_str()),

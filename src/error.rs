@@ -142,7 +142,8 @@ impl ApiError {
             "name": self.code.name(),
             "message": self.message,
             "timestamp": crate::clock::rfc3339_millis(crate::clock::now_millis()),
-            "trace_id": uuid::Uuid::new_v4().simple().to_string(),
+            // The request's trace (its `traceparent`), so the body joins its audit events and log line.
+            "trace_id": crate::trace::current_trace_id().unwrap_or_else(crate::trace::new_trace_id),
         });
         if let (Some(details), Some(obj)) = (&self.details, error.as_object_mut()) {
             obj.insert("details".into(), details.clone());

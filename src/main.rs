@@ -108,7 +108,13 @@ enum AuditCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(matches!(cli.command, Command::Serve { .. }));
+    // `serve` starts its log from the configuration, once it has read it.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        if let Err(message) = sealgate::logging::start_for_command() {
+            eprintln!("sealgate: {message}");
+            return ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -127,16 +133,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing(serving: bool) {
-    let default = if serving { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// `@FILE` reads the argument from a file.
@@ -163,7 +159,7 @@ fn signed_envelope(args: &SignArgs) -> Result<serde_json::Value, String> {
 async fn run(command: Command) -> Result<ExitCode, String> {
     match command {
         Command::Serve { config } => {
-            let config = sealgate::config::Config::load(config.as_deref())?;
+            let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }
         Command::Demo => sealgate::demo::run().await?,

@@ -25,10 +25,17 @@ use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord};
 use crate::token::{AgentClaims, TokenError};
 use crate::upstream::UpstreamError;
 
-/// What a call came to: the answer and its receipt, or a refusal with its SPEC code.
+/// What a call came to: the answer and its receipt, or a refusal with its SPEC code and the tool called
+/// (when the payload got far enough to name one).
 pub enum Outcome {
-    Success { payload: Value, receipt: Value },
-    Refused(ApiError),
+    Success {
+        payload: Value,
+        receipt: Value,
+    },
+    Refused {
+        error: ApiError,
+        tool: Option<String>,
+    },
 }
 
 /// A refusal, with the rule that made it when the policy decided.
@@ -126,7 +133,10 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
         Ok(env) => env,
         Err(e) => {
             gw.audit.record_unreadable(client, body.len());
-            return Outcome::Refused(ApiError::new(Code::MalformedEnvelope, e.to_string()));
+            return Outcome::Refused {
+                error: ApiError::new(Code::MalformedEnvelope, e.to_string()),
+                tool: None,
+            };
         }
     };
     // Check 6's message, built once: its payload bytes also give the audit's payload_sha256.
@@ -140,7 +150,10 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
     };
     match run(gw, &env, &message, &mut facts, started).await {
         Ok(outcome) => outcome,
-        Err(refusal) => record_refusal(gw, &env, &facts, *refusal, client, started).await,
+        Err(refusal) => Outcome::Refused {
+            error: record_refusal(gw, &env, &facts, *refusal, client, started).await,
+            tool: facts.tool,
+        },
     }
 }
 
@@ -647,7 +660,8 @@ fn success(
     }
 }
 
-/// Records the refusal's event (SPEC 9.1's table, kept in `error.rs`) durably before it is answered.
+/// Records the refusal's event (SPEC 9.1's table, kept in `error.rs`) durably before it is answered, and
+/// returns the refusal to answer (5005 when the event could not be made durable).
 /// Refusals before the token verifies are rate-limited per client address: anyone can cause them.
 async fn record_refusal(
     gw: &Gateway,
@@ -656,16 +670,16 @@ async fn record_refusal(
     refusal: Refusal,
     client: Option<std::net::SocketAddr>,
     started: Instant,
-) -> Outcome {
+) -> ApiError {
     let code = refusal.error.code;
     let Some(kind) = code.event() else {
-        return Outcome::Refused(refusal.error);
+        return refusal.error;
     };
     let unauthenticated = (1000..=1004).contains(&code.number());
     if unauthenticated && !gw.audit.admit_unauthenticated(client) {
         metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => code.number().to_string())
             .increment(1);
-        return Outcome::Refused(refusal.error);
+        return refusal.error;
     }
     let mut event = facts
         .event(gw, kind, env)
@@ -680,8 +694,8 @@ async fn record_refusal(
         event = event.decision(Verdict::Deny);
     }
     match gw.audit.record(event).await {
-        Ok(_) => Outcome::Refused(refusal.error),
-        Err(e) => Outcome::Refused(ApiError::store(e)),
+        Ok(_) => refusal.error,
+        Err(e) => ApiError::store(e),
     }
 }
 

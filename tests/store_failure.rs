@@ -188,7 +188,7 @@ async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
     let answer = |outcome: Outcome| async move {
         match outcome {
             Outcome::Success { payload, .. } => (StatusCode::OK, payload),
-            Outcome::Refused(error) => (error.code.status(), error.body()),
+            Outcome::Refused { error, .. } => (error.code.status(), error.body()),
         }
     };
 

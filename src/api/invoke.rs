@@ -24,15 +24,15 @@ pub async fn invoke(
     let Ok(_slot) = gw.call_slots.clone().try_acquire_owned() else {
         metrics::counter!("sealgate_calls_shed_total").increment(1);
         gw.audit.count_shed();
-        return ApiError::new(
+        let error = ApiError::new(
             Code::GatewayOverloaded,
             format!(
                 "more than limits.max_concurrent_calls ({}) calls are in progress",
                 gw.config.limits.max_concurrent_calls
             ),
         )
-        .with_retry_after(1)
-        .into_response();
+        .with_retry_after(1);
+        return refused(error, None);
     };
     let limits = &gw.config.limits;
     let timeout = Duration::from_secs(limits.body_read_timeout_secs);
@@ -41,32 +41,57 @@ pub async fn invoke(
         Err(BodyError::TooLarge) => {
             gw.audit
                 .record_unreadable(Some(client), limits.max_body_bytes.saturating_add(1));
-            return ApiError::new(
+            let error = ApiError::new(
                 Code::MalformedEnvelope,
                 format!(
                     "the body is larger than limits.max_body_bytes ({} bytes) or could not be read",
                     limits.max_body_bytes
                 ),
             )
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-            .into_response();
+            .with_status(StatusCode::PAYLOAD_TOO_LARGE);
+            return refused(error, None);
         }
         Err(BodyError::TimedOut) => {
-            return ApiError::new(
+            let error = ApiError::new(
                 Code::MalformedEnvelope,
                 "the body did not arrive within limits.body_read_timeout_secs",
-            )
-            .request_timeout()
+            );
+            log_refusal(&error, None);
+            return error.request_timeout();
         }
     };
     match crate::pipeline::invoke(&gw, &bytes, Some(client)).await {
-        Outcome::Success { payload, receipt } => axum::Json(json!({
-            "protocol": "seal/v1",
-            "status": "success",
-            "payload": payload,
-            "receipt": receipt,
-        }))
-        .into_response(),
-        Outcome::Refused(error) => error.into_response(),
+        Outcome::Success { payload, receipt } => {
+            tracing::debug!(
+                event_id = receipt["event_id"].as_str(),
+                trace_id = crate::trace::current_trace_id(),
+                "call answered"
+            );
+            axum::Json(json!({
+                "protocol": "seal/v1",
+                "status": "success",
+                "payload": payload,
+                "receipt": receipt,
+            }))
+            .into_response()
+        }
+        Outcome::Refused { error, tool } => refused(error, tool.as_deref()),
     }
+}
+
+fn refused(error: ApiError, tool: Option<&str>) -> Response {
+    log_refusal(&error, tool);
+    error.into_response()
+}
+
+/// One line per refused call: code, tool and trace id, to join it to the caller's error body and to the
+/// audit trail. Not the message: what an agent sent stays out of the log as it stays out of events.
+fn log_refusal(error: &ApiError, tool: Option<&str>) {
+    tracing::info!(
+        code = error.code.number(),
+        name = error.code.name(),
+        tool,
+        trace_id = crate::trace::current_trace_id(),
+        "call refused"
+    );
 }

@@ -56,6 +56,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") })
+        .layer(axum::middleware::from_fn(crate::trace::propagate))
         .with_state(gateway)
 }
 

@@ -298,6 +298,15 @@ impl AuditEvent {
         trace_id,
     );
 
+    /// Joins the event to the request it was made for (the trace id of its error body and of its
+    /// `traceparent`), unless a trace id was set.
+    pub(crate) fn in_current_trace(mut self) -> Self {
+        if self.trace_id.is_none() {
+            self.trace_id = crate::trace::current_trace_id();
+        }
+        self
+    }
+
     /// The token's `sub` (agent id). Named after the JWT claim, not `std::ops::Sub`.
     #[allow(clippy::should_implement_trait)]
     pub fn sub(mut self, value: impl Into<String>) -> Self {

@@ -309,9 +309,11 @@ impl AuditLog {
     }
 
     /// Records one event and returns once it is durable in the store (and written to the file sink).
+    /// Like every `record_*`, it stamps the trace id of the request being served on the event.
     /// Dropping the future does not withdraw an event that was already queued.
     pub async fn record(&self, event: AuditEvent) -> Result<Recorded, AuditError> {
         let event = event
+            .in_current_trace()
             .into_object(self.inner.include_payloads)
             .map_err(AuditError::InvalidEvent)?;
         let (reply, answer) = oneshot::channel();
@@ -333,6 +335,7 @@ impl AuditLog {
     /// by themselves (SPEC 9.2: an event must be durable before the response that it describes).
     pub async fn record_deferred(&self, event: AuditEvent) -> Result<(), AuditError> {
         let event = event
+            .in_current_trace()
             .into_object(self.inner.include_payloads)
             .map_err(AuditError::InvalidEvent)?;
         let job = Job {
@@ -373,6 +376,7 @@ impl AuditLog {
             return;
         }
         let mut event = AuditEvent::new(EventType::EnvelopeRejected)
+            .in_current_trace()
             .code(1000)
             .bytes(u64::try_from(bytes).unwrap_or(u64::MAX));
         if let Some(addr) = client_addr {

@@ -768,7 +768,8 @@ fn query_fixture() -> Vec<AuditEvent> {
             3 => AuditEvent::new(EventType::ToolCallFailed)
                 .session_id("exec-9")
                 .tool("fs.read")
-                .code(5002),
+                .code(5002)
+                .trace_id(format!("{:032x}", n % 2)),
             _ => AuditEvent::new(EventType::SessionCreated)
                 .session_id(format!("exec-{}", n % 3))
                 .actor("orchestrator"),
@@ -836,6 +837,10 @@ async fn query_filters_newest_first_and_pages_without_gaps() {
         (
             vec![("decision", "allow")],
             expect(&|e| text(e, "decision") == "allow"),
+        ),
+        (
+            vec![("trace_id", "00000000000000000000000000000001")],
+            expect(&|e| text(e, "trace_id") == "00000000000000000000000000000001"),
         ),
         (
             vec![("code", "2004")],
@@ -956,6 +961,8 @@ fn query_parameters_are_validated() {
         vec![("tool", "")],
         vec![("tool", "a"), ("tool", "b")],
         vec![("to", "999999999999999")],
+        vec![("trace_id", "4BF92F3577B34DA6A3CE929D0E0E4736")],
+        vec![("trace_id", "4bf92f3577b34da6a3ce929d0e0e473")],
     ] {
         assert!(parse(&bad).is_err(), "accepted {bad:?}");
     }
@@ -965,6 +972,7 @@ fn query_parameters_are_validated() {
         ("limit", "1000"),
         ("code", "2004"),
         ("cursor", "17"),
+        ("trace_id", "4bf92f3577b34da6a3ce929d0e0e4736"),
     ]) else {
         panic!("valid query refused")
     };
@@ -976,6 +984,10 @@ fn query_parameters_are_validated() {
     assert_eq!(
         (query.limit, query.code, query.cursor.as_deref()),
         (1000, Some(2004), Some("17"))
+    );
+    assert_eq!(
+        query.trace_id.as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
     );
     let map: HashMap<String, String> = [("sub".to_owned(), "agent-7".to_owned())].into();
     assert_eq!(

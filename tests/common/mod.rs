@@ -255,6 +255,15 @@ pub fn launch(config_path: &Path) -> (Child, String) {
 
 /// Like [`launch`], with the binary run under `wrapper` (e.g. `strace -f -o FILE`).
 pub fn launch_under(wrapper: &[String], config_path: &Path) -> (Child, String) {
+    launch_with(wrapper, config_path, |_| {})
+}
+
+/// Like [`launch_under`], with the command adjusted before it starts (its environment, where stderr goes).
+pub fn launch_with(
+    wrapper: &[String],
+    config_path: &Path,
+    adjust: impl FnOnce(&mut Command),
+) -> (Child, String) {
     let binary = env!("CARGO_BIN_EXE_sealgate");
     let mut command = match wrapper.split_first() {
         None => Command::new(binary),
@@ -264,15 +273,15 @@ pub fn launch_under(wrapper: &[String], config_path: &Path) -> (Child, String) {
             command
         }
     };
-    let mut child = command
+    command
         .args(["serve", "--config"])
         .arg(config_path)
         .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
-        .env("SEALGATE_LOG", "warn")
+        .env("SEALGATE_LOG__LEVEL", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sealgate");
+        .stderr(Stdio::inherit());
+    adjust(&mut command);
+    let mut child = command.spawn().expect("start sealgate");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let base = loop {
@@ -301,7 +310,19 @@ impl Gateway {
         config_path: &Path,
         keys: Arc<Keys>,
     ) -> Gateway {
-        let (child, base) = launch_under(&wrapper, config_path);
+        Gateway::spawn_with(wrapper, dir, config_path, keys, |_| {})
+    }
+
+    /// Like [`Gateway::spawn_under`], with the command adjusted first (see [`launch_with`]); a restart
+    /// does not repeat the adjustment.
+    pub fn spawn_with(
+        wrapper: Vec<String>,
+        dir: &Path,
+        config_path: &Path,
+        keys: Arc<Keys>,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Gateway {
+        let (child, base) = launch_with(&wrapper, config_path, adjust);
         Gateway {
             child,
             wrapper,
