@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod health;
+
 // glibc's allocator spent about a fifth of the gateway's CPU under concurrent load (arena contention and
 // consolidation, measured with perf); mimalloc's per-thread heaps remove most of it.
 #[global_allocator]
@@ -31,7 +33,11 @@ enum Command {
         config: Option<PathBuf>,
     },
     /// Start a gateway in-process with a demo tool and walk through the whole flow.
-    Demo,
+    Demo {
+        /// Keep the demo's folder (configuration, keys, store, audit file) instead of removing it on exit.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Make an Ed25519 key pair for an execution (JSON on stdout).
     Keygen,
     /// Print a signed seal/v1 envelope for a JSON-RPC payload.
@@ -53,6 +59,11 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
+    },
+    /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
+    Health {
+        #[arg(long, default_value = "http://127.0.0.1:8089/readyz")]
+        url: String,
     },
     /// The helpers of scripts/bench.sh (upstream, keys, sessions, envelopes, fixed-rate load).
     Bench {
@@ -160,7 +171,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let config = sealgate::config::Config::load(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }
-        Command::Demo => sealgate::demo::run().await?,
+        Command::Demo { keep } => sealgate::demo::run(keep).await?,
         Command::Keygen => println!("{}", keygen()?),
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),
         Command::Invoke { sign, url } => {
@@ -185,6 +196,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             command: AuditCommand::Verify { file },
         } => return Ok(audit_verify(&file)),
         Command::Bench { command } => sealgate::bench::run(command).await?,
+        Command::Health { url } => return Ok(health::check(&url).await),
     }
     Ok(ExitCode::SUCCESS)
 }
