@@ -264,11 +264,17 @@ pub fn launch_under(wrapper: &[String], config_path: &Path) -> (Child, String) {
             command
         }
     };
-    let mut child = command
+    command
         .args(["serve", "--config"])
         .arg(config_path)
         .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
-        .env("SEALGATE_LOG", "warn")
+        .env("SEALGATE_LOG", "warn");
+    launch_command(command)
+}
+
+/// Starts a prepared `sealgate serve` command and waits for its ready line; returns the child and its base URL.
+pub fn launch_command(mut command: Command) -> (Child, String) {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
