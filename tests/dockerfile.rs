@@ -684,7 +684,7 @@ fn the_image_runs_the_compose_configuration_as_its_service_user() {
 
     let launch = || common::launch_command(image.command(&image.command, &env));
     let (child, base) = launch();
-    let gateway = common::Gateway {
+    let mut gateway = common::Gateway {
         child,
         wrapper: Vec::new(),
         base,
@@ -718,7 +718,6 @@ fn the_image_runs_the_compose_configuration_as_its_service_user() {
 
     // A session on the compose stack's context, and a call to its `web` upstream: the policy lets echo
     // through (the example tool is not running here, so the answer is 5001) and nothing else.
-    let mut gateway = gateway;
     let session = "exec-compose-1";
     let key = sealgate::envelope::generate_signing_key().unwrap();
     let (status, body) = runtime.block_on(gateway.register(
