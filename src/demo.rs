@@ -133,6 +133,12 @@ impl Harness {
         path: &str,
         body: Option<Value>,
     ) -> Result<(u16, Value), String> {
+        let shown = body.as_ref().map(|b| format!(" {}", abridged(b)));
+        println!(
+            "   → {method} {path}  (Authorization: Bearer {}){}",
+            shorten(&self.operator_token),
+            shown.unwrap_or_default()
+        );
         let mut request = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -161,10 +167,12 @@ impl Harness {
         let token = body["security_token"]
             .as_str()
             .ok_or(format!("registration failed ({status}): {body}"))?;
+        println!("   ← HTTP {status}, security_token {}", shorten(token));
         Ok((key, token.to_string()))
     }
 
     async fn post_envelope(&self, envelope: &Value) -> Result<(u16, Value), String> {
+        println!("   → POST /v1/invoke {}", abridged(envelope));
         let response = self
             .client
             .post(format!("{}/v1/invoke", self.base))
@@ -188,8 +196,34 @@ fn call(id: u64, tool: &str, arguments: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
 }
 
+/// Strings longer than this (tokens, signatures, keys) are shown by their first `SHOWN_CHARS` only.
+const LONG_CHARS: usize = 40;
+const SHOWN_CHARS: usize = 16;
+
+fn shorten(text: &str) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) if text.chars().count() > LONG_CHARS => format!("{}…", &text[..end]),
+        _ => text.to_string(),
+    }
+}
+
+/// A request body as sent, with long strings shortened so that its shape fits on a line.
+fn abridged(value: &Value) -> Value {
+    match value {
+        Value::String(text) => Value::String(shorten(text)),
+        Value::Array(items) => Value::Array(items.iter().map(abridged).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(name, field)| (name.clone(), abridged(field)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 fn outcome(status: u16, body: &Value) -> String {
-    if body["status"] == "success" {
+    let answer = if body["status"] == "success" {
         format!(
             "HTTP {status}, claim {}, tool said: {}",
             body["receipt"]["claim"].as_str().unwrap_or("?"),
@@ -204,23 +238,55 @@ fn outcome(status: u16, body: &Value) -> String {
             body["error"]["name"].as_str().unwrap_or("?"),
             body["error"]["message"].as_str().unwrap_or("?")
         )
-    }
+    };
+    format!("   ← {answer}")
 }
 
-pub async fn run() -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("sealgate-demo-{}", std::process::id()));
-    let h = Harness::start(&dir).await?;
+/// Runs the tour in a private folder of its own, removed on exit (it holds private keys) unless `keep`.
+pub async fn run(keep: bool) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("sealgate-demo-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let toured = tour(&dir, keep).await;
+    if keep {
+        println!(
+            "
+kept the demo's folder (configuration, issuer key, store, audit file): {}",
+            dir.display()
+        );
+        return toured;
+    }
+    let removed = std::fs::remove_dir_all(&dir)
+        .map_err(|e| format!("cannot remove the demo's folder {}: {e}", dir.display()));
+    toured.and(removed)
+}
+
+/// Starts the gateway, walks through the steps (or stops at Ctrl-C) and stops the gateway again.
+async fn tour(dir: &Path, keep: bool) -> Result<(), String> {
+    let h = Harness::start(dir).await?;
+    let walked = tokio::select! {
+        walked = steps(&h, keep) => walked,
+        _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+    };
+    let stopped = h.stop().await;
+    walked.and(stopped)
+}
+
+async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
+    let dir = &h.dir;
     println!(
         "sealgate demo: a real gateway on {} (embedded store in {})",
         h.base,
         dir.join("data").display()
     );
-    println!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only\n");
+    println!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only");
+    println!("each step shows the request sent (→, long strings cut at …) and the gateway's answer (←)\n");
 
+    println!("1. the orchestrator registers session exec-demo-1 and receives a gateway-minted agent token");
     let (key, token) = h.register("exec-demo-1").await?;
-    println!(
-        "1. orchestrator registered session exec-demo-1 and received a gateway-minted agent token"
-    );
 
     let write = call(
         1,
@@ -228,26 +294,22 @@ pub async fn run() -> Result<(), String> {
         json!({"path": "/workspace/notes.txt", "content": "hello"}),
     );
     let first = envelope::sign_envelope(&key, write.clone(), &token, crate::clock::now_secs());
+    println!("2. an allowed write inside /workspace");
     let (status, body) = h.post_envelope(&first).await?;
+    println!("{}", outcome(status, &body));
     println!(
-        "2. allowed write inside /workspace      → {}",
-        outcome(status, &body)
-    );
-    println!(
-        "   receipt request_id {}",
+        "     receipt request_id {}",
         body["receipt"]["request_id"].as_str().unwrap_or("-")
     );
 
     let mut retry_payload = write.clone();
     retry_payload["id"] = json!(2);
     let retry = envelope::sign_envelope(&key, retry_payload, &token, crate::clock::now_secs());
+    println!("3. the agent retries the same write");
     let (status, body) = h.post_envelope(&retry).await?;
+    println!("{}", outcome(status, &body));
     println!(
-        "3. the agent retries the same write      → {}",
-        outcome(status, &body)
-    );
-    println!(
-        "   the tool really ran {} time(s)",
+        "     the tool really ran {} time(s)",
         h.tool.executions.load(Ordering::SeqCst)
     );
 
@@ -261,11 +323,9 @@ pub async fn run() -> Result<(), String> {
         &token,
         crate::clock::now_secs(),
     );
+    println!("4. a read of /workspace/../etc/passwd");
     let (status, body) = h.post_envelope(&outside).await?;
-    println!(
-        "4. read of /workspace/../etc/passwd      → {}",
-        outcome(status, &body)
-    );
+    println!("{}", outcome(status, &body));
 
     let mut tampered = envelope::sign_envelope(
         &key,
@@ -274,18 +334,15 @@ pub async fn run() -> Result<(), String> {
         crate::clock::now_secs(),
     );
     tampered["payload"]["params"]["arguments"]["path"] = json!("/workspace/secret.txt");
+    println!("5. an envelope altered after signing (the path was notes.txt when signed)");
     let (status, body) = h.post_envelope(&tampered).await?;
-    println!(
-        "5. envelope altered after signing        → {}",
-        outcome(status, &body)
-    );
+    println!("{}", outcome(status, &body));
 
+    println!("6. the first envelope sent again");
     let (status, body) = h.post_envelope(&first).await?;
-    println!(
-        "6. the first envelope sent again          → {}",
-        outcome(status, &body)
-    );
+    println!("{}", outcome(status, &body));
 
+    println!("7. the orchestrator revokes the session, then the agent calls again");
     let (status, _) = h
         .operator(
             reqwest::Method::DELETE,
@@ -293,6 +350,7 @@ pub async fn run() -> Result<(), String> {
             None,
         )
         .await?;
+    println!("   ← HTTP {status}");
     let after = envelope::sign_envelope(
         &key,
         call(5, "demo.read_file", json!({"path": "/workspace/notes.txt"})),
@@ -300,23 +358,26 @@ pub async fn run() -> Result<(), String> {
         crate::clock::now_secs(),
     );
     let (call_status, body) = h.post_envelope(&after).await?;
-    println!(
-        "7. orchestrator revoked the session (HTTP {status}); next call → {}",
-        outcome(call_status, &body)
-    );
+    println!("{}", outcome(call_status, &body));
 
+    println!("\n8. the audit trail");
     let (_, trail) = h
         .operator(reqwest::Method::GET, "/v1/audit?limit=100", None)
         .await?;
     let events = trail["items"].as_array().map(Vec::len).unwrap_or(0);
-    let audit_file = h.dir.join("audit.jsonl");
+    let audit_file = dir.join("audit.jsonl");
     let verified = std::fs::File::open(&audit_file)
         .map_err(|e| e.to_string())
         .and_then(|f| {
             crate::audit::verify_chain(std::io::BufReader::new(f)).map_err(|b| format!("{b:?}"))
         });
+    let kept = if keep {
+        ""
+    } else {
+        " (removed on exit: `sealgate demo --keep` keeps it)"
+    };
     println!(
-        "\n8. audit trail: {events} hash-chained events (GET /v1/audit), also in {}",
+        "   ← {events} hash-chained events, also in {}{kept}",
         audit_file.display()
     );
     match verified {
@@ -327,6 +388,5 @@ pub async fn run() -> Result<(), String> {
         ),
         Err(e) => println!("   chain verification FAILED: {e}"),
     }
-    h.stop().await?;
     Ok(())
 }

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod health;
+
 // glibc's allocator spent about a fifth of the gateway's CPU under concurrent load (arena contention and
 // consolidation, measured with perf); mimalloc's per-thread heaps remove most of it.
 #[global_allocator]
@@ -31,7 +33,11 @@ enum Command {
         config: Option<PathBuf>,
     },
     /// Start a gateway in-process with a demo tool and walk through the whole flow.
-    Demo,
+    Demo {
+        /// Keep the demo's folder (configuration, keys, store, audit file) instead of removing it on exit.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Make an Ed25519 key pair (JSON on stdout, or files with --out).
     Keygen(sealgate::envelope::keygen::KeygenArgs),
     /// Mint an operator or agent token (JWT on stdout).
@@ -58,6 +64,11 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
+    },
+    /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
+    Health {
+        #[arg(long, default_value = "http://127.0.0.1:8089/readyz")]
+        url: String,
     },
     /// The helpers of scripts/bench.sh (upstream, keys, sessions, envelopes, fixed-rate load).
     Bench {
@@ -162,7 +173,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }
-        Command::Demo => sealgate::demo::run().await?,
+        Command::Demo { keep } => sealgate::demo::run(keep).await?,
         Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
         Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),
@@ -188,6 +199,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             command: AuditCommand::Verify { file },
         } => return Ok(audit_verify(&file)),
         Command::Bench { command } => sealgate::bench::run(command).await?,
+        Command::Health { url } => return Ok(health::check(&url).await),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -712,7 +712,8 @@ capabilities:
             Ok(vec![
                 "agent-runtime".to_owned(),
                 "coding-agent".to_owned(),
-                "demo".to_owned()
+                "demo".to_owned(),
+                "web-example".to_owned()
             ])
         );
     }

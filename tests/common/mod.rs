@@ -278,10 +278,14 @@ pub fn launch_with(
         .arg(config_path)
         .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
         .env("SEALGATE_LOG__LEVEL", "warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     adjust(&mut command);
-    let mut child = command.spawn().expect("start sealgate");
+    launch_command(command)
+}
+
+/// Starts a prepared `sealgate serve` command and waits for its ready line; returns the child and its base URL.
+pub fn launch_command(mut command: Command) -> (Child, String) {
+    let mut child = command.stdout(Stdio::piped()).spawn().expect("start sealgate");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let base = loop {

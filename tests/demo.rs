@@ -1,0 +1,106 @@
+//! `sealgate demo` through the real binary: it shows each request it sends, abridged, and removes its
+//! folder (which holds a private key) on exit unless `--keep`.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs the demo with its temporary folder under `tmp`; returns what it printed.
+fn demo(tmp: &Path, extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .arg("demo")
+        .args(extra)
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "demo failed:\n{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    printed
+}
+
+fn left_in(tmp: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+#[test]
+fn the_demo_shows_each_request_and_removes_its_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let printed = demo(tmp.path(), &[]);
+
+    for line in [
+        "→ POST /v1/seal/sessions  (Authorization: Bearer ",
+        "→ DELETE /v1/seal/sessions/exec-demo-1",
+        "→ GET /v1/audit?limit=100",
+        "← HTTP 200, claim PROCEED",
+        "← HTTP 200, claim SKIP",
+        "refused with 2002",
+        "refused with 1002",
+    ] {
+        assert!(printed.contains(line), "no {line:?} in:\n{printed}");
+    }
+    // Every envelope sent is printed as JSON, in its wire shape, with the token and signature cut short.
+    let envelopes: Vec<Value> = printed
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("→ POST /v1/invoke "))
+        .map(|json| serde_json::from_str(json).expect("an envelope line is JSON"))
+        .collect();
+    assert_eq!(envelopes.len(), 6, "{printed}");
+    for envelope in &envelopes {
+        assert_eq!(envelope["protocol"], "seal/v1");
+        assert_eq!(envelope["payload"]["method"], "tools/call");
+        assert!(envelope["timestamp"].is_i64());
+        for long in ["security_token", "signature"] {
+            let shown = envelope[long].as_str().unwrap();
+            assert!(
+                shown.ends_with('…') && shown.chars().count() <= 17,
+                "{long} not abridged: {shown}"
+            );
+        }
+    }
+    assert_eq!(
+        envelopes[3]["payload"]["params"]["arguments"]["path"], "/workspace/secret.txt",
+        "the altered envelope is shown as sent"
+    );
+
+    assert!(
+        left_in(tmp.path()).is_empty(),
+        "the demo left {:?}",
+        left_in(tmp.path())
+    );
+}
+
+#[test]
+fn the_demo_keeps_its_folder_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let printed = demo(tmp.path(), &["--keep"]);
+
+    let left = left_in(tmp.path());
+    let [kept] = left.as_slice() else {
+        panic!("expected one folder, found {left:?}")
+    };
+    assert!(
+        printed.contains(&format!(
+            "kept the demo's folder (configuration, issuer key, store, audit file): {}",
+            kept.display()
+        )),
+        "{printed}"
+    );
+    // It holds the gateway's private issuer key: for its owner only.
+    let mode = std::fs::metadata(kept).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    assert!(kept.join("issuer.pem").is_file());
+    let audit = kept.join("audit.jsonl");
+    let (code, verified) = common::run_cli(&["audit", "verify", audit.to_str().unwrap()]);
+    assert_eq!(code, 0, "{verified}");
+}
