@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use crate::audit::AuditConfig;
 use crate::logging::LogConfig;
+use crate::policy::model::FieldPath;
+use crate::policy::PolicyError;
 use crate::token::{AgentTokenConfig, OperatorAuthConfig};
 use crate::upstream::UpstreamConfig;
 
@@ -133,17 +135,15 @@ impl Config {
     /// Reads the file (or the defaults when `path` is None), then the environment.
     pub fn load(path: Option<&Path>) -> Result<Config, String> {
         let env: Vec<(String, String)> = std::env::vars().collect();
-        let (text, base_dir) = match path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-                let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-                (text, base)
-            }
-            None => (String::new(), PathBuf::from(".")),
+        let Some(path) = path else {
+            return Config::parse("", Path::new("."), &env, None)
+                .map_err(|e| format!("config (defaults): {e}"));
         };
-        let label = path.map_or("(defaults)".to_string(), |p| p.display().to_string());
-        Config::from_yaml(&text, &base_dir, &env).map_err(|e| format!("config {label}: {e}"))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        // Errors name the file themselves (with the line where one is known).
+        Config::parse(&text, &base_dir, &env, Some(path)).map_err(|e| format!("config {e}"))
     }
 
     /// Parses YAML text with the given environment (kept explicit so tests need not touch the process env).
@@ -152,58 +152,89 @@ impl Config {
         base_dir: &Path,
         env: &[(String, String)],
     ) -> Result<Config, String> {
+        Config::parse(text, base_dir, env, None)
+    }
+
+    /// Like `from_yaml`; errors name `file` and the line of the key when the text came from one.
+    fn parse(
+        text: &str,
+        base_dir: &Path,
+        env: &[(String, String)],
+        file: Option<&Path>,
+    ) -> Result<Config, String> {
+        let mut origins = Origins {
+            text,
+            file,
+            from_env: Vec::new(),
+        };
         let mut tree: Value = if text.trim().is_empty() {
             Value::Object(Default::default())
         } else {
-            serde_saphyr::from_str(text).map_err(|e| e.to_string())?
+            serde_saphyr::from_str(text).map_err(|e| origins.error(FieldPath::root(), e))?
         };
         if tree.is_null() {
             tree = Value::Object(Default::default());
         }
         if !tree.is_object() {
-            return Err("the configuration must be a mapping".into());
+            return Err(origins.error(FieldPath::root(), "the configuration must be a mapping"));
         }
-        apply_overrides(&mut tree, env);
-        resolve_env_values(&mut tree, env)?;
-        let mut config: Config = serde_json::from_value(tree).map_err(|e| e.to_string())?;
+        origins.from_env = apply_overrides(&mut tree, env)?;
+        resolve_env_values(&mut tree, env, FieldPath::root(), &mut origins.from_env)
+            .map_err(|(path, message)| origins.error(path, message))?;
+        let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
+            origins.error(crate::policy::load::field_path_from(e.path()), e.inner())
+        })?;
         config.base_dir = if base_dir.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
             base_dir.to_path_buf()
         };
-        config.validate()?;
+        config
+            .validate()
+            .map_err(|(key, message)| origins.error(key_path(key), message))?;
+        let base = config.base_dir.clone();
+        for (name, upstream) in config.upstreams.iter_mut() {
+            upstream.resolve_paths(&base).map_err(|message| {
+                origins.error(FieldPath::root().key("upstreams").key(name), message)
+            })?;
+        }
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// The first rule broken, with the key that breaks it.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let fail = |key, message: &str| Err((key, message.to_owned()));
         if self.limits.max_body_bytes == 0 {
-            return Err("limits.max_body_bytes must be at least 1".into());
+            return fail("limits.max_body_bytes", "must be at least 1");
         }
         if self.limits.max_clock_skew_secs < 0 {
-            return Err("limits.max_clock_skew_secs must not be negative".into());
+            return fail("limits.max_clock_skew_secs", "must not be negative");
         }
-        if self.limits.header_read_timeout_secs == 0 || self.limits.body_read_timeout_secs == 0 {
-            return Err(
-                "limits.header_read_timeout_secs and body_read_timeout_secs must be at least 1"
-                    .into(),
-            );
+        if self.limits.header_read_timeout_secs == 0 {
+            return fail("limits.header_read_timeout_secs", "must be at least 1");
+        }
+        if self.limits.body_read_timeout_secs == 0 {
+            return fail("limits.body_read_timeout_secs", "must be at least 1");
         }
         if self.limits.max_concurrent_calls == 0 {
-            return Err("limits.max_concurrent_calls must be at least 1".into());
+            return fail("limits.max_concurrent_calls", "must be at least 1");
         }
         if self.sessions.max_lifetime_secs <= 0 {
-            return Err("sessions.max_lifetime_secs must be positive".into());
+            return fail("sessions.max_lifetime_secs", "must be positive");
         }
         if self.replica_id.is_empty() || self.replica_id.chars().count() > 256 {
-            return Err("replica_id must be 1 to 256 characters".into());
+            return fail("replica_id", "must be 1 to 256 characters");
         }
         if self.store != "embedded"
             && !self.store.starts_with("postgres://")
             && !self.store.starts_with("postgresql://")
         {
-            return Err(format!(
-                "store must be \"embedded\" or a postgres:// URL, not {:?}",
-                self.store
+            return Err((
+                "store",
+                format!(
+                    "must be \"embedded\" or a postgres:// URL, not {:?}",
+                    self.store
+                ),
             ));
         }
         Ok(())
@@ -215,6 +246,21 @@ impl Config {
             path.to_path_buf()
         } else {
             self.base_dir.join(path)
+        }
+    }
+
+    /// The policy folder, which must exist: a misspelt `policies_dir` would otherwise pass for an
+    /// empty folder, and every call would be refused without a word about why.
+    pub fn policies_folder(&self) -> Result<PathBuf, String> {
+        let dir = self.resolve(&self.policies_dir);
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => Ok(dir),
+            Ok(_) => Err(format!("policies_dir: {} is not a folder", dir.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "policies_dir: {} does not exist; create it (an empty folder is allowed) or correct the path",
+                dir.display()
+            )),
+            Err(e) => Err(format!("policies_dir: {}: {e}", dir.display())),
         }
     }
 }
@@ -230,9 +276,75 @@ fn host_name() -> String {
         .unwrap_or_else(|| "sealgate".to_owned())
 }
 
+/// Where the text of a configuration came from, to say where an error is: the file and line of a key,
+/// or the environment variable that set it.
+struct Origins<'a> {
+    text: &'a str,
+    file: Option<&'a Path>,
+    /// Keys set by `SEALGATE_*` overrides or `env:NAME` values, with the variable named in errors.
+    from_env: Vec<(FieldPath, EnvOrigin)>,
+}
+
+enum EnvOrigin {
+    Override(String),
+    Value(String),
+}
+
+impl Origins<'_> {
+    /// The message of an error at `path`, in the form of policy errors (`FILE:LINE: key: message`).
+    fn error(&self, path: FieldPath, message: impl std::fmt::Display) -> String {
+        let origin = self
+            .from_env
+            .iter()
+            .filter(|(set, _)| path.0.starts_with(&set.0))
+            .map(|(_, origin)| origin)
+            .next_back();
+        let mut positioned = PolicyError {
+            file: self.file.map(Path::to_path_buf),
+            line: None,
+            field: (!path.is_root()).then(|| path.to_string()),
+            message: message.to_string(),
+        };
+        match origin {
+            // The file's line would point at a value the variable replaced.
+            Some(EnvOrigin::Override(variable)) => {
+                positioned.file = None;
+                format!("environment variable {variable}: {positioned}")
+            }
+            Some(EnvOrigin::Value(variable)) => {
+                positioned.line = self.line_of(&path);
+                positioned.message = format!(
+                    "{} (the value of environment variable {variable}, named by \"env:{variable}\")",
+                    positioned.message
+                );
+                positioned.to_string()
+            }
+            None => {
+                positioned.line = self.line_of(&path);
+                positioned.to_string()
+            }
+        }
+    }
+
+    fn line_of(&self, path: &FieldPath) -> Option<usize> {
+        self.file?;
+        crate::policy::load::locate_line(self.text, path)
+    }
+}
+
+/// `limits.max_body_bytes` as a field path.
+fn key_path(dotted: &str) -> FieldPath {
+    dotted.split('.').fold(FieldPath::root(), FieldPath::key)
+}
+
 /// `SEALGATE_LIMITS__MAX_CLOCK_SKEW_SECS=5` sets `limits.max_clock_skew_secs`; values are read as JSON
 /// when they parse (numbers, booleans, lists), else as strings. Unknown names are ignored with a warning.
-fn apply_overrides(tree: &mut Value, env: &[(String, String)]) {
+/// Returns the keys set, each with its variable.
+fn apply_overrides(
+    tree: &mut Value,
+    env: &[(String, String)],
+) -> Result<Vec<(FieldPath, EnvOrigin)>, String> {
+    let mut set = Vec::new();
     for (name, raw) in env {
         let Some(rest) = name.strip_prefix("SEALGATE_") else {
             continue;
@@ -244,47 +356,71 @@ fn apply_overrides(tree: &mut Value, env: &[(String, String)]) {
             );
             continue;
         }
-        let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
-        let dotted = path.join(".");
+        let dotted = rest
+            .split("__")
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>()
+            .join(".");
         if !OVERRIDABLE.contains(&dotted.as_str()) {
             tracing::warn!(variable = %name, "environment variable names no configuration key; ignored");
             continue;
         }
         let value = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()));
+        let (parents, last) = match dotted.rsplit_once('.') {
+            Some((parents, last)) => (parents.split('.').collect(), last),
+            None => (Vec::new(), dotted.as_str()),
+        };
+        let not_a_mapping = || {
+            format!(
+                "environment variable {name}: cannot set {dotted}: a key above it is not a mapping"
+            )
+        };
         let mut node = &mut *tree;
-        for (i, segment) in path.iter().enumerate() {
-            let Some(obj) = node.as_object_mut() else {
-                break;
+        for segment in parents {
+            let Value::Object(obj) = node else {
+                return Err(not_a_mapping());
             };
-            if i + 1 == path.len() {
-                obj.insert(segment.clone(), value.clone());
-                break;
-            }
             node = obj
-                .entry(segment.clone())
+                .entry(segment)
                 .or_insert_with(|| Value::Object(Default::default()));
         }
+        let Value::Object(obj) = node else {
+            return Err(not_a_mapping());
+        };
+        obj.insert(last.to_owned(), value);
+        set.push((key_path(&dotted), EnvOrigin::Override(name.clone())));
     }
+    Ok(set)
 }
 
 /// Replaces every string `env:NAME` by the variable's value; a missing variable is an error (fail closed).
-fn resolve_env_values(value: &mut Value, env: &[(String, String)]) -> Result<(), String> {
+/// Records where each value was put, for errors about it.
+fn resolve_env_values(
+    value: &mut Value,
+    env: &[(String, String)],
+    path: FieldPath,
+    set: &mut Vec<(FieldPath, EnvOrigin)>,
+) -> Result<(), (FieldPath, String)> {
     match value {
         Value::String(s) => {
             if let Some(name) = s.strip_prefix("env:") {
-                let found = env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-                *s = found.ok_or_else(|| {
-                    format!("environment variable {name} (named by \"env:{name}\") is not set")
-                })?;
+                let Some((_, found)) = env.iter().find(|(k, _)| k == name) else {
+                    let message =
+                        format!("environment variable {name} (named by \"env:{name}\") is not set");
+                    return Err((path, message));
+                };
+                set.push((path, EnvOrigin::Value(name.to_owned())));
+                *s = found.clone();
             }
             Ok(())
         }
         Value::Array(items) => items
             .iter_mut()
-            .try_for_each(|v| resolve_env_values(v, env)),
+            .enumerate()
+            .try_for_each(|(i, v)| resolve_env_values(v, env, path.clone().index(i), set)),
         Value::Object(map) => map
-            .values_mut()
-            .try_for_each(|v| resolve_env_values(v, env)),
+            .iter_mut()
+            .try_for_each(|(k, v)| resolve_env_values(v, env, path.clone().key(k), set)),
         _ => Ok(()),
     }
 }
@@ -405,5 +541,110 @@ mod tests {
             .contains("NOPE"));
         assert!(Config::from_yaml("store: mysql://x", Path::new(""), &[]).is_err());
         assert!(Config::from_yaml("- a list", Path::new(""), &[]).is_err());
+    }
+    fn parse_err(text: &str, env_pairs: &[(&str, &str)]) -> String {
+        let file = Path::new("conf/sealgate.yaml");
+        match Config::parse(text, Path::new("conf"), &env(env_pairs), Some(file)) {
+            Ok(_) => panic!("should be refused: {text}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_key() {
+        let text = "listen: x\nlimits:\n  max_body_bytes: 1MB\n";
+        assert_eq!(
+            parse_err(text, &[]),
+            "conf/sealgate.yaml:3: limits.max_body_bytes: invalid type: string \"1MB\", expected usize"
+        );
+        let unknown = parse_err("listen: x\nsessions:\n  max_lifetime: 5\n", &[]);
+        assert!(
+            unknown.starts_with("conf/sealgate.yaml:3: sessions.max_lifetime: unknown field"),
+            "{unknown}"
+        );
+        let rule = parse_err("limits:\n  max_concurrent_calls: 0\n", &[]);
+        assert_eq!(
+            rule,
+            "conf/sealgate.yaml:2: limits.max_concurrent_calls: must be at least 1"
+        );
+        let nested = parse_err(
+            "upstreams:\n  a:\n    http: { url: 5 }\n    timeout_ms: 1s\n",
+            &[],
+        );
+        assert!(
+            nested.starts_with("conf/sealgate.yaml:3: upstreams.a.http.url: invalid type"),
+            "{nested}"
+        );
+    }
+
+    #[test]
+    fn errors_in_values_from_the_environment_name_the_variable() {
+        let overridden = parse_err(
+            "limits:\n  max_body_bytes: 10\n",
+            &[("SEALGATE_LIMITS__MAX_BODY_BYTES", "1MB")],
+        );
+        assert_eq!(
+            overridden,
+            "environment variable SEALGATE_LIMITS__MAX_BODY_BYTES: limits.max_body_bytes: invalid \
+             type: string \"1MB\", expected usize"
+        );
+        let invalid = parse_err("", &[("SEALGATE_LIMITS__MAX_BODY_BYTES", "0")]);
+        assert_eq!(
+            invalid,
+            "environment variable SEALGATE_LIMITS__MAX_BODY_BYTES: limits.max_body_bytes: must be \
+             at least 1"
+        );
+        let whole_section = parse_err("", &[("SEALGATE_UPSTREAMS", "{\"a\": {\"http\": {}}}")]);
+        assert!(
+            whole_section.starts_with(
+                "environment variable SEALGATE_UPSTREAMS: upstreams.a.http: missing field `url`"
+            ),
+            "{whole_section}"
+        );
+        let not_a_mapping = parse_err("limits: 5\n", &[("SEALGATE_LIMITS__MAX_BODY_BYTES", "9")]);
+        assert!(
+            not_a_mapping.starts_with("environment variable SEALGATE_LIMITS__MAX_BODY_BYTES:"),
+            "{not_a_mapping}"
+        );
+        let from_value = parse_err(
+            "listen: x\nreplica_id: \"env:REPLICA\"\n",
+            &[("REPLICA", "")],
+        );
+        assert_eq!(
+            from_value,
+            "conf/sealgate.yaml:2: replica_id: must be 1 to 256 characters (the value of \
+             environment variable REPLICA, named by \"env:REPLICA\")"
+        );
+    }
+
+    #[test]
+    fn stdio_commands_with_a_slash_and_cwd_resolve_against_the_config_folder() {
+        let yaml = "upstreams:\n  \
+                    a: { mcp: { command: ./tools/server.sh, cwd: work } }\n  \
+                    b: { mcp: { command: npx } }\n  \
+                    c: { mcp: { command: /usr/bin/env, cwd: /srv } }\n";
+        let config = Config::from_yaml(yaml, Path::new("/etc/sealgate"), &[]).unwrap();
+        let mcp = |name: &str| config.upstreams[name].mcp.clone().unwrap();
+        assert_eq!(mcp("a").command.unwrap(), "/etc/sealgate/tools/server.sh");
+        assert_eq!(mcp("a").cwd.unwrap(), PathBuf::from("/etc/sealgate/work"));
+        assert_eq!(mcp("b").command.unwrap(), "npx");
+        assert_eq!(mcp("b").cwd, None);
+        assert_eq!(mcp("c").command.unwrap(), "/usr/bin/env");
+        assert_eq!(mcp("c").cwd.unwrap(), PathBuf::from("/srv"));
+    }
+
+    #[test]
+    fn the_policy_folder_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::from_yaml("policies_dir: polices", dir.path(), &[]).unwrap();
+        let err = config.policies_folder().unwrap_err();
+        let missing = dir.path().join("polices");
+        assert!(
+            err.contains(&format!("{} does not exist", missing.display())),
+            "{err}"
+        );
+        assert!(!missing.exists());
+        std::fs::create_dir(&missing).unwrap();
+        assert_eq!(config.policies_folder().unwrap(), missing);
     }
 }

@@ -110,17 +110,7 @@ impl Gateway {
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
 
-        let policies_dir = config.resolve(&config.policies_dir);
-        // `sealgate serve` alone must start: a missing folder is an empty one (nothing is allowed).
-        if !policies_dir.exists() {
-            std::fs::create_dir_all(&policies_dir).map_err(|e| {
-                format!(
-                    "cannot create policies folder {}: {e}",
-                    policies_dir.display()
-                )
-            })?;
-            tracing::warn!(dir = %policies_dir.display(), "no policies folder: created an empty one; every call is refused until a context is added");
-        }
+        let policies_dir = config.policies_folder()?;
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
         let stored = store.context_list().await.map_err(|e| e.to_string())?;
@@ -131,6 +121,14 @@ impl Gateway {
             if let Err(e) = loaded {
                 tracing::error!(context = %context.name, error = %e, "stored security context no longer loads; skipped");
             }
+        }
+        // Nothing here stops start-up (keys can be added and tools installed later), but each is a
+        // feature that cannot work as configured, said once now rather than at the first refusal.
+        let problems = crate::config_check::unusable_features(&config, contexts.list().len())
+            .into_iter()
+            .chain(crate::config_check::launch_problems(&config));
+        for problem in problems {
+            tracing::warn!("{problem}");
         }
 
         let audit_cfg = crate::audit::AuditConfig {

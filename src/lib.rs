@@ -5,6 +5,7 @@ pub mod bench;
 pub mod claim;
 pub mod clock;
 pub mod config;
+pub mod config_check;
 pub mod demo;
 pub mod envelope;
 pub mod error;

@@ -31,6 +31,9 @@ enum Command {
         /// YAML configuration (every key has a default).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Validate the whole configuration (keys, policies, upstreams) and exit without serving.
+        #[arg(long)]
+        check: bool,
     },
     /// Start a gateway in-process with a demo tool and walk through the whole flow.
     Demo {
@@ -169,7 +172,11 @@ fn signed_envelope(args: &SignArgs) -> Result<serde_json::Value, String> {
 
 async fn run(command: Command) -> Result<ExitCode, String> {
     match command {
-        Command::Serve { config } => {
+        Command::Serve {
+            config,
+            check: true,
+        } => return Ok(sealgate::config_check::run(config.as_deref())),
+        Command::Serve { config, .. } => {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{code, start_replicas, tool_call, Gateway};
+use common::{code, start_replicas, tool_call, until, Gateway};
 use sealgate::store::testing::TestDatabase;
 use serde_json::{json, Value};
 
@@ -199,20 +199,6 @@ async fn a_revocation_on_one_replica_is_enforced_by_the_other_within_a_second() 
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(revoked_at.elapsed() < std::time::Duration::from_secs(1));
-}
-
-/// Calls `call` every 50 ms until it answers true; panics when that takes `within` or longer.
-async fn until<F, Fut>(within: std::time::Duration, what: &str, mut call: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = std::time::Instant::now();
-    while !call().await {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(started.elapsed() < within, "{what}: not within {within:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

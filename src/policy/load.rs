@@ -250,7 +250,7 @@ pub(crate) fn read_policy_file(path: &Path) -> Result<String, PolicyError> {
     })
 }
 
-fn field_path_from(path: &serde_path_to_error::Path) -> FieldPath {
+pub(crate) fn field_path_from(path: &serde_path_to_error::Path) -> FieldPath {
     let mut field = FieldPath::root();
     for segment in path {
         field = match segment {
@@ -296,7 +296,7 @@ fn yaml_message(error: &serde_saphyr::Error) -> String {
 
 /// Finds the line of `path` in `text` by reading the YAML again into a tree of positions. Used for
 /// rule errors found after parsing; returns `None` if the text cannot be read that way.
-fn locate_line(text: &str, path: &FieldPath) -> Option<usize> {
+pub(crate) fn locate_line(text: &str, path: &FieldPath) -> Option<usize> {
     let root: Spanned<PositionNode> =
         serde_saphyr::from_str_with_options(text, yaml_options()).ok()?;
     let mut node = &root;

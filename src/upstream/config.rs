@@ -4,7 +4,7 @@
 //! whose target can only be one of the supported kinds, so the clients never see a half-valid entry.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -39,7 +39,9 @@ pub struct HttpUpstreamConfig {
     pub url: String,
 }
 
-/// `mcp: {url}` or `mcp: {command, args, env, cwd}`.
+/// `mcp: {url}` or `mcp: {command, args, env, cwd}`. A `command` with a `/` and a `cwd` are resolved
+/// against the configuration file's folder; without `cwd` the server runs in the gateway's own working
+/// directory.
 #[derive(Deserialize, Clone, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct McpUpstreamConfig {
@@ -50,6 +52,94 @@ pub struct McpUpstreamConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+}
+
+impl UpstreamConfig {
+    /// Makes a stdio upstream's relative `command` (one with a `/`, like `./tools/server.sh`) and `cwd`
+    /// absolute against `base`, the configuration file's folder; a bare name (`npx`) stays a PATH lookup.
+    /// Absolute, because a relative program started with another working directory is found
+    /// differently on different platforms.
+    pub fn resolve_paths(&mut self, base: &Path) -> Result<(), String> {
+        let Some(mcp) = self.mcp.as_mut() else {
+            return Ok(());
+        };
+        if let Some(command) = mcp.command.as_mut() {
+            if command.contains('/') && !Path::new(command.as_str()).is_absolute() {
+                let resolved = absolute(&base.join(command.as_str()))?;
+                *command = resolved.into_os_string().into_string().map_err(|path| {
+                    format!("mcp.command: {} is not UTF-8", Path::new(&path).display())
+                })?;
+            }
+        }
+        if let Some(cwd) = mcp.cwd.as_mut() {
+            if !cwd.is_absolute() {
+                *cwd = absolute(&base.join(&cwd))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What would stop a stdio upstream's server from starting, found without starting it: each
+    /// problem with its key (`mcp.command`, `mcp.cwd`). Nothing for HTTP upstreams.
+    pub fn launch_problems(&self) -> Vec<(&'static str, String)> {
+        let Some(mcp) = &self.mcp else {
+            return Vec::new();
+        };
+        let mut problems = Vec::new();
+        if let Some(command) = &mcp.command {
+            if let Err(problem) = mcp.locate_program(command) {
+                problems.push(("mcp.command", problem));
+            }
+        }
+        if let Some(cwd) = &mcp.cwd {
+            if !cwd.is_dir() {
+                problems.push(("mcp.cwd", format!("{} is not a folder", cwd.display())));
+            }
+        }
+        problems
+    }
+}
+
+impl McpUpstreamConfig {
+    /// Finds the program as the spawn will: a command with a `/` is that file; a bare name is looked up
+    /// in the server's PATH (its `env` may set one, else the gateway's own is passed on).
+    fn locate_program(&self, command: &str) -> Result<PathBuf, String> {
+        if command.contains('/') {
+            let path = PathBuf::from(command);
+            return if is_executable_file(&path) {
+                Ok(path)
+            } else {
+                Err(format!("{command} is not an executable file"))
+            };
+        }
+        let search = match self.env.get("PATH") {
+            Some(path) => path.into(),
+            None => std::env::var_os("PATH").unwrap_or_default(),
+        };
+        std::env::split_paths(&search)
+            .map(|dir| dir.join(command))
+            .find(|candidate| is_executable_file(candidate))
+            .ok_or_else(|| format!("`{command}` is not found on PATH"))
+    }
+}
+
+fn is_executable_file(path: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        meta.is_file() && meta.permissions().mode() & 0o111 != 0
+    }
+    #[cfg(not(unix))]
+    {
+        meta.is_file()
+    }
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
 }
 
 /// Where the calls of one upstream go, after validation.
@@ -316,5 +406,36 @@ mod tests {
             validate("fs", &good).unwrap().target,
             Target::McpStdio(_)
         ));
+    }
+    #[test]
+    fn launch_problems_find_missing_programs_and_folders_without_starting_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("server.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let problems = |mcp: serde_json::Value| {
+            let mut cfg = parse(serde_json::json!({ "mcp": mcp })).unwrap();
+            cfg.resolve_paths(dir.path()).unwrap();
+            cfg.launch_problems()
+        };
+        // Not executable yet, then executable.
+        let found = problems(serde_json::json!({"command": "./server.sh"}));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "mcp.command");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        assert!(problems(serde_json::json!({"command": "./server.sh"})).is_empty());
+        assert!(problems(serde_json::json!({"command": "sh"})).is_empty());
+        // The server's own PATH is the one searched.
+        let elsewhere =
+            problems(serde_json::json!({"command": "sh", "env": {"PATH": "/nonexistent"}}));
+        assert_eq!(elsewhere[0].0, "mcp.command");
+        let no_cwd = problems(serde_json::json!({"command": "sh", "cwd": "missing"}));
+        assert_eq!(no_cwd.len(), 1);
+        assert_eq!(no_cwd[0].0, "mcp.cwd");
+        assert!(no_cwd[0].1.contains("missing"), "{no_cwd:?}");
+        let http = parse(serde_json::json!({"http": {"url": "http://a"}})).unwrap();
+        assert!(http.launch_problems().is_empty());
     }
 }

@@ -487,8 +487,14 @@ pub fn code(body: &Value) -> u64 {
 
 /// Runs the real `sealgate` command with `args`; returns its exit code and everything it printed.
 pub fn run_cli(args: &[&str]) -> (i32, String) {
+    run_cli_with_env(args, &[])
+}
+
+/// Like [`run_cli`], with extra environment variables.
+pub fn run_cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -519,4 +525,18 @@ pub async fn start_replicas(
         })
         .collect();
     (replicas, tool)
+}
+
+/// Calls `call` every 50 ms until it answers true; panics when that takes `within` or longer.
+pub async fn until<F, Fut>(within: std::time::Duration, what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !call().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() < within, "{what}: not within {within:?}");
 }

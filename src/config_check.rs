@@ -1,0 +1,186 @@
+//! `sealgate serve --check`: every problem of a configuration, found without serving (keys read and
+//! parsed, policies loaded, upstreams validated and their stdio servers found, URLs parsed); and the
+//! warnings about sections that leave a feature unusable, which `serve` also logs at start-up.
+//! Every line names the key it is about.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config::Config;
+use crate::policy::ContextRegistry;
+use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
+use crate::upstream::Upstreams;
+
+/// Sections that are valid but leave a feature unusable, given how many contexts are loaded.
+pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
+    let mut found = Vec::new();
+    if config.operator_auth.keys.is_empty() {
+        found.push(
+            "operator_auth.keys: none configured: the control API refuses every request (6001), \
+             so no session can be registered"
+                .to_owned(),
+        );
+    }
+    if config.agent_tokens.keys.is_empty() && config.agent_tokens.issuer_key.is_none() {
+        found.push(
+            "agent_tokens.keys: none configured and no agent_tokens.issuer_key: every call is \
+             refused (1004)"
+                .to_owned(),
+        );
+    }
+    if config.upstreams.is_empty() {
+        found.push(
+            "upstreams: none configured: every call that a context allows is refused (5004)"
+                .to_owned(),
+        );
+    }
+    if contexts == 0 {
+        found.push(format!(
+            "policies_dir: no security context is loaded ({} holds none): until one is added \
+             there or through the API, no session can be registered and /readyz answers 503",
+            config.resolve(&config.policies_dir).display()
+        ));
+    }
+    found
+}
+
+/// Stdio upstreams whose server cannot start as configured.
+pub fn launch_problems(config: &Config) -> Vec<String> {
+    config
+        .upstreams
+        .iter()
+        .flat_map(|(name, upstream)| {
+            upstream
+                .launch_problems()
+                .into_iter()
+                .map(move |(key, problem)| {
+                    format!("upstreams.{name}.{key}: {problem}; calls to {name}.* get 5001")
+                })
+        })
+        .collect()
+}
+
+/// What `--check` found: problems (the gateway would not start, or a part of it cannot work) and
+/// warnings (valid, but a feature is unusable).
+struct Report {
+    problems: Vec<String>,
+    warnings: Vec<String>,
+    contexts: Option<usize>,
+}
+
+/// Every check that needs no network and no store: each part is built as `serve` builds it, so the
+/// two cannot disagree about what is valid.
+fn check(config: &Config) -> Report {
+    let mut problems = Vec::new();
+    // These messages already name their key (`agent_tokens.keys[0]: …`). The verifier stops at its
+    // first bad key before it reads issuer_key, so the minter is asked on its own too.
+    let agent = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir).err();
+    let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir).err();
+    problems.extend(minter.clone());
+    problems.extend(agent.filter(|e| Some(e) != minter.as_ref()));
+    if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
+        problems.push(e);
+    }
+    // One upstream at a time, so that every broken one is listed, not only the first.
+    for (name, upstream) in &config.upstreams {
+        let one = BTreeMap::from([(name.clone(), upstream.clone())]);
+        if let Err(e) = Upstreams::new(&one) {
+            problems.push(e);
+        }
+    }
+    problems.extend(launch_problems(config));
+    // Binding is left to `serve`; a value that cannot be bound anywhere is caught here.
+    let port = config
+        .listen
+        .rsplit_once(':')
+        .map(|(_, port)| port.parse::<u16>());
+    if !matches!(port, Some(Ok(_))) {
+        problems.push(format!(
+            "listen: {:?} is not HOST:PORT (e.g. 127.0.0.1:8089)",
+            config.listen
+        ));
+    }
+    if let Some(problem) = store_problem(&config.store) {
+        problems.push(problem);
+    }
+    if let Some(file) = &config.audit.file {
+        let file = config.resolve(file);
+        let folder = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !folder.is_dir() {
+            problems.push(format!(
+                "audit.file: the folder of {} does not exist",
+                file.display()
+            ));
+        }
+    }
+    let contexts = match config.policies_folder() {
+        Ok(dir) => match ContextRegistry::load(&dir) {
+            Ok(registry) => Some(registry.list().len()),
+            Err(e) => {
+                problems.push(format!("policies_dir: {e}"));
+                None
+            }
+        },
+        Err(e) => {
+            problems.push(e);
+            None
+        }
+    };
+    // The count is of policy files: contexts put through the API are in the store, not opened here.
+    // Policies that do not load are already a problem, so no "no context" warning then.
+    let warnings = unusable_features(config, contexts.unwrap_or(1));
+    Report {
+        problems,
+        warnings,
+        contexts,
+    }
+}
+
+/// A `postgres://` store must at least be a URL with a host; connecting is left to `serve`.
+fn store_problem(store: &str) -> Option<String> {
+    if store == "embedded" {
+        return None;
+    }
+    match url::Url::parse(store) {
+        Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => None,
+        Ok(_) => Some("store: the URL has no host".to_owned()),
+        // The URL may hold a password: name the problem, not the value.
+        Err(e) => Some(format!("store: not a valid URL: {e}")),
+    }
+}
+
+/// `sealgate serve --check [--config FILE]`: prints each problem and warning on its own line
+/// (stderr), then a summary; exits 1 when there is any problem.
+pub fn run(path: Option<&Path>) -> ExitCode {
+    let label = path.map_or("(defaults)".to_owned(), |p| p.display().to_string());
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!("{label}: the configuration does not load; nothing else was checked");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = check(&config);
+    for problem in &report.problems {
+        eprintln!("error: {problem}");
+    }
+    for warning in &report.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if !report.problems.is_empty() {
+        eprintln!("{label}: {} problem(s)", report.problems.len());
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "ok: {label}: {} security context(s), {} upstream(s), {} warning(s)",
+        report.contexts.unwrap_or(0),
+        config.upstreams.len(),
+        report.warnings.len()
+    );
+    ExitCode::SUCCESS
+}
