@@ -15,5 +15,6 @@ pub mod policy;
 pub mod session;
 pub mod store;
 pub mod strict_json;
+pub mod telemetry;
 pub mod token;
 pub mod upstream;
