@@ -39,7 +39,9 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     if let Some(inner) = rest.strip_prefix('{') {
         let mut chars = inner.char_indices().peekable();
         loop {
-            let (start, first) = chars.next().unwrap_or_else(|| panic!("open labels: {line}"));
+            let (start, first) = chars
+                .next()
+                .unwrap_or_else(|| panic!("open labels: {line}"));
             if first == '}' {
                 rest = &inner[start + 1..];
                 break;
@@ -66,7 +68,10 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
                     None => panic!("unterminated label value: {line}"),
                 }
             }
-            assert!(labels.insert(key, value).is_none(), "repeated label: {line}");
+            assert!(
+                labels.insert(key, value).is_none(),
+                "repeated label: {line}"
+            );
             if chars.peek().map(|&(_, c)| c) == Some(',') {
                 chars.next();
             }

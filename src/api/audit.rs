@@ -44,7 +44,7 @@ struct AuditParams {
 }
 
 /// Queries the audit trail, newest first.
-#[utoipa::path(get, path = "/v1/audit", tag = "audit",
+#[utoipa::path(get, path = "/v1/audit", operation_id = "query_audit", tag = "audit",
     params(AuditParams),
     security(("operator" = ["seal.audit.read"])),
     responses((status = 200, description = "A page of events", body = AuditPageDoc)))]
@@ -66,7 +66,7 @@ pub async fn query(
 }
 
 /// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed.
-#[utoipa::path(get, path = "/v1/audit/export", tag = "audit",
+#[utoipa::path(get, path = "/v1/audit/export", operation_id = "export_audit", tag = "audit",
     params(("from_seq" = Option<u64>, Query, description = "The first seq to send; 1 by default")),
     security(("operator" = ["seal.audit.read"])),
     responses((status = 200, description = "One event per line, in chain order", content_type = "application/x-ndjson", body = String)))]

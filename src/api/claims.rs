@@ -180,7 +180,7 @@ struct ClaimListQuery {
 }
 
 /// Lists claims, newest first (SPEC 7.4).
-#[utoipa::path(get, path = "/v1/claims", tag = "claims",
+#[utoipa::path(get, path = "/v1/claims", operation_id = "list_claims", tag = "claims",
     params(ClaimListQuery),
     security(("operator" = ["seal.claim.read"])),
     responses((status = 200, description = "A page of claims", body = ClaimPage)))]
@@ -232,7 +232,7 @@ async fn get_claim(
 }
 
 /// Reads one claim taken by `/v1/invoke`.
-#[utoipa::path(get, path = "/v1/claims/{request_id}", tag = "claims",
+#[utoipa::path(get, path = "/v1/claims/{request_id}", operation_id = "read_claim", tag = "claims",
     params(("request_id" = String, Path, description = "The claim's request id")),
     security(("operator" = ["seal.claim.read"])),
     responses((status = 200, description = "The claim", body = ClaimView)))]
@@ -263,7 +263,7 @@ pub struct ResolveRequest {
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Resolved {
-    Committed(ClaimView),
+    Committed(Box<ClaimView>),
     Released {
         request_id: String,
         /// Always `RELEASED`.
@@ -306,7 +306,7 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
 }
 
 /// Settles a PENDING claim by hand (SPEC 7.4): committed with the tool's answer, or released.
-#[utoipa::path(post, path = "/v1/claims/{request_id}/resolve", tag = "claims",
+#[utoipa::path(post, path = "/v1/claims/{request_id}/resolve", operation_id = "resolve_claim", tag = "claims",
     params(("request_id" = String, Path, description = "The claim's request id")),
     request_body = ResolveRequest,
     security(("operator" = ["seal.claim.resolve"])),
@@ -365,7 +365,7 @@ pub async fn resolve(
     }
     gw.record(event).await?;
     let body = match next {
-        Some(record) => Resolved::Committed(claim_json(&record)),
+        Some(record) => Resolved::Committed(Box::new(claim_json(&record))),
         None => Resolved::Released {
             request_id,
             status: "RELEASED",
@@ -410,7 +410,7 @@ fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
 }
 
 /// Takes a standalone claim (SafeAgent-style): PROCEED, SKIP with the settled result, or PENDING.
-#[utoipa::path(post, path = "/claim", tag = "claims",
+#[utoipa::path(post, path = "/claim", operation_id = "take_standalone_claim", tag = "claims",
     request_body = StandaloneClaim,
     security(("operator" = ["seal.claim.resolve"])),
     responses((status = 200, description = "What the claim found", body = ClaimTaken)))]
@@ -480,11 +480,14 @@ pub struct Settled {
 }
 
 /// Settles a standalone claim with the action's result.
-#[utoipa::path(post, path = "/settle/{request_id}", tag = "claims",
+#[utoipa::path(post, path = "/settle/{request_id}", operation_id = "settle_standalone_claim", tag = "claims",
     params(("request_id" = String, Path, description = "The claim's request id")),
     request_body = SettleRequest,
     security(("operator" = ["seal.claim.resolve"])),
-    responses((status = 200, description = "Settled", body = Settled)))]
+    responses(
+        (status = 200, description = "Settled", body = Settled),
+        (status = 409, description = "The claim changed meanwhile and is not PENDING", body = super::openapi::ErrorBody),
+    ))]
 pub async fn settle(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -544,7 +547,7 @@ struct ClaimAuditQuery {
 }
 
 /// `GET /audit`: claim records, newest first, with offset paging and a total.
-#[utoipa::path(get, path = "/audit", tag = "claims",
+#[utoipa::path(get, path = "/audit", operation_id = "list_standalone_claims", tag = "claims",
     params(ClaimAuditQuery),
     security(("operator" = ["seal.claim.resolve"])),
     responses((status = 200, description = "Matching claims", body = ClaimAuditPage)))]

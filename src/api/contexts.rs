@@ -19,7 +19,7 @@ pub struct ContextList {
 }
 
 /// Lists every loaded security context, from files and from the API.
-#[utoipa::path(get, path = "/v1/security-contexts", tag = "contexts",
+#[utoipa::path(get, path = "/v1/security-contexts", operation_id = "list_contexts", tag = "contexts",
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The contexts", body = ContextList)))]
 pub async fn list(
@@ -43,7 +43,7 @@ fn find(
 }
 
 /// Reads one context: its spec, `version` and `source`.
-#[utoipa::path(get, path = "/v1/security-contexts/{name}", tag = "contexts",
+#[utoipa::path(get, path = "/v1/security-contexts/{name}", operation_id = "read_context", tag = "contexts",
     params(("name" = String, Path, description = "The context name")),
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The context", body = Object)))]
@@ -69,7 +69,7 @@ fn file_backed(context: &SecurityContext) -> Option<ApiError> {
 }
 
 /// Creates or replaces a context kept in the store (file-backed ones are read-only here: 409).
-#[utoipa::path(put, path = "/v1/security-contexts/{name}", tag = "contexts",
+#[utoipa::path(put, path = "/v1/security-contexts/{name}", operation_id = "put_context", tag = "contexts",
     params(("name" = String, Path, description = "The context name")),
     request_body(content = Object, description = "A security context, as in a policy file, in JSON"),
     security(("operator" = ["seal.context.write"])),
@@ -152,7 +152,7 @@ pub struct ContextDeleted {
 }
 
 /// Deletes a context kept in the store (file-backed ones are read-only here: 409).
-#[utoipa::path(delete, path = "/v1/security-contexts/{name}", tag = "contexts",
+#[utoipa::path(delete, path = "/v1/security-contexts/{name}", operation_id = "delete_context", tag = "contexts",
     params(("name" = String, Path, description = "The context name")),
     security(("operator" = ["seal.context.write"])),
     responses(
@@ -204,7 +204,7 @@ pub struct EvaluateRequest {
 }
 
 /// Explains what the context would decide for a call, and why; calls nothing.
-#[utoipa::path(post, path = "/v1/security-contexts/{name}/evaluate", tag = "contexts",
+#[utoipa::path(post, path = "/v1/security-contexts/{name}/evaluate", operation_id = "evaluate_context", tag = "contexts",
     params(("name" = String, Path, description = "The context name")),
     request_body = EvaluateRequest,
     security(("operator" = ["seal.context.read"])),

@@ -75,7 +75,7 @@ pub async fn metrics(axum::extract::State(gw): State) -> impl IntoResponse {
 static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(super::openapi_document);
 
 /// This document: the OpenAPI 3.1 description of every endpoint.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "operations",
     responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
 pub async fn openapi_json() -> impl IntoResponse {
     axum::Json(&*DOCUMENT)

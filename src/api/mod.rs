@@ -60,13 +60,15 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         // The SPEC's older name of the agent endpoint, kept working; documented under /v1/invoke.
         .route("/v1/seal/invoke", axum::routing::post(invoke::invoke))
         .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") })
-        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
-            ApiError::new(
-                Code::InvalidRequest,
-                format!("{method} is not allowed on {}", uri.path()),
-            )
-            .with_status(StatusCode::METHOD_NOT_ALLOWED)
-        })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError::new(
+                    Code::InvalidRequest,
+                    format!("{method} is not allowed on {}", uri.path()),
+                )
+                .with_status(StatusCode::METHOD_NOT_ALLOWED)
+            },
+        )
         .with_state(gateway)
 }
 

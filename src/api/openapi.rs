@@ -166,10 +166,12 @@ mod tests {
         ] {
             assert!(paths.contains_key(path), "{path} is missing");
         }
+        let mut operation_ids = std::collections::HashSet::new();
         for (path, item) in paths {
             for (method, operation) in item.as_object().unwrap() {
-                let control = path.starts_with("/v1/")
-                    && !path.ends_with("invoke")
+                let id = operation["operationId"].as_str().unwrap();
+                assert!(operation_ids.insert(id), "operationId {id} repeated");
+                let control = path.starts_with("/v1/") && !path.ends_with("invoke")
                     || ["/claim", "/audit"].contains(&path.as_str())
                     || path.starts_with("/settle/");
                 assert_eq!(

@@ -13,7 +13,7 @@ use crate::session::{self, CreateSessionRequest, SessionCreated, SessionStatus, 
 use crate::store::SessionRecord;
 
 /// Registers a session (SPEC 5). The same registration again answers 200 with the same body.
-#[utoipa::path(post, path = "/v1/seal/sessions", tag = "sessions",
+#[utoipa::path(post, path = "/v1/seal/sessions", operation_id = "create_session", tag = "sessions",
     request_body = CreateSessionRequest,
     security(("operator" = ["seal.session.create"])),
     responses(
@@ -142,7 +142,7 @@ struct SessionListQuery {
 }
 
 /// Lists sessions, filtered and paged; never a key or a token.
-#[utoipa::path(get, path = "/v1/seal/sessions", tag = "sessions",
+#[utoipa::path(get, path = "/v1/seal/sessions", operation_id = "list_sessions", tag = "sessions",
     params(SessionListQuery),
     security(("operator" = ["seal.session.read"])),
     responses((status = 200, description = "A page of sessions", body = SessionPage)))]
@@ -183,32 +183,39 @@ pub async fn list(
                 (base, wanted) => base == wanted,
             })
     };
+    // One match beyond the page tells whether another page follows: the call count can exclude
+    // sessions that the store's filter kept, so the store's own "more" is not enough.
     let mut cursor = params.get("cursor").cloned();
     let mut items = Vec::new();
     loop {
         let (page, more) = gw
             .store
-            .session_page(cursor.as_deref(), limit - items.len(), &keep)
+            .session_page(cursor.as_deref(), limit + 1 - items.len(), &keep)
             .await
             .map_err(ApiError::store)?;
         for record in &page {
-            let view = session::describe(record, now, calls_allowed(&gw, &record.session_id).await?);
+            let calls = calls_allowed(&gw, &record.session_id).await?;
+            let view = session::describe(record, now, calls);
             if status.is_none_or(|wanted| view.status == wanted) {
                 items.push(view);
             }
         }
         cursor = page.last().map(|r| r.session_id.clone());
-        if !more {
-            return Ok(axum::Json(SessionPage { items, next_cursor: None }).into_response());
-        }
-        if items.len() == limit {
-            return Ok(axum::Json(SessionPage { items, next_cursor: cursor }).into_response());
+        if !more || items.len() > limit {
+            break;
         }
     }
+    let next_cursor = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|v| v.session_id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(SessionPage { items, next_cursor }).into_response())
 }
 
 /// Reads one session: status, context, expiry, budget and call count; never a key or a token.
-#[utoipa::path(get, path = "/v1/seal/sessions/{id}", tag = "sessions",
+#[utoipa::path(get, path = "/v1/seal/sessions/{id}", operation_id = "read_session", tag = "sessions",
     params(("id" = String, Path, description = "The session id")),
     security(("operator" = ["seal.session.read"])),
     responses((status = 200, description = "The session", body = SessionView)))]
@@ -239,7 +246,7 @@ pub struct SessionRevoked {
 }
 
 /// Revokes a session: its key is erased and every later envelope gets 1006. Repeating it is harmless.
-#[utoipa::path(delete, path = "/v1/seal/sessions/{id}", tag = "sessions",
+#[utoipa::path(delete, path = "/v1/seal/sessions/{id}", operation_id = "revoke_session", tag = "sessions",
     params(("id" = String, Path, description = "The session id")),
     security(("operator" = ["seal.session.revoke"])),
     responses((status = 200, description = "Revoked (now or before)", body = SessionRevoked)))]

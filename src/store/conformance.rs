@@ -148,10 +148,7 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
     };
     let (page, more) = store.session_page(None, 2, &|_| true).await.unwrap();
     assert_eq!((ids(&page), more), (vec!["B".into(), "a".into()], true));
-    let (page, more) = store
-        .session_page(Some("a"), 2, &|_| true)
-        .await
-        .unwrap();
+    let (page, more) = store.session_page(Some("a"), 2, &|_| true).await.unwrap();
     assert_eq!((ids(&page), more), (vec!["s1".into(), "s2".into()], false));
     let (page, more) = store
         .session_page(None, 2, &|s| s.security_context == "ctx")

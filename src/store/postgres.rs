@@ -17,8 +17,7 @@ use tokio_postgres::NoTls;
 
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
-    LiveCounts,
-    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord,
+    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts,
     SessionRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
