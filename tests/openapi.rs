@@ -41,8 +41,11 @@ async fn schemathesis_finds_the_served_document_true_to_the_control_api() {
     gw.session("exec-doc").await;
     let token = gw.keys.operator_token("seal.admin");
     let base = gw.base.clone();
+    // schemathesis keeps a cache (.schemathesis/) in its working folder: the test's own folder.
+    let workdir = dir.path().to_path_buf();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(schemathesis())
+            .current_dir(workdir)
             .arg("run")
             .arg(format!("{base}/openapi.json"))
             .args(["--url", &base])
