@@ -14,4 +14,9 @@ fi
 if [ -f tests/mcp-servers/package-lock.json ]; then
   npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error
 fi
+# schemathesis (PyPI, pinned) checks the served OpenAPI document against the real binary in tests/openapi.rs.
+if [ ! -x target/schemathesis/bin/schemathesis ]; then
+  python3 -m venv target/schemathesis
+  target/schemathesis/bin/pip install --quiet --disable-pip-version-check schemathesis==4.32.5
+fi
 cargo test --locked "$@"

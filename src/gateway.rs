@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -36,20 +36,6 @@ pub struct Gateway {
     pub metrics: PrometheusHandle,
     /// Keeps the policy folder watched for as long as the gateway lives.
     _policy_watcher: WatcherHandle,
-}
-
-/// The process-wide Prometheus recorder (installing it twice fails, and tests build several gateways).
-fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may already be installed (e.g. by an embedding program): keep ours local then.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
 }
 
 impl Gateway {
@@ -102,6 +88,8 @@ impl Gateway {
         config: Config,
         store: Arc<dyn Store>,
     ) -> Result<Arc<Gateway>, String> {
+        // Before anything registers a metric handle (the upstreams do).
+        let metrics = crate::telemetry::install();
         let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens: {e}"))?;
         let operators = OperatorVerifier::new(&config.operator_auth, &config.base_dir)
@@ -161,7 +149,7 @@ impl Gateway {
             minter,
             upstreams,
             audit,
-            metrics: metrics_handle(),
+            metrics,
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();

@@ -17,6 +17,7 @@ pub mod policy;
 pub mod session;
 pub mod store;
 pub mod strict_json;
+pub mod telemetry;
 pub mod token;
 pub mod trace;
 pub mod upstream;

@@ -463,9 +463,11 @@ async fn admit(
                 policy::rate::SlidingWindow::from(limit),
             )
         }),
-        budget: record
-            .max_calls
-            .map(|max| (crate::session::budget_key(&record.session_id), max)),
+        // Counted without a budget too: the session's `calls.allowed` reads this cell.
+        budget: Some((
+            crate::session::budget_key(&record.session_id),
+            record.max_calls.unwrap_or(u64::MAX),
+        )),
         claim: claim_record,
         now_ms: clock::now_millis(),
     };

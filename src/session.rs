@@ -6,28 +6,65 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use base64::Engine;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::clock;
 use crate::envelope::SessionKey;
 use crate::policy::Pattern;
 use crate::store::{SessionRecord, Store, StoreError, StoreResult};
 
-/// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5).
-#[derive(Debug, Deserialize)]
+/// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5). Fields are read as JSON
+/// values so that a wrong type is named precisely; the schema says what each must be.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct CreateSessionRequest {
+    /// 1–256 bytes without control characters (also accepted as `execution_id`).
     #[serde(alias = "execution_id")]
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 256)]
     pub session_id: Option<Value>,
+    /// The agent's Ed25519 public key: base64 (either alphabet) or hex of the 32 raw bytes, or an SPKI
+    /// PEM (also accepted as `public_key_b64`).
     #[serde(alias = "public_key_b64")]
+    #[schema(value_type = String, required = true)]
     pub public_key: Option<Value>,
+    /// The name of a loaded security context (also accepted as `security_context_name`).
     #[serde(alias = "security_context_name")]
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 256)]
     pub security_context: Option<Value>,
+    /// An RFC 3339 instant or Unix seconds, in the future and at most `sessions.max_lifetime_secs` ahead.
+    #[schema(schema_with = instant_schema, required = true)]
     pub expires_at: Option<Value>,
+    /// Binds the agent token's `sub`.
+    #[schema(value_type = Option<String>, min_length = 1, max_length = 256)]
     pub agent_id: Option<Value>,
+    /// Binds the agent token's `wid`.
+    #[schema(value_type = Option<String>, min_length = 1, max_length = 256)]
     pub workload_id: Option<Value>,
+    /// Narrows what the context allows; `["*"]` when absent.
+    #[schema(value_type = Option<Vec<String>>)]
     pub allowed_tool_patterns: Option<Value>,
+    #[schema(value_type = Option<Budget>)]
     pub budget: Option<Value>,
+}
+
+/// An RFC 3339 string or whole Unix seconds.
+fn instant_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Integer))
+        .into()
+}
+
+/// A session's call budget.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Budget {
+    /// How many calls the policy may allow over the session's life; none = unlimited.
+    pub max_calls: Option<u64>,
 }
 
 /// A validated registration; the field that failed is named in the error.
@@ -172,7 +209,8 @@ impl NewSession {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum SessionStatus {
     Active,
     Revoked,
@@ -181,6 +219,13 @@ pub enum SessionStatus {
 }
 
 impl SessionStatus {
+    pub const ALL: [SessionStatus; 4] = [
+        SessionStatus::Active,
+        SessionStatus::Revoked,
+        SessionStatus::Expired,
+        SessionStatus::Exhausted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SessionStatus::Active => "active",
@@ -188,6 +233,10 @@ impl SessionStatus {
             SessionStatus::Expired => "expired",
             SessionStatus::Exhausted => "exhausted",
         }
+    }
+
+    pub fn parse(text: &str) -> Option<SessionStatus> {
+        SessionStatus::ALL.into_iter().find(|s| s.as_str() == text)
     }
 }
 
@@ -210,34 +259,73 @@ pub fn budget_key(session_id: &str) -> String {
 }
 
 /// The 201/200 body of a registration.
-pub fn created_body(record: &SessionRecord) -> Value {
-    let mut body = json!({
-        "session_id": record.session_id,
-        "status": "active",
-        "security_context": record.security_context,
-        "expires_at": clock::rfc3339_secs(record.expires_at),
-    });
-    if let (Some(token), Some(obj)) = (&record.security_token, body.as_object_mut()) {
-        obj.insert("security_token".into(), Value::String(token.clone()));
-    }
-    body
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionCreated {
+    pub session_id: String,
+    /// Always `active`.
+    pub status: SessionStatus,
+    pub security_context: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// Present when the gateway mints agent tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub security_token: Option<String>,
 }
 
-/// The `GET /v1/seal/sessions/{id}` body: never a key or a token.
-pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Value {
-    json!({
-        "session_id": record.session_id,
-        "status": status(record, now, calls_allowed).as_str(),
-        "security_context": record.security_context,
-        "expires_at": clock::rfc3339_secs(record.expires_at),
-        "agent_id": record.agent_id,
-        "workload_id": record.workload_id,
-        "allowed_tool_patterns": record.allowed_tool_patterns,
-        "budget": {"max_calls": record.max_calls},
-        "calls": {"allowed": calls_allowed},
-        "created_at": clock::rfc3339_millis(record.created_at_ms),
-        "revoked_at": record.revoked_at_ms.map(clock::rfc3339_millis),
-    })
+pub fn created_body(record: &SessionRecord) -> SessionCreated {
+    SessionCreated {
+        session_id: record.session_id.clone(),
+        status: SessionStatus::Active,
+        security_context: record.security_context.clone(),
+        expires_at: clock::rfc3339_secs(record.expires_at),
+        security_token: record.security_token.clone(),
+    }
+}
+
+/// A session as `GET /v1/seal/sessions[/{id}]` shows it: never a key or a token.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionView {
+    pub session_id: String,
+    pub status: SessionStatus,
+    pub security_context: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    pub agent_id: Option<String>,
+    pub workload_id: Option<String>,
+    pub allowed_tool_patterns: Vec<String>,
+    pub budget: Budget,
+    pub calls: Calls,
+    /// RFC 3339 with milliseconds.
+    pub created_at: String,
+    /// RFC 3339 with milliseconds; null unless revoked.
+    pub revoked_at: Option<String>,
+}
+
+/// What the session has used.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Calls {
+    /// Calls the policy allowed (SKIPs included), with or without a budget.
+    pub allowed: u64,
+}
+
+pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> SessionView {
+    SessionView {
+        session_id: record.session_id.clone(),
+        status: status(record, now, calls_allowed),
+        security_context: record.security_context.clone(),
+        expires_at: clock::rfc3339_secs(record.expires_at),
+        agent_id: record.agent_id.clone(),
+        workload_id: record.workload_id.clone(),
+        allowed_tool_patterns: record.allowed_tool_patterns.clone(),
+        budget: Budget {
+            max_calls: record.max_calls,
+        },
+        calls: Calls {
+            allowed: calls_allowed,
+        },
+        created_at: clock::rfc3339_millis(record.created_at_ms),
+        revoked_at: record.revoked_at_ms.map(clock::rfc3339_millis),
+    }
 }
 
 /// The revoked form of a record: key and token erased.
@@ -339,6 +427,7 @@ impl SessionCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const KEY: &str = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
 
@@ -425,7 +514,7 @@ mod tests {
         let gone = revoked(&record, 5);
         assert_eq!(status(&gone, 1_999_999_000, 0), SessionStatus::Revoked);
         assert_eq!(gone.public_key, None);
-        let described = describe(&gone, 1_999_999_000, 0).to_string();
+        let described = serde_json::to_string(&describe(&gone, 1_999_999_000, 0)).unwrap();
         assert!(!described.contains(KEY));
     }
 }

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use sealgate::audit::{AuditBackend, ChainHead};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
-    Admission, Admitted, ClaimCursor, ClaimKind, ClaimRecord, SessionRecord, SledStore, Store,
-    StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts, SessionRecord, SledStore,
+    Store, StoreError, StoreResult, StoredContext,
 };
 use serde_json::{json, Value};
 
@@ -76,6 +76,19 @@ impl Store for SwitchableStore {
     async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
         self.check()?;
         self.inner.session_replace(old, new).await
+    }
+    async fn session_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<SessionRecord>, bool)> {
+        self.check()?;
+        self.inner.session_page(after, limit, keep).await
+    }
+    async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
+        self.check()?;
+        self.inner.live_counts(now_secs).await
     }
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
         self.check()?;

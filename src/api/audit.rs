@@ -7,6 +7,47 @@ use super::{Operator, State};
 use crate::audit::AuditQuery;
 use crate::error::{ApiError, Code};
 
+/// A page of audit events, newest first (what `crate::audit::AuditPage` serialises to).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // Documents the answer; the handler serialises `AuditPage`.
+struct AuditPageDoc {
+    /// Events as recorded (SPEC 9.1).
+    items: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Pass as `cursor` for the next page; null when no older events are left.
+    next_cursor: Option<String>,
+}
+
+/// The filters of `GET /v1/audit` (SPEC 9.3); every one given must hold.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the query; `AuditQuery::from_pairs` reads it.
+struct AuditParams {
+    /// An event type, e.g. `ToolCallCompleted`.
+    r#type: Option<String>,
+    session_id: Option<String>,
+    /// The agent (token `sub`).
+    sub: Option<String>,
+    tool: Option<String>,
+    /// `allow` or `deny`.
+    decision: Option<String>,
+    /// A SPEC error code, e.g. 2002.
+    code: Option<u16>,
+    /// RFC 3339 or Unix seconds.
+    from: Option<String>,
+    /// RFC 3339 or Unix seconds.
+    to: Option<String>,
+    /// 1–1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Queries the audit trail, newest first.
+#[utoipa::path(get, path = "/v1/audit", operation_id = "query_audit", tag = "audit",
+    params(AuditParams),
+    security(("operator" = ["seal.audit.read"])),
+    responses((status = 200, description = "A page of events", body = AuditPageDoc)))]
 pub async fn query(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -25,6 +66,10 @@ pub async fn query(
 }
 
 /// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed.
+#[utoipa::path(get, path = "/v1/audit/export", operation_id = "export_audit", tag = "audit",
+    params(("from_seq" = Option<u64>, Query, description = "The first seq to send; 1 by default")),
+    security(("operator" = ["seal.audit.read"])),
+    responses((status = 200, description = "One event per line, in chain order", content_type = "application/x-ndjson", body = String)))]
 pub async fn export(
     axum::extract::State(gw): State,
     operator: Operator,

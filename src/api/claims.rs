@@ -1,55 +1,61 @@
 //! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
 //! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
 
-use axum::extract::{Path, RawQuery};
+use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
-use super::{json_body, limit_param, query_params, ControlBody, Operator, State};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::claim::{self, ManualOutcome, SettleError, Taken};
 use crate::error::{ApiError, Code};
-use crate::store::{ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus};
+use crate::store::{ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus, Resolution};
 
 /// A claim as the API shows it.
-fn claim_json(record: &ClaimRecord) -> Value {
-    let mut view = Map::new();
-    view.insert("kind".into(), json!(record.kind.as_str()));
-    view.insert("request_id".into(), json!(record.request_id));
-    view.insert("action".into(), json!(record.action));
-    view.insert("agent_id".into(), json!(record.agent_id));
-    if let Some(session_id) = &record.session_id {
-        view.insert("session_id".into(), json!(session_id));
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ClaimView {
+    kind: ClaimKind,
+    request_id: String,
+    /// The tool name, or the standalone claim's action.
+    action: String,
+    agent_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    status: ClaimStatus,
+    /// RFC 3339 with milliseconds.
+    claimed_at: String,
+    action_ref: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    committed_at: Option<String>,
+    /// The tool's JSON-RPC answer, the settled result, or a `withheld` marker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolution: Option<Resolution>,
+}
+
+fn claim_json(record: &ClaimRecord) -> ClaimView {
+    ClaimView {
+        kind: record.kind,
+        request_id: record.request_id.clone(),
+        action: record.action.clone(),
+        agent_id: record.agent_id.clone(),
+        session_id: record.session_id.clone(),
+        status: record.status,
+        claimed_at: record.claimed_at.clone(),
+        action_ref: record.action_ref.clone(),
+        committed_at: record.committed_at.clone(),
+        result: match &record.outcome {
+            Some(ClaimOutcome::Answer { response }) => Some(response.clone()),
+            Some(ClaimOutcome::Settled { result }) => Some(result.clone()),
+            Some(ClaimOutcome::ResponseTooLarge { limit }) => {
+                Some(json!({"withheld": "response_too_large", "limit": limit}))
+            }
+            None => None,
+        },
+        resolution: record.resolution.clone(),
     }
-    view.insert("status".into(), json!(record.status.as_str()));
-    view.insert("claimed_at".into(), json!(record.claimed_at));
-    view.insert("action_ref".into(), json!(record.action_ref));
-    if let Some(at) = &record.committed_at {
-        view.insert("committed_at".into(), json!(at));
-    }
-    match &record.outcome {
-        Some(ClaimOutcome::Answer { response }) => {
-            view.insert("result".into(), response.clone());
-        }
-        Some(ClaimOutcome::Settled { result }) => {
-            view.insert("result".into(), result.clone());
-        }
-        Some(ClaimOutcome::ResponseTooLarge { limit }) => {
-            view.insert(
-                "result".into(),
-                json!({"withheld": "response_too_large", "limit": limit}),
-            );
-        }
-        None => {}
-    }
-    if let Some(resolution) = &record.resolution {
-        view.insert(
-            "resolution".into(),
-            serde_json::to_value(resolution).unwrap_or(Value::Null),
-        );
-    }
-    Value::Object(view)
 }
 
 /// The audit event of an operator's step on a claim: who did it, to which claim, with what outcome.
@@ -149,6 +155,35 @@ fn parse_cursor(raw: Option<&String>) -> Result<Option<ClaimCursor>, ApiError> {
     .transpose()
 }
 
+/// A page of claims, newest first.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ClaimPage {
+    items: Vec<ClaimView>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+/// The filters of `GET /v1/claims`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the query; the handler reads it through `query_params`.
+struct ClaimListQuery {
+    kind: Option<ClaimKind>,
+    status: Option<ClaimStatus>,
+    agent_id: Option<String>,
+    tool: Option<String>,
+    /// 1–1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists claims, newest first (SPEC 7.4).
+#[utoipa::path(get, path = "/v1/claims", operation_id = "list_claims", tag = "claims",
+    params(ClaimListQuery),
+    security(("operator" = ["seal.claim.read"])),
+    responses((status = 200, description = "A page of claims", body = ClaimPage)))]
 pub async fn list(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -178,7 +213,11 @@ pub async fn list(
     } else {
         None
     };
-    Ok(axum::Json(json!({"items": items.iter().map(claim_json).collect::<Vec<_>>(), "next_cursor": next_cursor})).into_response())
+    Ok(axum::Json(ClaimPage {
+        items: items.iter().map(claim_json).collect(),
+        next_cursor,
+    })
+    .into_response())
 }
 
 async fn get_claim(
@@ -192,21 +231,44 @@ async fn get_claim(
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no claim {request_id:?}")))
 }
 
+/// Reads one claim taken by `/v1/invoke`.
+#[utoipa::path(get, path = "/v1/claims/{request_id}", operation_id = "read_claim", tag = "claims",
+    params(("request_id" = String, Path, description = "The claim's request id")),
+    security(("operator" = ["seal.claim.read"])),
+    responses((status = 200, description = "The claim", body = ClaimView)))]
 pub async fn read(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(request_id): Path<String>,
+    ApiPath(request_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.read")?;
     Ok(axum::Json(claim_json(&get_claim(&gw, &request_id).await?)).into_response())
 }
 
-#[derive(Deserialize)]
+/// How an operator settles a PENDING claim.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ResolveRequest {
+pub struct ResolveRequest {
+    /// `committed` (with `result`) or `released` (without).
+    #[schema(pattern = "^(committed|released)$")]
     outcome: String,
+    /// A JSON-RPC response object: exactly one of `result` or `error`.
+    #[schema(value_type = Option<Object>)]
     result: Option<Value>,
+    /// Why: recorded in the audit event.
     evidence: Option<String>,
+}
+
+/// What a resolution left: the committed claim, or the marker of a released one.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Resolved {
+    Committed(Box<ClaimView>),
+    Released {
+        request_id: String,
+        /// Always `RELEASED`.
+        status: &'static str,
+    },
 }
 
 /// A stored answer must be a JSON-RPC response object: `result` or `error`, not both.
@@ -243,10 +305,19 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
     }
 }
 
+/// Settles a PENDING claim by hand (SPEC 7.4): committed with the tool's answer, or released.
+#[utoipa::path(post, path = "/v1/claims/{request_id}/resolve", operation_id = "resolve_claim", tag = "claims",
+    params(("request_id" = String, Path, description = "The claim's request id")),
+    request_body = ResolveRequest,
+    security(("operator" = ["seal.claim.resolve"])),
+    responses(
+        (status = 200, description = "Resolved", body = Resolved),
+        (status = 409, description = "The claim is not PENDING", body = super::openapi::ErrorBody),
+    ))]
 pub async fn resolve(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(request_id): Path<String>,
+    ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
@@ -294,18 +365,38 @@ pub async fn resolve(
     }
     gw.record(event).await?;
     let body = match next {
-        Some(record) => claim_json(&record),
-        None => json!({"request_id": request_id, "status": "RELEASED"}),
+        Some(record) => Resolved::Committed(Box::new(claim_json(&record))),
+        None => Resolved::Released {
+            request_id,
+            status: "RELEASED",
+        },
     };
     Ok(axum::Json(body).into_response())
 }
 
-#[derive(Deserialize)]
+/// A standalone claim on an action a service guards itself.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct StandaloneClaim {
+pub struct StandaloneClaim {
+    /// 1–256 bytes without control characters.
+    #[schema(min_length = 1, max_length = 256)]
     request_id: String,
+    #[schema(min_length = 1, max_length = 256)]
     action: String,
+    /// The operator's name when absent.
+    #[schema(min_length = 1, max_length = 256)]
     agent_id: Option<String>,
+}
+
+/// What taking a standalone claim found.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ClaimTaken {
+    /// `PROCEED` (do the action, then settle), `SKIP` (done before: `existing` is its result) or
+    /// `PENDING` (in flight or unknown).
+    status: &'static str,
+    request_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    existing: Option<Value>,
 }
 
 fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
@@ -318,6 +409,11 @@ fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Takes a standalone claim (SafeAgent-style): PROCEED, SKIP with the settled result, or PENDING.
+#[utoipa::path(post, path = "/claim", operation_id = "take_standalone_claim", tag = "claims",
+    request_body = StandaloneClaim,
+    security(("operator" = ["seal.claim.resolve"])),
+    responses((status = 200, description = "What the claim found", body = ClaimTaken)))]
 pub async fn standalone_claim(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -360,23 +456,42 @@ pub async fn standalone_claim(
         },
         Taken::Pending(_) | Taken::OtherCall(_) => ("PENDING", None),
     };
-    let mut body = json!({"status": status, "request_id": request.request_id});
-    if let (Some(existing), Some(obj)) = (existing, body.as_object_mut()) {
-        obj.insert("existing".into(), existing);
-    }
-    Ok(axum::Json(body).into_response())
+    Ok(axum::Json(ClaimTaken {
+        status,
+        request_id: request.request_id,
+        existing,
+    })
+    .into_response())
 }
 
-#[derive(Deserialize)]
+/// The result of a standalone action.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SettleRequest {
+pub struct SettleRequest {
+    /// Kept as given; later SKIPs return it as `existing`.
     result: Value,
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Settled {
+    /// `committed`, or `already_committed` (the first result stands).
+    status: &'static str,
+    request_id: String,
+}
+
+/// Settles a standalone claim with the action's result.
+#[utoipa::path(post, path = "/settle/{request_id}", operation_id = "settle_standalone_claim", tag = "claims",
+    params(("request_id" = String, Path, description = "The claim's request id")),
+    request_body = SettleRequest,
+    security(("operator" = ["seal.claim.resolve"])),
+    responses(
+        (status = 200, description = "Settled", body = Settled),
+        (status = 409, description = "The claim changed meanwhile and is not PENDING", body = super::openapi::ErrorBody),
+    ))]
 pub async fn settle(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(request_id): Path<String>,
+    ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
@@ -398,10 +513,44 @@ pub async fn settle(
         // The first result stands; nothing changed, so nothing is recorded.
         None => "already_committed",
     };
-    Ok(axum::Json(json!({"status": status, "request_id": request_id})).into_response())
+    Ok(axum::Json(Settled { status, request_id }).into_response())
+}
+
+/// A page of `GET /audit`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ClaimAuditPage {
+    items: Vec<ClaimView>,
+    /// How many claims match.
+    total: usize,
+    limit: usize,
+    offset: usize,
+}
+
+/// The filters of `GET /audit`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the query; the handler reads it through `query_params`.
+struct ClaimAuditQuery {
+    agent_id: Option<String>,
+    action: Option<String>,
+    /// `pending` or `committed`, any case.
+    status: Option<String>,
+    /// Unix seconds.
+    from_ts: Option<i64>,
+    /// Unix seconds.
+    to_ts: Option<i64>,
+    /// 1–1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    #[param(minimum = 0)]
+    offset: Option<u64>,
 }
 
 /// `GET /audit`: claim records, newest first, with offset paging and a total.
+#[utoipa::path(get, path = "/audit", operation_id = "list_standalone_claims", tag = "claims",
+    params(ClaimAuditQuery),
+    security(("operator" = ["seal.claim.resolve"])),
+    responses((status = 200, description = "Matching claims", body = ClaimAuditPage)))]
 pub async fn standalone_audit(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -452,14 +601,17 @@ pub async fn standalone_audit(
         .await
         .map_err(ApiError::store)?;
     let total = matching.len();
-    let items: Vec<Value> = matching
+    let items = matching
         .iter()
         .skip(offset)
         .take(limit)
         .map(claim_json)
         .collect();
-    Ok(
-        axum::Json(json!({"items": items, "total": total, "limit": limit, "offset": offset}))
-            .into_response(),
-    )
+    Ok(axum::Json(ClaimAuditPage {
+        items,
+        total,
+        limit,
+        offset,
+    })
+    .into_response())
 }

@@ -1,17 +1,27 @@
 //! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
 
-use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{json_body, ControlBody, Operator, State};
+use super::{json_body, ApiPath, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::policy::{self, ContextSource, SecurityContext};
 use crate::store::StoredContext;
 
+/// Every loaded context, by name.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ContextList {
+    /// Each context's spec (as in its file), with `version` and `source` added.
+    items: Vec<Value>,
+}
+
+/// Lists every loaded security context, from files and from the API.
+#[utoipa::path(get, path = "/v1/security-contexts", operation_id = "list_contexts", tag = "contexts",
+    security(("operator" = ["seal.context.read"])),
+    responses((status = 200, description = "The contexts", body = ContextList)))]
 pub async fn list(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -20,7 +30,7 @@ pub async fn list(
     let mut contexts = gw.contexts.list();
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
-    Ok(axum::Json(json!({"items": items})).into_response())
+    Ok(axum::Json(ContextList { items }).into_response())
 }
 
 fn find(
@@ -32,10 +42,15 @@ fn find(
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no security context {name:?}")))
 }
 
+/// Reads one context: its spec, `version` and `source`.
+#[utoipa::path(get, path = "/v1/security-contexts/{name}", operation_id = "read_context", tag = "contexts",
+    params(("name" = String, Path, description = "The context name")),
+    security(("operator" = ["seal.context.read"])),
+    responses((status = 200, description = "The context", body = Object)))]
 pub async fn read(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.read")?;
     Ok(axum::Json(find(&gw, &name)?.api_view()).into_response())
@@ -53,10 +68,20 @@ fn file_backed(context: &SecurityContext) -> Option<ApiError> {
     })
 }
 
+/// Creates or replaces a context kept in the store (file-backed ones are read-only here: 409).
+#[utoipa::path(put, path = "/v1/security-contexts/{name}", operation_id = "put_context", tag = "contexts",
+    params(("name" = String, Path, description = "The context name")),
+    request_body(content = Object, description = "A security context, as in a policy file, in JSON"),
+    security(("operator" = ["seal.context.write"])),
+    responses(
+        (status = 201, description = "Created", body = Object),
+        (status = 200, description = "Replaced", body = Object),
+        (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
+    ))]
 pub async fn put(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.write")?;
@@ -119,10 +144,25 @@ pub async fn put(
     Ok((status, axum::Json(find(&gw, &name)?.api_view())).into_response())
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ContextDeleted {
+    name: String,
+    /// Always `deleted`.
+    status: &'static str,
+}
+
+/// Deletes a context kept in the store (file-backed ones are read-only here: 409).
+#[utoipa::path(delete, path = "/v1/security-contexts/{name}", operation_id = "delete_context", tag = "contexts",
+    params(("name" = String, Path, description = "The context name")),
+    security(("operator" = ["seal.context.write"])),
+    responses(
+        (status = 200, description = "Deleted", body = ContextDeleted),
+        (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
+    ))]
 pub async fn delete(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.write")?;
     let current = find(&gw, &name)?;
@@ -145,21 +185,34 @@ pub async fn delete(
             .actor(operator.name()),
     )
     .await?;
-    Ok(axum::Json(json!({"name": name, "status": "deleted"})).into_response())
+    Ok(axum::Json(ContextDeleted {
+        name,
+        status: "deleted",
+    })
+    .into_response())
 }
 
-#[derive(Deserialize)]
+/// A call to explain.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct EvaluateRequest {
+pub struct EvaluateRequest {
+    /// The tool name, e.g. `fs.read_file`.
     tool: String,
+    /// The call's arguments.
     #[serde(default)]
     arguments: Map<String, Value>,
 }
 
+/// Explains what the context would decide for a call, and why; calls nothing.
+#[utoipa::path(post, path = "/v1/security-contexts/{name}/evaluate", operation_id = "evaluate_context", tag = "contexts",
+    params(("name" = String, Path, description = "The context name")),
+    request_body = EvaluateRequest,
+    security(("operator" = ["seal.context.read"])),
+    responses((status = 200, description = "The decision (`allow` or the code) and the rule that made it", body = Object)))]
 pub async fn evaluate(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.read")?;

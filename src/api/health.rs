@@ -1,18 +1,42 @@
-//! Liveness, readiness and Prometheus metrics.
+//! Liveness, readiness, Prometheus metrics and the OpenAPI document.
+
+use std::sync::LazyLock;
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 use super::State;
 use crate::error::{ApiError, Code};
 
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`
+    status: &'static str,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Alive", body = Health)))]
 pub async fn healthz() -> impl IntoResponse {
-    axum::Json(json!({"status": "ok"}))
+    axum::Json(Health { status: "ok" })
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// `ready`.
+    status: &'static str,
+    /// Security contexts loaded (at least one).
+    contexts: usize,
 }
 
 /// Ready when the store answers and at least one security context is loaded: with none, no session
 /// can be registered and every call is refused, so traffic should not be sent here yet.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "Not ready: the store does not answer (5005) or no security context is loaded (6003)", body = super::openapi::ErrorBody),
+    ))]
 pub async fn readyz(axum::extract::State(gw): State) -> Response {
     if let Err(e) = gw.store.ping().await {
         return ApiError::store(format!("not ready: the store does not answer: {e}"))
@@ -31,14 +55,31 @@ pub async fn readyz(axum::extract::State(gw): State) -> Response {
     }
     (
         StatusCode::OK,
-        axum::Json(json!({"status": "ready", "contexts": contexts})),
+        axum::Json(Readiness {
+            status: "ready",
+            contexts,
+        }),
     )
         .into_response()
 }
 
+/// Prometheus metrics in the text exposition format (README lists them).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)))]
 pub async fn metrics(axum::extract::State(gw): State) -> impl IntoResponse {
+    crate::telemetry::observe_gateway(&gw).await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gw.metrics.render(),
     )
+}
+
+/// Built once: the document is the same for every gateway of this binary.
+static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(super::openapi_document);
+
+/// This document: the OpenAPI 3.1 description of every endpoint.
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "operations",
+    responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
+pub async fn openapi_json() -> impl IntoResponse {
+    axum::Json(&*DOCUMENT)
 }

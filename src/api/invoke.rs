@@ -8,17 +8,50 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{read_body, BodyError, State};
 use crate::error::{ApiError, Code};
 use crate::pipeline::Outcome;
 
+/// The successful answer of a call.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // Documents the answer built below.
+struct InvokeSuccess {
+    /// Always `seal/v1`.
+    protocol: String,
+    /// Always `success`.
+    status: String,
+    /// The tool's JSON-RPC response, with the caller's id.
+    payload: serde_json::Map<String, Value>,
+    /// What the gateway decided and recorded: claim, action_ref, event_id, context and its version.
+    receipt: serde_json::Map<String, Value>,
+}
+
+/// An agent's signed call (SPEC 2-3): verified, decided, claimed, forwarded, settled and audited.
+/// `/v1/seal/invoke` is the same endpoint under the SPEC's older name.
+#[utoipa::path(post, path = "/v1/invoke", tag = "agents",
+    request_body(content = Object, description = "A signed seal/v1 envelope (SPEC section 2)"),
+    responses(
+        (status = 200, description = "The tool's answer and the receipt", body = InvokeSuccess),
+        (status = "4XX", description = "Refused: the SPEC code says why (1xxx, 2xxx, 3001, 4xxx)", body = super::openapi::ErrorBody),
+        (status = "5XX", description = "Failed: upstream (5001-5004), store (5005) or overload (5006)", body = super::openapi::ErrorBody),
+    ))]
 pub async fn invoke(
     axum::extract::State(gw): State,
     ConnectInfo(client): ConnectInfo<SocketAddr>,
     body: Body,
 ) -> Response {
+    let started = std::time::Instant::now();
+    let response = answer(&gw, client, body).await;
+    crate::telemetry::observe_request(
+        crate::telemetry::RequestOutcome::of(response.status()),
+        started.elapsed(),
+    );
+    response
+}
+
+async fn answer(gw: &crate::gateway::Gateway, client: SocketAddr, body: Body) -> Response {
     // Shed before any check (SPEC 11 r2): an overloaded gateway keeps its admitted calls fast instead of
     // queueing every call until all are slow. Nothing of a shed call is remembered or charged.
     let Ok(_slot) = gw.call_slots.clone().try_acquire_owned() else {
@@ -60,7 +93,7 @@ pub async fn invoke(
             return error.request_timeout();
         }
     };
-    match crate::pipeline::invoke(&gw, &bytes, Some(client)).await {
+    match crate::pipeline::invoke(gw, &bytes, Some(client)).await {
         Outcome::Success { payload, receipt } => {
             tracing::debug!(
                 event_id = receipt["event_id"].as_str(),

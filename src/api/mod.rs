@@ -6,6 +6,7 @@ mod claims;
 mod contexts;
 mod health;
 mod invoke;
+pub mod openapi;
 pub mod server;
 mod sessions;
 
@@ -14,9 +15,10 @@ use std::sync::Arc;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
@@ -24,40 +26,69 @@ use crate::token::OperatorClaims;
 
 pub type State = axum::extract::State<Arc<Gateway>>;
 
+/// Every documented route: each registered together with its `#[utoipa::path]` description.
+fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
+    OpenApiRouter::with_openapi(openapi::skeleton())
+        .routes(routes!(invoke::invoke))
+        .routes(routes!(sessions::create, sessions::list))
+        .routes(routes!(sessions::read, sessions::revoke))
+        .routes(routes!(contexts::list))
+        .routes(routes!(contexts::read, contexts::put, contexts::delete))
+        .routes(routes!(contexts::evaluate))
+        .routes(routes!(claims::list))
+        .routes(routes!(claims::read))
+        .routes(routes!(claims::resolve))
+        .routes(routes!(claims::standalone_claim))
+        .routes(routes!(claims::settle))
+        .routes(routes!(claims::standalone_audit))
+        .routes(routes!(audit::query))
+        .routes(routes!(audit::export))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(health::openapi_json))
+}
+
+/// The OpenAPI document, as served at `/openapi.json`.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    openapi::finish(documented_routes().into_openapi())
+}
+
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/v1/invoke", post(invoke::invoke))
-        .route("/v1/seal/invoke", post(invoke::invoke))
-        .route("/v1/seal/sessions", post(sessions::create))
-        .route(
-            "/v1/seal/sessions/{id}",
-            get(sessions::read).delete(sessions::revoke),
-        )
-        .route("/v1/security-contexts", get(contexts::list))
-        .route(
-            "/v1/security-contexts/{name}",
-            get(contexts::read)
-                .put(contexts::put)
-                .delete(contexts::delete),
-        )
-        .route(
-            "/v1/security-contexts/{name}/evaluate",
-            post(contexts::evaluate),
-        )
-        .route("/v1/claims", get(claims::list))
-        .route("/v1/claims/{request_id}", get(claims::read))
-        .route("/v1/claims/{request_id}/resolve", post(claims::resolve))
-        .route("/claim", post(claims::standalone_claim))
-        .route("/settle/{request_id}", post(claims::settle))
-        .route("/audit", get(claims::standalone_audit))
-        .route("/v1/audit", get(audit::query))
-        .route("/v1/audit/export", get(audit::export))
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+    let (router, _) = documented_routes().split_for_parts();
+    router
+        // The SPEC's older name of the agent endpoint, kept working; documented under /v1/invoke.
+        .route("/v1/seal/invoke", axum::routing::post(invoke::invoke))
         .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError::new(
+                    Code::InvalidRequest,
+                    format!("{method} is not allowed on {}", uri.path()),
+                )
+                .with_status(StatusCode::METHOD_NOT_ALLOWED)
+            },
+        )
         .layer(axum::middleware::from_fn(crate::trace::propagate))
         .with_state(gateway)
+}
+
+/// A path parameter; one that does not decode (not UTF-8) is refused with the SPEC error body.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| ApiPath(value))
+            .map_err(|e| ApiError::new(Code::InvalidRequest, format!("path: {}", e.body_text())))
+    }
 }
 
 /// An authenticated operator (SPEC 4: operator tokens). Missing or bad credentials → 401 (6001).

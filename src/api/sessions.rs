@@ -1,16 +1,26 @@
 //! The orchestrator's session API (SPEC section 5).
 
-use axum::extract::Path;
+use axum::extract::RawQuery;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
-use super::{json_body, ControlBody, Operator, State};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::clock;
 use crate::error::{ApiError, Code};
-use crate::session::{self, CreateSessionRequest};
+use crate::session::{self, CreateSessionRequest, SessionCreated, SessionStatus, SessionView};
+use crate::store::SessionRecord;
 
+/// Registers a session (SPEC 5). The same registration again answers 200 with the same body.
+#[utoipa::path(post, path = "/v1/seal/sessions", operation_id = "create_session", tag = "sessions",
+    request_body = CreateSessionRequest,
+    security(("operator" = ["seal.session.create"])),
+    responses(
+        (status = 201, description = "Registered", body = SessionCreated),
+        (status = 200, description = "Exactly this registration existed already", body = SessionCreated),
+        (status = 409, description = "Another session holds this id, or it was revoked", body = super::openapi::ErrorBody),
+    ))]
 pub async fn create(
     axum::extract::State(gw): State,
     operator: Operator,
@@ -105,10 +115,114 @@ async fn calls_allowed(gw: &crate::gateway::Gateway, session_id: &str) -> Result
     Ok(count.unwrap_or(0).max(0) as u64)
 }
 
+/// A page of sessions, in ascending id order.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SessionPage {
+    pub items: Vec<SessionView>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The filters of `GET /v1/seal/sessions`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the query; the handler reads it through `query_params`.
+struct SessionListQuery {
+    /// Only sessions in this status.
+    status: Option<SessionStatus>,
+    /// Only sessions on this security context.
+    context: Option<String>,
+    /// Only sessions bound to this agent id.
+    agent: Option<String>,
+    /// 1–1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists sessions, filtered and paged; never a key or a token.
+#[utoipa::path(get, path = "/v1/seal/sessions", operation_id = "list_sessions", tag = "sessions",
+    params(SessionListQuery),
+    security(("operator" = ["seal.session.read"])),
+    responses((status = 200, description = "A page of sessions", body = SessionPage)))]
+pub async fn list(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.session.read")?;
+    let params = query_params(
+        raw.as_deref(),
+        &["status", "context", "agent", "limit", "cursor"],
+    )?;
+    let status = params
+        .get("status")
+        .map(|raw| {
+            SessionStatus::parse(raw).ok_or_else(|| {
+                ApiError::new(
+                    Code::InvalidRequest,
+                    format!("status must be active, revoked, expired or exhausted, not {raw:?}"),
+                )
+            })
+        })
+        .transpose()?;
+    let limit = limit_param(&params, 100)?;
+    let (context, agent) = (params.get("context"), params.get("agent"));
+    let now = clock::now_secs();
+    // What the record alone decides; `active` and `exhausted` also need the call count, read below.
+    let keep = |record: &SessionRecord| {
+        context.is_none_or(|c| *c == record.security_context)
+            && agent.is_none_or(|a| record.agent_id.as_ref() == Some(a))
+            && status.is_none_or(|wanted| match (session::status(record, now, 0), wanted) {
+                // Neither revoked nor expired: the call count decides between active and exhausted.
+                (SessionStatus::Active | SessionStatus::Exhausted, SessionStatus::Active) => true,
+                (SessionStatus::Active | SessionStatus::Exhausted, SessionStatus::Exhausted) => {
+                    record.max_calls.is_some()
+                }
+                (base, wanted) => base == wanted,
+            })
+    };
+    // One match beyond the page tells whether another page follows: the call count can exclude
+    // sessions that the store's filter kept, so the store's own "more" is not enough.
+    let mut cursor = params.get("cursor").cloned();
+    let mut items = Vec::new();
+    loop {
+        let (page, more) = gw
+            .store
+            .session_page(cursor.as_deref(), limit + 1 - items.len(), &keep)
+            .await
+            .map_err(ApiError::store)?;
+        for record in &page {
+            let calls = calls_allowed(&gw, &record.session_id).await?;
+            let view = session::describe(record, now, calls);
+            if status.is_none_or(|wanted| view.status == wanted) {
+                items.push(view);
+            }
+        }
+        cursor = page.last().map(|r| r.session_id.clone());
+        if !more || items.len() > limit {
+            break;
+        }
+    }
+    let next_cursor = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|v| v.session_id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(SessionPage { items, next_cursor }).into_response())
+}
+
+/// Reads one session: status, context, expiry, budget and call count; never a key or a token.
+#[utoipa::path(get, path = "/v1/seal/sessions/{id}", operation_id = "read_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session id")),
+    security(("operator" = ["seal.session.read"])),
+    responses((status = 200, description = "The session", body = SessionView)))]
 pub async fn read(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.session.read")?;
     let record = gw
@@ -121,10 +235,25 @@ pub async fn read(
     Ok(axum::Json(session::describe(&record, clock::now_secs(), calls)).into_response())
 }
 
+/// The answer to a revocation.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SessionRevoked {
+    pub session_id: String,
+    /// Always `revoked`.
+    pub status: SessionStatus,
+    /// RFC 3339 with milliseconds.
+    pub revoked_at: String,
+}
+
+/// Revokes a session: its key is erased and every later envelope gets 1006. Repeating it is harmless.
+#[utoipa::path(delete, path = "/v1/seal/sessions/{id}", operation_id = "revoke_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session id")),
+    security(("operator" = ["seal.session.revoke"])),
+    responses((status = 200, description = "Revoked (now or before)", body = SessionRevoked)))]
 pub async fn revoke(
     axum::extract::State(gw): State,
     operator: Operator,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.session.revoke")?;
     loop {
@@ -159,8 +288,10 @@ pub async fn revoke(
 }
 
 fn revoked_body(id: &str, at_ms: i64) -> Response {
-    axum::Json(
-        json!({"session_id": id, "status": "revoked", "revoked_at": clock::rfc3339_millis(at_ms)}),
-    )
+    axum::Json(SessionRevoked {
+        session_id: id.to_string(),
+        status: SessionStatus::Revoked,
+        revoked_at: clock::rfc3339_millis(at_ms),
+    })
     .into_response()
 }

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::{
     Admission, Admitted, ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus,
-    SessionRecord, Store,
+    LiveCounts, SessionRecord, Store,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -114,6 +114,76 @@ pub(crate) async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_fir
         .await
         .unwrap();
     assert_eq!(ids(&page), ["standalone:same"]);
+}
+
+/// A live session fixed by its id, context and agent.
+fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRecord {
+    SessionRecord {
+        session_id: id.into(),
+        public_key: Some("k".into()),
+        security_context: context.into(),
+        expires_at: 10,
+        agent_id: agent.map(str::to_string),
+        workload_id: None,
+        allowed_tool_patterns: vec!["*".into()],
+        max_calls: None,
+        security_token: None,
+        created_at_ms: 1,
+        revoked_at_ms: None,
+    }
+}
+
+pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &dyn Store) {
+    // Inserted out of order; "B" sorts before "a" in byte order on both stores.
+    for (id, context) in [("s2", "ctx"), ("a", "other"), ("s1", "ctx"), ("B", "ctx")] {
+        store
+            .session_insert(&session(id, context, Some(id)))
+            .await
+            .unwrap();
+    }
+    let ids = |page: &[SessionRecord]| {
+        page.iter()
+            .map(|s| s.session_id.clone())
+            .collect::<Vec<_>>()
+    };
+    let (page, more) = store.session_page(None, 2, &|_| true).await.unwrap();
+    assert_eq!((ids(&page), more), (vec!["B".into(), "a".into()], true));
+    let (page, more) = store.session_page(Some("a"), 2, &|_| true).await.unwrap();
+    assert_eq!((ids(&page), more), (vec!["s1".into(), "s2".into()], false));
+    let (page, more) = store
+        .session_page(None, 2, &|s| s.security_context == "ctx")
+        .await
+        .unwrap();
+    assert_eq!((ids(&page), more), (vec!["B".into(), "s1".into()], true));
+    let (page, more) = store
+        .session_page(Some("s1"), 5, &|s| s.security_context == "ctx")
+        .await
+        .unwrap();
+    assert_eq!((ids(&page), more), (vec!["s2".into()], false));
+
+    // Live: neither revoked nor expired (expires_at 10); pending: PENDING claims only.
+    let live = session("s1", "ctx", Some("s1"));
+    let mut revoked = live.clone();
+    revoked.revoked_at_ms = Some(2);
+    assert!(store.session_replace(&live, &revoked).await.unwrap());
+    let first = claim(ClaimKind::Invoke, "p", 1);
+    store.claim_insert(&first).await.unwrap();
+    let mut committed = claim(ClaimKind::Standalone, "c", 2);
+    store.claim_insert(&committed).await.unwrap();
+    let pending = committed.clone();
+    committed.status = ClaimStatus::Committed;
+    assert!(store
+        .claim_replace(&pending, Some(&committed))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.live_counts(9).await.unwrap(),
+        LiveCounts {
+            sessions: 3,
+            pending_claims: 1
+        }
+    );
+    assert_eq!(store.live_counts(10).await.unwrap().sessions, 0);
 }
 
 pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &dyn Store) {

@@ -97,7 +97,7 @@ pub struct SessionRecord {
     pub revoked_at_ms: Option<i64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum ClaimStatus {
     Pending,
@@ -126,7 +126,7 @@ pub enum ClaimOutcome {
 }
 
 /// Who resolved a PENDING claim by hand, and why (SPEC 7.4).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Resolution {
     pub actor: String,
     pub outcome: String,
@@ -136,7 +136,9 @@ pub struct Resolution {
 
 /// Which namespace a claim lives in (SPEC 7.4 r2): a request id given to `POST /claim` never finds,
 /// blocks or settles a claim taken by `/v1/invoke`, and the reverse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimKind {
     #[default]
@@ -189,7 +191,7 @@ pub struct StoredContext {
 pub struct Admission {
     /// The capability's rate window: (cell key, the window rule).
     pub rate: Option<(String, crate::policy::rate::SlidingWindow)>,
-    /// The session's call budget: (cell key, max calls).
+    /// The session's call count and budget: (cell key, max calls; `u64::MAX` when unlimited).
     pub budget: Option<(String, u64)>,
     /// A PENDING claim to insert unless its request id exists.
     pub claim: Option<ClaimRecord>,
@@ -222,6 +224,14 @@ pub trait Store: AuditBackend {
     async fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>>;
     /// Replaces `old` with `new` only if the stored record still equals `old`.
     async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool>;
+    /// Up to `limit` sessions in ascending id order (byte order) that pass `keep`, starting after the id
+    /// `after` (a cursor from an earlier page); the flag says whether more follow.
+    async fn session_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<SessionRecord>, bool)>;
 
     /// The integer cell `key` (a budget's count), None when absent.
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>>;
@@ -259,10 +269,21 @@ pub trait Store: AuditBackend {
         keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
     ) -> StoreResult<(Vec<ClaimRecord>, bool)>;
 
+    /// What `/metrics` shows of the shared state: sessions neither revoked nor expired at `now_secs`, and
+    /// PENDING claims. One count per scrape, not per call.
+    async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts>;
+
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()>;
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+}
+
+/// The gauges of [`Store::live_counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveCounts {
+    pub sessions: u64,
+    pub pending_claims: u64,
 }
 
 /// Where a claim listing stopped: the last item shown.

@@ -17,7 +17,7 @@ use tokio_postgres::NoTls;
 
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
-    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord,
+    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts,
     SessionRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
@@ -401,6 +401,74 @@ impl Store for PgStore {
         Ok(replaced == 1)
     }
 
+    async fn session_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<SessionRecord>, bool)> {
+        let conn = self.conn().await?;
+        // Session ids are COLLATE "C": the same byte order as the embedded store's keys.
+        let mut cursor = after.map(str::to_string);
+        let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
+        let mut items = Vec::new();
+        loop {
+            let rows = match &cursor {
+                None => conn
+                    .query(
+                        "SELECT session_id, record FROM sessions ORDER BY session_id LIMIT $1",
+                        &[&batch],
+                    )
+                    .await
+                    .map_err(db)?,
+                Some(id) => conn
+                    .query(
+                        "SELECT session_id, record FROM sessions WHERE session_id > $1 \
+                         ORDER BY session_id LIMIT $2",
+                        &[id, &batch],
+                    )
+                    .await
+                    .map_err(db)?,
+            };
+            let exhausted = (rows.len() as i64) < batch;
+            for row in &rows {
+                let record: SessionRecord = decode(row.get(1))?;
+                cursor = Some(row.get(0));
+                if !keep(&record) {
+                    continue;
+                }
+                if items.len() == limit {
+                    return Ok((items, true));
+                }
+                items.push(record);
+            }
+            if exhausted {
+                return Ok((items, false));
+            }
+        }
+    }
+
+    async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
+        // `json`, not `jsonb`: a stored answer may hold "\u0000", which jsonb refuses.
+        let row = self
+            .conn()
+            .await?
+            .query_one(
+                "SELECT \
+                 (SELECT count(*) FROM sessions WHERE record::json->>'revoked_at_ms' IS NULL \
+                   AND (record::json->>'expires_at')::bigint > $1), \
+                 (SELECT count(*) FROM claims WHERE record::json->>'status' = 'PENDING')",
+                &[&now_secs],
+            )
+            .await
+            .map_err(db)?;
+        let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok(LiveCounts {
+            sessions: count(0),
+            pending_claims: count(1),
+        })
+    }
+
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
         let row = self
             .conn()
@@ -773,6 +841,15 @@ mod tests {
     async fn sessions_insert_once_and_replace_by_compare_and_set() {
         let db = TestDatabase::create().await;
         conformance::sessions_insert_once_and_replace_by_compare_and_set(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn session_pages_run_in_id_order_and_live_counts_count() {
+        let db = TestDatabase::create().await;
+        conformance::session_pages_run_in_id_order_and_live_counts_count(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

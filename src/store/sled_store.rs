@@ -18,8 +18,8 @@ use serde_json::Value;
 use sled::{Db, Tree};
 
 use super::{
-    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord,
-    SessionRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus,
+    LiveCounts, SessionRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -272,6 +272,59 @@ impl Store for SledStore {
             encode(old)?,
             Some(encode(new)?),
         )
+    }
+
+    async fn session_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<SessionRecord>, bool)> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(id) => Bound::Excluded(id.as_bytes()),
+            None => Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        for entry in self.sessions.range::<&[u8], _>((start, Bound::Unbounded)) {
+            let (_, bytes) = entry.map_err(io)?;
+            let record: SessionRecord = decode(&bytes)?;
+            if !keep(&record) {
+                continue;
+            }
+            if items.len() == limit {
+                return Ok((items, true));
+            }
+            items.push(record);
+        }
+        Ok((items, false))
+    }
+
+    async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
+        // Only the fields the counts need are decoded.
+        #[derive(serde::Deserialize)]
+        struct SessionState {
+            expires_at: i64,
+            revoked_at_ms: Option<i64>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ClaimState {
+            status: ClaimStatus,
+        }
+        let mut counts = LiveCounts::default();
+        for entry in self.sessions.iter() {
+            let state: SessionState = decode(&entry.map_err(io)?.1)?;
+            if state.revoked_at_ms.is_none() && now_secs < state.expires_at {
+                counts.sessions += 1;
+            }
+        }
+        for entry in self.claims.iter() {
+            let state: ClaimState = decode(&entry.map_err(io)?.1)?;
+            if state.status == ClaimStatus::Pending {
+                counts.pending_claims += 1;
+            }
+        }
+        Ok(counts)
     }
 
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
@@ -560,6 +613,12 @@ mod tests {
     async fn sessions_insert_once_and_replace_by_compare_and_set() {
         let (_dir, store) = open();
         conformance::sessions_insert_once_and_replace_by_compare_and_set(&store).await;
+    }
+
+    #[tokio::test]
+    async fn session_pages_run_in_id_order_and_live_counts_count() {
+        let (_dir, store) = open();
+        conformance::session_pages_run_in_id_order_and_live_counts_count(&store).await;
     }
 
     #[tokio::test]

@@ -82,6 +82,7 @@ struct CachedTools {
 struct Upstream {
     name: String,
     client: Client,
+    latency: crate::telemetry::UpstreamLatency,
     /// Set by an MCP `notifications/tools/list_changed` (or a new session).
     tools_changed: Arc<AtomicBool>,
     tools: Mutex<Option<CachedTools>>,
@@ -138,6 +139,7 @@ impl Upstreams {
             let upstream = Upstream {
                 name: name.clone(),
                 client,
+                latency: crate::telemetry::UpstreamLatency::new(name),
                 tools_changed,
                 tools: Mutex::new(None),
             };
@@ -170,10 +172,20 @@ impl Upstreams {
             .get(upstream_name)
             .ok_or(UpstreamError::NoRoute)?;
         let cap = effective_cap(max_response_bytes);
+        let started = std::time::Instant::now();
         let answer = match &upstream.client {
             Client::Http(client) => client.call(own_name, arguments, cap).await,
             Client::Mcp(client) => client.call(own_name, arguments, cap).await,
         };
+        // Indexes telemetry::UPSTREAM_OUTCOMES.
+        let outcome = match &answer {
+            Ok(_) => 0,
+            Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute) => 1,
+            Err(UpstreamError::Timeout(_)) => 2,
+            Err(UpstreamError::BadResponse(_)) => 3,
+            Err(UpstreamError::TooLarge { .. }) => 4,
+        };
+        upstream.latency.record(outcome, started.elapsed());
         match answer {
             Ok(answer) => Ok(answer.into_response(caller_id)),
             Err(e) => {

@@ -1,0 +1,271 @@
+//! `/metrics` from the real binary after real calls, parsed strictly as the Prometheus text format
+//! (0.0.4): every family has HELP and TYPE, histograms are cumulative and end in +Inf = count, and the
+//! gauges say what the gateway holds.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{tool_call, Gateway};
+use reqwest::Method;
+use serde_json::json;
+
+/// One sample: its labels (sorted) and value.
+type Samples = Vec<(BTreeMap<String, String>, f64)>;
+
+#[derive(Default, Debug)]
+struct Family {
+    help: Option<String>,
+    kind: Option<String>,
+    /// By sample name (`x`, `x_bucket`, `x_sum`, `x_count`).
+    samples: BTreeMap<String, Samples>,
+}
+
+/// Parses `name{a="b",c="d"} value` strictly: quoted values with `\\`, `\"` and `\n` escapes.
+fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
+    let name_end = line
+        .find(['{', ' '])
+        .unwrap_or_else(|| panic!("no value: {line}"));
+    let name = &line[..name_end];
+    assert!(
+        !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+        "bad metric name in {line}"
+    );
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices().peekable();
+        loop {
+            let (start, first) = chars
+                .next()
+                .unwrap_or_else(|| panic!("open labels: {line}"));
+            if first == '}' {
+                rest = &inner[start + 1..];
+                break;
+            }
+            let eq = inner[start..]
+                .find('=')
+                .unwrap_or_else(|| panic!("label without '=': {line}"))
+                + start;
+            let key = inner[start..eq].trim_start_matches(',').to_string();
+            while chars.peek().is_some_and(|&(i, _)| i <= eq) {
+                chars.next();
+            }
+            assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "unquoted: {line}");
+            let mut value = String::new();
+            loop {
+                match chars.next().map(|(_, c)| c) {
+                    Some('\\') => match chars.next().map(|(_, c)| c) {
+                        Some('n') => value.push('\n'),
+                        Some(c @ ('\\' | '"')) => value.push(c),
+                        other => panic!("bad escape {other:?}: {line}"),
+                    },
+                    Some('"') => break,
+                    Some(c) => value.push(c),
+                    None => panic!("unterminated label value: {line}"),
+                }
+            }
+            assert!(
+                labels.insert(key, value).is_none(),
+                "repeated label: {line}"
+            );
+            if chars.peek().map(|&(_, c)| c) == Some(',') {
+                chars.next();
+            }
+        }
+    }
+    let value = rest.trim();
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        other => other
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("bad value {other:?}: {line}")),
+    };
+    (name.to_string(), labels, value)
+}
+
+/// The family a sample belongs to: histogram samples carry a suffix.
+fn family_of<'a>(name: &'a str, families: &BTreeMap<String, Family>) -> &'a str {
+    for suffix in ["_bucket", "_sum", "_count"] {
+        if let Some(base) = name.strip_suffix(suffix) {
+            if families.get(base).and_then(|f| f.kind.as_deref()) == Some("histogram") {
+                return base;
+            }
+        }
+    }
+    name
+}
+
+fn parse(text: &str) -> BTreeMap<String, Family> {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(help) = line.strip_prefix("# HELP ") {
+            let (name, text) = help.split_once(' ').expect("HELP without text");
+            let family = families.entry(name.to_string()).or_default();
+            assert!(family.help.is_none(), "second HELP for {name}");
+            assert!(family.samples.is_empty(), "HELP after samples of {name}");
+            family.help = Some(text.to_string());
+        } else if let Some(kind) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = kind.split_once(' ').expect("TYPE without type");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            let family = families.entry(name.to_string()).or_default();
+            assert!(family.kind.is_none(), "second TYPE for {name}");
+            assert!(family.samples.is_empty(), "TYPE after samples of {name}");
+            family.kind = Some(kind.to_string());
+        } else if line.starts_with('#') {
+            continue;
+        } else {
+            let (name, labels, value) = parse_sample(line);
+            let base = family_of(&name, &families).to_string();
+            families
+                .entry(base)
+                .or_default()
+                .samples
+                .entry(name)
+                .or_default()
+                .push((labels, value));
+        }
+    }
+    families
+}
+
+/// Checks one histogram family: per label set, buckets cumulative in `le` order, `+Inf` equal to
+/// `_count`, and a `_sum`. Returns the total count per label set (without `le`).
+fn check_histogram(name: &str, family: &Family) -> BTreeMap<BTreeMap<String, String>, f64> {
+    let buckets = &family.samples[&format!("{name}_bucket")];
+    let mut series: BTreeMap<BTreeMap<String, String>, Vec<(f64, f64)>> = BTreeMap::new();
+    for (labels, value) in buckets {
+        let mut labels = labels.clone();
+        let le = labels.remove("le").expect("a bucket without le");
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap()
+        };
+        series.entry(labels).or_default().push((le, *value));
+    }
+    let lookup = |suffix: &str, labels: &BTreeMap<String, String>| {
+        family.samples[&format!("{name}{suffix}")]
+            .iter()
+            .find(|(l, _)| l == labels)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("{name}{suffix} missing for {labels:?}"))
+    };
+    let mut counts = BTreeMap::new();
+    for (labels, mut points) in series {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(points.len() > 2, "{name} {labels:?}: too few buckets");
+        for pair in points.windows(2) {
+            assert!(pair[0].0 < pair[1].0, "{name} {labels:?}: repeated le");
+            assert!(pair[0].1 <= pair[1].1, "{name} {labels:?}: not cumulative");
+        }
+        let (last_le, total) = *points.last().unwrap();
+        assert_eq!(last_le, f64::INFINITY, "{name} {labels:?}: no +Inf bucket");
+        assert_eq!(total, lookup("_count", &labels), "{name} {labels:?}");
+        assert!(lookup("_sum", &labels) >= 0.0);
+        counts.insert(labels, total);
+    }
+    counts
+}
+
+fn gauge(families: &BTreeMap<String, Family>, name: &str) -> f64 {
+    let family = families
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} missing"));
+    assert_eq!(family.kind.as_deref(), Some("gauge"), "{name}");
+    let samples = &family.samples[name];
+    assert_eq!(samples.len(), 1, "{name}");
+    samples[0].1
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let patterns = json!({"allowed_tool_patterns": ["tool.*", "slow.*"]});
+    let (key, token) = gw.session_with("exec-metrics", patterns).await;
+    gw.session("exec-other").await;
+    gw.session("exec-revoked").await;
+    gw.admin(Method::DELETE, "/v1/seal/sessions/exec-revoked", None)
+        .await;
+    for id in 1..=2 {
+        let (status, _) = gw
+            .call(&key, &token, tool_call(id, "tool.off", json!({})))
+            .await;
+        assert_eq!(status, 200);
+    }
+    let (status, _) = gw
+        .call(&key, &token, tool_call(3, "tool.forbidden", json!({})))
+        .await;
+    assert_eq!(status, 403);
+    // Sent, never answered in time: 5002, and its claim stays PENDING for an operator.
+    let (status, _) = gw
+        .call(&key, &token, tool_call(4, "slow.op", json!({})))
+        .await;
+    assert_eq!(status, 504);
+
+    let response = gw
+        .client
+        .get(format!("{}/metrics", gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let families = parse(&response.text().await.unwrap());
+
+    for (name, family) in &families {
+        assert!(name.starts_with("sealgate_"), "{name}");
+        let help = family.help.as_deref().unwrap_or_default();
+        assert!(help.len() > 10, "{name} has no HELP");
+        assert!(family.kind.is_some(), "{name} has no TYPE");
+        assert_ne!(family.kind.as_deref(), Some("summary"), "{name}");
+    }
+
+    let requests = &families["sealgate_request_duration_seconds"];
+    assert_eq!(requests.kind.as_deref(), Some("histogram"));
+    let counts = check_histogram("sealgate_request_duration_seconds", requests);
+    let count = |pairs: &[(&str, &str)]| counts.get(&labels(pairs)).copied().unwrap_or(0.0);
+    assert_eq!(count(&[("outcome", "success"), ("code_class", "2xx")]), 2.0);
+    assert_eq!(count(&[("outcome", "refused"), ("code_class", "4xx")]), 1.0);
+    assert_eq!(count(&[("outcome", "failed"), ("code_class", "5xx")]), 1.0);
+
+    let upstream = &families["sealgate_upstream_duration_seconds"];
+    let counts = check_histogram("sealgate_upstream_duration_seconds", upstream);
+    let count = |pairs: &[(&str, &str)]| counts.get(&labels(pairs)).copied().unwrap_or(0.0);
+    assert_eq!(count(&[("upstream", "tool"), ("outcome", "ok")]), 2.0);
+    assert_eq!(count(&[("upstream", "slow"), ("outcome", "timeout")]), 1.0);
+    // The slow call took at least its upstream's timeout (300 ms): its sum says so.
+    let slow_sum = upstream.samples["sealgate_upstream_duration_seconds_sum"]
+        .iter()
+        .find(|(l, _)| l == &labels(&[("upstream", "slow"), ("outcome", "timeout")]))
+        .unwrap()
+        .1;
+    assert!(slow_sum >= 0.3, "{slow_sum}");
+
+    assert_eq!(gauge(&families, "sealgate_calls_in_flight"), 0.0);
+    assert_eq!(gauge(&families, "sealgate_sessions_live"), 2.0);
+    assert_eq!(gauge(&families, "sealgate_claims_pending"), 1.0);
+    let build = &families["sealgate_build_info"];
+    assert_eq!(
+        build.samples["sealgate_build_info"],
+        [(labels(&[("version", env!("CARGO_PKG_VERSION"))]), 1.0)]
+    );
+}
