@@ -219,9 +219,10 @@ pub fn write_config(
     std::fs::create_dir_all(dir.join("policies")).unwrap();
     std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
     std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
+    let store = store_line(extra);
     let config = format!(
         r#"listen: "127.0.0.1:0"
-data_dir: data
+{store}data_dir: data
 policies_dir: policies
 agent_tokens:
   issuer: orchestrator
@@ -246,6 +247,32 @@ audit: {{ file: audit.jsonl }}
     let path = dir.join("sealgate.yaml");
     std::fs::write(&path, config).unwrap();
     path
+}
+
+/// `SEALGATE_TEST_STORE=postgres` runs the black-box suite on PostgreSQL (issue 11): a configuration that
+/// names no store gets a fresh database of its own on the server of `SEALGATE_TEST_POSTGRES`. The database
+/// outlives the test process (a gateway may be restarted on it); `scripts/test.sh` drops it after the run.
+fn store_line(extra: &str) -> String {
+    match std::env::var("SEALGATE_TEST_STORE").as_deref() {
+        Err(_) | Ok("embedded") => return String::new(),
+        Ok("postgres") => {}
+        Ok(other) => panic!("SEALGATE_TEST_STORE is {other:?}; expected embedded or postgres"),
+    }
+    if extra.contains("store:") {
+        return String::new();
+    }
+    let database = std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(sealgate::store::testing::TestDatabase::create())
+    })
+    .join()
+    .unwrap();
+    let line = format!("store: {:?}\n", database.url);
+    std::mem::forget(database);
+    line
 }
 
 /// Starts the binary on `config_path` and waits for its ready line; returns the child and its base URL.
