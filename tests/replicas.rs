@@ -546,3 +546,40 @@ async fn each_replica_audit_file_holds_the_events_it_wrote() {
         "r1 appended after its restart"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_stuck_behind_a_lock_fails_closed_within_the_statement_timeout() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 1, &db.url).await;
+    let gw = &replicas[0];
+    let (key, token) = gw.session("exec-locked").await;
+
+    // Another client holds the replay table locked in an open transaction: every call's first write waits.
+    let (locker, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE seen_signatures IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "tool.off", json!({})))
+        .await;
+    assert_eq!((status, code(&body)), (503, 5005), "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "answered after {:?}: the statement timeout bounds the wait",
+        started.elapsed()
+    );
+    assert_eq!(tool.count(), 0, "nothing was forwarded");
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let (status, body) = gw
+        .call(&key, &token, tool_call(2, "tool.off", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tool.count(), 1);
+}

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use super::{json_body, ApiPath, ControlBody, Operator, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
-use crate::policy::{self, ContextSource, SecurityContext};
+use crate::policy::{self, ContextSource, RegistryError, SecurityContext};
 use crate::store::StoredContext;
 
 /// Every loaded context, by name.
@@ -174,10 +174,14 @@ pub async fn delete(
         .await
         .map_err(ApiError::store)?;
     let (contexts, key) = (gw.contexts.clone(), name.clone());
-    tokio::task::spawn_blocking(move || contexts.remove_store_context(&key))
+    let removed = tokio::task::spawn_blocking(move || contexts.remove_store_context(&key))
         .await
-        .map_err(ApiError::store)?
-        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+        .map_err(ApiError::store)?;
+    match removed {
+        // On PostgreSQL the change poll may apply this very delete first: the context is gone either way.
+        Ok(_) | Err(RegistryError::NotFound(_)) => {}
+        Err(conflict) => return Err(ApiError::new(Code::Conflict, conflict.to_string())),
+    }
     gw.record(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)

@@ -83,6 +83,11 @@ impl PgStore {
             .map_err(|e| StoreError::unavailable(format!("store URL: {e}")))?;
         config.connect_timeout(WAIT);
         config.application_name("sealgate");
+        // No statement may hold a call longer than WAIT: a lock held elsewhere ends in an error (5005) on the
+        // server's side, and a server that stops answering (a dead host, a cut network) on ours.
+        config.options(format!("-c statement_timeout={}", WAIT.as_millis()));
+        config.tcp_user_timeout(WAIT);
+        config.keepalives_idle(WAIT);
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
