@@ -75,6 +75,49 @@ fn seq_of(event: &Value) -> StoreResult<i64> {
         .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))
 }
 
+/// Statements prepared once per connection and cached by the pool: tokio-postgres prepares a `&str` query
+/// before every execution, so each statement would cost two round trips instead of one.
+#[async_trait::async_trait]
+trait Prepared: deadpool_postgres::GenericClient {
+    async fn execute_prepared(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.execute(&statement, params).await
+    }
+
+    async fn query_prepared(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query(&statement, params).await
+    }
+
+    async fn query_one_prepared(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query_one(&statement, params).await
+    }
+
+    async fn query_opt_prepared(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query_opt(&statement, params).await
+    }
+}
+
+impl<T: deadpool_postgres::GenericClient> Prepared for T {}
+
 impl PgStore {
     /// Connects to `url` (`postgres://USER@HOST:PORT/DB`) and brings the schema up to date; refuses a
     /// schema newer than this build knows.
@@ -168,7 +211,7 @@ impl PgStore {
         let version: i64 = self
             .conn()
             .await?
-            .query_one("SELECT version FROM contexts_version WHERE id = 1", &[])
+            .query_one_prepared("SELECT version FROM contexts_version WHERE id = 1", &[])
             .await
             .map_err(db)?
             .get(0);
@@ -186,7 +229,7 @@ impl PgStore {
     async fn migrate(&self) -> StoreResult<()> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(db)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        tx.execute_prepared("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
             .map_err(db)?;
         tx.batch_execute(
@@ -198,7 +241,7 @@ impl PgStore {
         .await
         .map_err(db)?;
         let row = tx
-            .query_one("SELECT coalesce(max(version), 0) FROM schema_version", &[])
+            .query_one_prepared("SELECT coalesce(max(version), 0) FROM schema_version", &[])
             .await
             .map_err(db)?;
         let current: i32 = row.get(0);
@@ -213,7 +256,7 @@ impl PgStore {
         for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
             tx.batch_execute(migration).await.map_err(db)?;
             let version = i32::try_from(index + 1).unwrap_or(i32::MAX);
-            tx.execute(
+            tx.execute_prepared(
                 "INSERT INTO schema_version (version) VALUES ($1)",
                 &[&version],
             )
@@ -235,12 +278,19 @@ impl PgStore {
     ) -> StoreResult<Option<String>> {
         let conn = self.conn().await?;
         loop {
-            let inserted = conn.execute(insert, insert_params).await.map_err(db)?;
+            let inserted = conn
+                .execute_prepared(insert, insert_params)
+                .await
+                .map_err(db)?;
             if inserted == 1 {
                 return Ok(None);
             }
             // The row exists, unless it was deleted (a released claim) in between: then insert again.
-            if let Some(row) = conn.query_opt(select, select_params).await.map_err(db)? {
+            if let Some(row) = conn
+                .query_opt_prepared(select, select_params)
+                .await
+                .map_err(db)?
+            {
                 return Ok(Some(row.get(0)));
             }
         }
@@ -251,15 +301,11 @@ impl PgStore {
         tx: &deadpool_postgres::Transaction<'_>,
         key: &str,
     ) -> StoreResult<Option<Vec<u8>>> {
-        tx.execute(
-            "INSERT INTO counters (key, state) VALUES ($1, NULL) ON CONFLICT DO NOTHING",
-            &[&key.as_bytes()],
-        )
-        .await
-        .map_err(db)?;
+        // One statement: the upsert creates the cell or takes its row lock, and returns its state either way.
         let row = tx
-            .query_one(
-                "SELECT state FROM counters WHERE key = $1 FOR UPDATE",
+            .query_one_prepared(
+                "INSERT INTO counters (key, state) VALUES ($1, NULL) \
+                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING state",
                 &[&key.as_bytes()],
             )
             .await
@@ -272,7 +318,7 @@ impl PgStore {
         key: &str,
         state: &[u8],
     ) -> StoreResult<()> {
-        tx.execute(
+        tx.execute_prepared(
             "UPDATE counters SET state = $2 WHERE key = $1",
             &[&key.as_bytes(), &state],
         )
@@ -384,7 +430,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt(
+            .query_opt_prepared(
                 "SELECT record FROM sessions WHERE session_id = $1",
                 &[&session_id],
             )
@@ -397,7 +443,7 @@ impl Store for PgStore {
         let replaced = self
             .conn()
             .await?
-            .execute(
+            .execute_prepared(
                 "UPDATE sessions SET record = $3 WHERE session_id = $1 AND record = $2",
                 &[&old.session_id, &encode(old)?, &encode(new)?],
             )
@@ -420,14 +466,14 @@ impl Store for PgStore {
         loop {
             let rows = match &cursor {
                 None => conn
-                    .query(
+                    .query_prepared(
                         "SELECT session_id, record FROM sessions ORDER BY session_id LIMIT $1",
                         &[&batch],
                     )
                     .await
                     .map_err(db)?,
                 Some(id) => conn
-                    .query(
+                    .query_prepared(
                         "SELECT session_id, record FROM sessions WHERE session_id > $1 \
                          ORDER BY session_id LIMIT $2",
                         &[id, &batch],
@@ -458,7 +504,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_one(
+            .query_one_prepared(
                 "SELECT \
                  (SELECT count(*) FROM sessions WHERE record::json->>'revoked_at_ms' IS NULL \
                    AND (record::json->>'expires_at')::bigint > $1), \
@@ -478,7 +524,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt(
+            .query_opt_prepared(
                 "SELECT state FROM counters WHERE key = $1",
                 &[&key.as_bytes()],
             )
@@ -494,7 +540,7 @@ impl Store for PgStore {
         let inserted = self
             .conn()
             .await?
-            .execute(
+            .execute_prepared(
                 "INSERT INTO seen_signatures (signature, expires_at_ms) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING",
                 &[&signature, &expires_at_ms],
@@ -508,7 +554,7 @@ impl Store for PgStore {
         let purged = self
             .conn()
             .await?
-            .execute(
+            .execute_prepared(
                 "DELETE FROM seen_signatures WHERE expires_at_ms < $1",
                 &[&now_ms],
             )
@@ -540,7 +586,7 @@ impl Store for PgStore {
         let mut existing_claim = None;
         if let Some(claim) = &admission.claim {
             let inserted = tx
-                .execute(
+                .execute_prepared(
                     "INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
                      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                     &[
@@ -555,7 +601,7 @@ impl Store for PgStore {
             if inserted == 0 {
                 // The conflicting row is committed (the insert waited for it), so this read sees it.
                 let row = tx
-                    .query_one(
+                    .query_one_prepared(
                         "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
                         &[&claim.kind.as_str(), &claim.request_id],
                     )
@@ -595,7 +641,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt(
+            .query_opt_prepared(
                 "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
                 &[&kind.as_str(), &request_id],
             )
@@ -613,7 +659,7 @@ impl Store for PgStore {
         let kind = old.kind.as_str();
         let changed = match new {
             Some(new) => conn
-                .execute(
+                .execute_prepared(
                     "UPDATE claims SET record = $4 \
                      WHERE kind = $1 AND request_id = $2 AND record = $3",
                     &[&kind, &old.request_id, &encode(old)?, &encode(new)?],
@@ -621,7 +667,7 @@ impl Store for PgStore {
                 .await
                 .map_err(db)?,
             None => conn
-                .execute(
+                .execute_prepared(
                     "DELETE FROM claims WHERE kind = $1 AND request_id = $2 AND record = $3",
                     &[&kind, &old.request_id, &encode(old)?],
                 )
@@ -644,7 +690,7 @@ impl Store for PgStore {
         loop {
             let rows = match &cursor {
                 None => conn
-                    .query(
+                    .query_prepared(
                         "SELECT claimed_at_ms, kind, request_id, record FROM claims \
                          ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT $1",
                         &[&batch],
@@ -652,7 +698,7 @@ impl Store for PgStore {
                     .await
                     .map_err(db)?,
                 Some((ms, kind, id)) => conn
-                    .query(
+                    .query_prepared(
                         "SELECT claimed_at_ms, kind, request_id, record FROM claims \
                          WHERE (claimed_at_ms, kind, request_id) < ($1, $2, $3) \
                          ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT $4",
@@ -682,7 +728,7 @@ impl Store for PgStore {
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
         self.conn()
             .await?
-            .execute(
+            .execute_prepared(
                 "INSERT INTO contexts (name, record) VALUES ($1, $2) \
                  ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
                 &[&context.name, &encode(context)?],
@@ -696,7 +742,7 @@ impl Store for PgStore {
         let deleted = self
             .conn()
             .await?
-            .execute("DELETE FROM contexts WHERE name = $1", &[&name])
+            .execute_prepared("DELETE FROM contexts WHERE name = $1", &[&name])
             .await
             .map_err(db)?;
         Ok(deleted == 1)
@@ -706,7 +752,7 @@ impl Store for PgStore {
         let rows = self
             .conn()
             .await?
-            .query("SELECT record FROM contexts ORDER BY name", &[])
+            .query_prepared("SELECT record FROM contexts ORDER BY name", &[])
             .await
             .map_err(db)?;
         rows.iter().map(|row| decode(row.get(0))).collect()
@@ -719,7 +765,7 @@ impl AuditBackend for PgStore {
         let row = self
             .conn()
             .await?
-            .query_one("SELECT seq, hash FROM audit_head WHERE id = 1", &[])
+            .query_one_prepared("SELECT seq, hash FROM audit_head WHERE id = 1", &[])
             .await
             .map_err(db)?;
         let seq: i64 = row.get(0);
@@ -750,7 +796,7 @@ impl AuditBackend for PgStore {
         let tx = conn.transaction().await.map_err(db)?;
         // The row lock makes replicas' appends take turns; the loser sees the moved head and re-chains.
         let row = tx
-            .query_one(
+            .query_one_prepared(
                 "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
                 &[],
             )
@@ -760,13 +806,13 @@ impl AuditBackend for PgStore {
         if seq != bigint(after.seq) || hash != after.hash {
             return Err(StoreError::HeadMoved);
         }
-        tx.execute(
+        tx.execute_prepared(
             "INSERT INTO audit_events (seq, event) SELECT * FROM unnest($1::bigint[], $2::text[])",
             &[&seqs, &texts],
         )
         .await
         .map_err(db)?;
-        tx.execute(
+        tx.execute_prepared(
             "UPDATE audit_head SET seq = $1, hash = $2 WHERE id = 1",
             &[&last_seq, &last_hash],
         )
@@ -790,7 +836,7 @@ impl AuditBackend for PgStore {
         let rows = self
             .conn()
             .await?
-            .query(
+            .query_prepared(
                 "SELECT event FROM audit_events WHERE seq < $1 ORDER BY seq DESC LIMIT $2",
                 &[&before, &limit],
             )
@@ -805,7 +851,7 @@ impl AuditBackend for PgStore {
         let rows = self
             .conn()
             .await?
-            .query(
+            .query_prepared(
                 "SELECT event FROM audit_events WHERE seq >= $1 ORDER BY seq LIMIT $2",
                 &[&from, &limit],
             )
@@ -969,7 +1015,7 @@ mod tests {
             .conn()
             .await
             .unwrap()
-            .execute("INSERT INTO schema_version (version) VALUES (99)", &[])
+            .execute_prepared("INSERT INTO schema_version (version) VALUES (99)", &[])
             .await
             .unwrap();
         let refused = PgStore::connect(&db.url).await.err();
