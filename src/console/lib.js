@@ -103,7 +103,7 @@ export function errorText(error) {
 function yamlScalar(value) {
   if (typeof value === 'string') {
     // Plain when YAML would read it back as the same string, quoted (JSON quoting is valid YAML) otherwise.
-    const plain = /^[A-Za-z0-9_./][A-Za-z0-9_./ -]*$/.test(value) && !/^(true|false|null|yes|no|on|off|~|[-+.0-9].*)$/i.test(value) && !value.endsWith(' ');
+    const plain = /^[A-Za-z0-9_./][A-Za-z0-9_./* -]*$/.test(value) && !/^(true|false|null|yes|no|on|off|~|[-+.0-9].*)$/i.test(value) && !value.endsWith(' ');
     return plain ? value : JSON.stringify(value);
   }
   return JSON.stringify(value);
