@@ -507,7 +507,10 @@ mod tests {
         assert_eq!(config.operator_auth.audience, "sealgate-operators");
         assert_eq!(config.store, "embedded");
         assert!(!config.replica_id.is_empty());
-        assert!(!config.console.enabled, "the console is off unless asked for");
+        assert!(
+            !config.console.enabled,
+            "the console is off unless asked for"
+        );
     }
 
     #[test]

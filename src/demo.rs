@@ -288,7 +288,10 @@ async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
         _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
     };
     if serve && walked.is_ok() {
-        println!("\nthe gateway keeps serving the console at {}/console/ until Ctrl-C", h.base);
+        println!(
+            "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C",
+            h.base
+        );
         tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
     }
     let stopped = h.stop().await;

@@ -85,7 +85,10 @@ async fn the_console_is_absent_unless_enabled_and_served_with_a_strict_policy() 
         .unwrap();
     assert_eq!(html.matches("<script").count(), 1, "{html}");
     assert!(html.contains(r#"<script type="module" src="app.js"></script>"#));
-    assert!(!html.contains("<style") && !html.contains("style="), "{html}");
+    assert!(
+        !html.contains("<style") && !html.contains("style="),
+        "{html}"
+    );
 
     // The schema the editor validates against is the one the gateway's policy loader is tested against.
     let served: Value = client
@@ -153,8 +156,10 @@ async fn the_console_works_in_a_real_browser() {
             .admin(
                 Method::PUT,
                 "/v1/security-contexts/console-pay",
-                Some(json!({"capabilities": [{"tool_pattern": "tool.*", "claim": "off",
-                    "approval": {"required": true, "expires_secs": 600}}]})),
+                Some(
+                    json!({"capabilities": [{"tool_pattern": "tool.*", "claim": "off",
+                    "approval": {"required": true, "expires_secs": 600}}]}),
+                ),
             )
             .await;
         assert_eq!(status, 201, "{body}");
@@ -182,7 +187,10 @@ async fn the_console_works_in_a_real_browser() {
 
     let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&screenshots).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console/console.test.mjs");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/console/console.test.mjs"
+    );
     let output = Command::new("node")
         .arg(script)
         .env("CONSOLE_BASE", &gw.base)
@@ -203,7 +211,10 @@ async fn the_console_works_in_a_real_browser() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "console.test.mjs failed:\n{printed}");
+    assert!(
+        output.status.success(),
+        "console.test.mjs failed:\n{printed}"
+    );
     assert!(printed.contains("console: all checks passed"), "{printed}");
 
     // What the browser did is what the gateway holds: the revoked session's next call gets 1006, the
@@ -252,8 +263,13 @@ fn the_demo_prints_a_console_link_whose_token_reads_and_cannot_change() {
         }
     }
     let link = link.expect("the demo prints a console: line");
-    let (page, token) = link.split_once("#token=").expect("the token is in the fragment");
-    assert!(page.starts_with("http://127.0.0.1:") && page.ends_with("/console/"), "{link}");
+    let (page, token) = link
+        .split_once("#token=")
+        .expect("the token is in the fragment");
+    assert!(
+        page.starts_with("http://127.0.0.1:") && page.ends_with("/console/"),
+        "{link}"
+    );
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let outcome = runtime.block_on(async {

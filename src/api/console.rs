@@ -57,7 +57,10 @@ const FILES: &[(&str, &str, &str)] = &[
 /// The console's routes, added to the gateway's router only when `console.enabled` is true.
 pub fn router() -> Router<Arc<Gateway>> {
     Router::new()
-        .route("/console", get(|| async { Redirect::permanent("/console/") }))
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
         .route("/console/", get(|| async { file("index.html") }))
         .route(
             "/console/{file}",
@@ -82,7 +85,10 @@ fn file(name: &str) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     // The page's URL can carry a token in its fragment; no other origin learns even the path.
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     // A new binary's files replace the old ones at once, never mixed with cached ones.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response

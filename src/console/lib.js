@@ -291,10 +291,11 @@ export function lineChart(title, points, unit) {
     chart.append(svg('text', { x: 10, y: 70 }, 'collecting samples…'));
     return chart;
   }
-  const max = Math.max(...points.map((p) => p.v), 1e-9);
+  const max = Math.max(...points.map((p) => p.v));
+  const scale = max > 0 ? max : 1;
   const t0 = points[0].t;
   const tSpan = Math.max(points[points.length - 1].t - t0, 1);
-  const coords = points.map((p) => `${(10 + ((p.t - t0) / tSpan) * (width - 20)).toFixed(1)},${(height - 20 - (p.v / max) * (height - 40)).toFixed(1)}`);
+  const coords = points.map((p) => `${(10 + ((p.t - t0) / tSpan) * (width - 20)).toFixed(1)},${(height - 20 - (p.v / scale) * (height - 40)).toFixed(1)}`);
   chart.append(svg('polyline', { class: 'line', points: coords.join(' ') }));
   chart.append(svg('text', { x: 10, y: 14 }, `max ${formatNumber(max)} ${unit}`));
   chart.append(svg('text', { x: 10, y: height - 5 }, `last ${span(tSpan)}`));

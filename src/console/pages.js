@@ -63,7 +63,10 @@ function overview(main) {
   return every(POLL_MS, async () => {
     try {
       const response = await fetch('/metrics');
-      history.push(summarise(parseMetrics(await response.text())));
+      const sample = summarise(parseMetrics(await response.text()));
+      // A revisit within a second would make a rate out of a few milliseconds: replace the last sample.
+      if (history.length && sample.t - history[history.length - 1].t < 1000) history.pop();
+      history.push(sample);
       while (history.length && history[0].t < Date.now() - HISTORY_MS) history.shift();
     } catch (error) {
       replace(body, problem(error));
@@ -377,6 +380,12 @@ function editor(context, spec, reload) {
     el('div', { class: 'actions' }, el('button', { type: 'button', on: { click: showDiff } }, 'Review changes')), message, review);
 }
 
+// The deciding rule, e.g. {kind: capability, pattern: shop.*, index: 0} → "kind capability · pattern shop.* · index 0".
+function describeRule(rule) {
+  if (!rule || typeof rule !== 'object') return String(rule ?? '–');
+  return Object.entries(rule).map(([k, v]) => `${k} ${typeof v === 'object' ? JSON.stringify(v) : v}`).join(' · ');
+}
+
 function tryCall(name) {
   const tool = el('input', { type: 'text', size: 30, placeholder: 'tool.name' });
   const args = el('textarea', { rows: 3, spellcheck: 'false' }, '{}');
@@ -390,7 +399,7 @@ function tryCall(name) {
       replace(answer, el('dl', { class: 'facts', 'data-testid': 'decision' },
         el('dt', {}, 'Decision'), el('dd', { class: result.decision === 'allow' ? 'ok' : 'bad' }, result.decision === 'allow' ? 'allow' : `deny ${result.code} ${result.name}`),
         result.message ? [el('dt', {}, 'Why'), el('dd', {}, result.message)] : null,
-        el('dt', {}, 'Rule'), el('dd', {}, typeof result.rule === 'string' ? result.rule : JSON.stringify(result.rule)),
+        el('dt', {}, 'Rule'), el('dd', {}, describeRule(result.rule)),
         el('dt', {}, 'Context version'), el('dd', {}, el('code', {}, String(result.context_version).slice(0, 12)))));
     } catch (error) { replace(answer, problem(error)); }
   } } },
