@@ -3,6 +3,7 @@
 // Exits non-zero with the failed check's message; prints "console: all checks passed" at the end.
 
 import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
 
@@ -89,7 +90,15 @@ try {
   assert.match(await row.textContent(), /agent-1/);
   assert.match(await page.locator(`tr[data-session="${KEEP}"]`).textContent(), /1 \/ ∞/);
   await shot('sessions');
-  await row.getByRole('button', { name: 'Revoke' }).focus();
+  // The row's Revoke button is reached by Tab alone, from the top of the page, and works with Enter.
+  await page.evaluate(() => document.activeElement?.blur());
+  let onRevoke = false;
+  for (let i = 0; i < 20 && !onRevoke; i += 1) {
+    await page.keyboard.press('Tab');
+    onRevoke = await page.evaluate((id) => document.activeElement?.textContent === 'Revoke'
+      && document.activeElement.closest('tr')?.dataset.session === id, REVOKE);
+  }
+  assert.ok(onRevoke, 'Tab reaches the Revoke button of the session');
   await page.keyboard.press('Enter');
   await row.getByRole('button', { name: 'Yes, revoke' }).click();
   await row.waitFor({ state: 'detached' });
@@ -177,6 +186,23 @@ try {
   const seqs = (await page.locator('tbody tr td:nth-child(1)').allTextContents()).map(Number);
   assert.deepEqual(seqs, [...seqs].sort((a, b) => b - a), 'newest first');
   await shot('audit');
+
+  step('audit: the export downloads, and a tampered export is reported as broken');
+  const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Download export' }).click()]);
+  const exported = (await readFile(await download.path(), 'utf8')).trim().split('\n').map((line) => JSON.parse(line));
+  assert.equal(exported.length, Math.max(...seqs), 'every event up to the newest is in the export');
+  assert.deepEqual(exported.map((e) => e.seq), exported.map((_, i) => i + 1));
+  await page.route('**/v1/audit/export', async (route) => {
+    const original = await route.fetch();
+    const lines = (await original.text()).trim().split('\n');
+    const altered = JSON.parse(lines[2]);
+    altered.tool = 'tool.other'; // one field of seq 3 changed after sealing
+    lines[2] = JSON.stringify(altered);
+    await route.fulfill({ response: original, body: `${lines.join('\n')}\n` });
+  });
+  await page.getByRole('button', { name: 'Verify again' }).click();
+  await page.getByTestId('chain-status').filter({ hasText: 'Chain NOT verified at seq 3: hash does not match' }).waitFor();
+  await page.unroute('**/v1/audit/export');
   await page.getByLabel('Type').selectOption('SessionRevoked');
   await page.getByRole('button', { name: 'Filter' }).click();
   await page.waitForFunction(() => [...document.querySelectorAll('tbody tr td:nth-child(3)')].every((td) => td.textContent === 'SessionRevoked'));
