@@ -138,6 +138,18 @@ async fn the_console_works_in_a_real_browser() {
         .call(&key, &token, tool_call(2, "tool.forbidden", json!({})))
         .await;
     assert_eq!((status, code(&refused)), (403, 2001));
+    // A call the tool never answers in time leaves its claim PENDING (SPEC 7.2), for the claims page.
+    let (status, body) = gw
+        .call(&key, &token, tool_call(3, "slow.op", json!({"x": 1})))
+        .await;
+    assert_eq!((status, code(&body)), (504, 5002), "{body}");
+    let (_, pending) = gw
+        .admin(Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
+    let pending_claim = pending["items"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (status, created) = gw
         .admin(
             Method::PUT,
@@ -202,6 +214,7 @@ async fn the_console_works_in_a_real_browser() {
             "CONSOLE_CLAIM",
             done["receipt"]["request_id"].as_str().unwrap(),
         )
+        .env("CONSOLE_PENDING_CLAIM", &pending_claim)
         .env("CONSOLE_SCREENSHOTS", &screenshots)
         .envs(env)
         .output()

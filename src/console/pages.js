@@ -214,7 +214,8 @@ function pendingRow(claim, refresh) {
   const message = el('p', { role: 'alert' });
   const form = el('form', { hidden: true, on: { submit: async (event) => {
     event.preventDefault();
-    const body = { outcome: outcome.value, evidence: evidence.value };
+    const body = { outcome: outcome.value };
+    if (evidence.value.trim()) body.evidence = evidence.value.trim();
     if (outcome.value === 'committed') {
       try { body.result = JSON.parse(result.value); } catch (error) { message.className = 'bad'; message.textContent = `result is not JSON: ${errorText(error)}`; return; }
     }
@@ -227,6 +228,7 @@ function pendingRow(claim, refresh) {
   ...field('Outcome', outcome), ...field('Result (a JSON-RPC response; only for committed)', result), ...field('Evidence', evidence),
   el('div', { class: 'actions' }, el('button', { type: 'submit' }, 'Resolve claim')), message);
   const open = el('button', { type: 'button', class: 'secondary', on: { click: () => { form.hidden = !form.hidden; if (!form.hidden) outcome.focus(); } } }, 'Resolve…');
+  row.dataset.claim = claim.request_id;
   row.append(el('td', {}, el('code', {}, claim.request_id)), el('td', {}, claim.action), el('td', {}, claim.agent_id),
     el('td', {}, claim.session_id || '–'), el('td', {}, ageOf(claim.claimed_at)), el('td', {}, open, form));
   return row;

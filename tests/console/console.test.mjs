@@ -18,6 +18,7 @@ const REVOKE = env('CONSOLE_REVOKE_SESSION');
 const KEEP = env('CONSOLE_KEEP_SESSION');
 const CONTEXT = env('CONSOLE_CONTEXT');
 const CLAIM = env('CONSOLE_CLAIM');
+const PENDING = env('CONSOLE_PENDING_CLAIM');
 const SHOTS = env('CONSOLE_SCREENSHOTS');
 const APPROVALS = process.env.CONSOLE_APPROVALS === '1';
 
@@ -88,7 +89,7 @@ try {
   await row.waitFor();
   assert.match(await row.textContent(), /test/);
   assert.match(await row.textContent(), /agent-1/);
-  assert.match(await page.locator(`tr[data-session="${KEEP}"]`).textContent(), /1 \/ ∞/);
+  assert.match(await page.locator(`tr[data-session="${KEEP}"]`).textContent(), /2 \/ ∞/, "two calls were allowed: the write and the slow one");
   await shot('sessions');
   // The row's Revoke button is reached by Tab alone, from the top of the page, and works with Enter.
   await page.evaluate(() => document.activeElement?.blur());
@@ -105,10 +106,21 @@ try {
   const revoked = await api('GET', `/v1/seal/sessions/${REVOKE}`);
   assert.equal(revoked.body.status, 'revoked', JSON.stringify(revoked.body));
 
-  step('claims: the committed call is in the history');
+  step('claims: the committed call is in the history; the PENDING one is resolved with evidence');
   await page.goto(`${BASE}/console/#/claims`);
   await page.getByText(CLAIM).waitFor();
+  const pendingRow = page.locator(`tr[data-claim="${PENDING}"]`);
+  assert.match(await pendingRow.textContent(), /slow\.op.*agent-1.*\d+ s/);
+  await shot('claims');
+  await pendingRow.getByRole('button', { name: 'Resolve…' }).click();
+  await pendingRow.getByLabel('Outcome').selectOption('committed');
+  await pendingRow.getByLabel(/^Result/).fill('{"jsonrpc": "2.0", "id": null, "result": {"done": true}}');
+  await pendingRow.getByLabel('Evidence').fill('the tool log shows it ran');
+  await pendingRow.getByRole('button', { name: 'Resolve claim' }).click();
   await page.getByText('No PENDING claims.').waitFor();
+  const resolved = (await api('GET', `/v1/claims/${encodeURIComponent(PENDING)}`)).body;
+  assert.equal(resolved.status, 'COMMITTED', JSON.stringify(resolved));
+  assert.deepEqual(resolved.result.result, { done: true });
 
   step('contexts: a schema error is shown and nothing is saved');
   const before = (await api('GET', `/v1/security-contexts/${CONTEXT}`)).body;
