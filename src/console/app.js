@@ -67,7 +67,11 @@ signOut.addEventListener('click', () => {
   window.location.hash = '#/overview';
   route();
 });
-window.addEventListener('hashchange', route);
+// A page chosen from the navigation takes the focus, so keyboard and screen-reader users land on it.
+window.addEventListener('hashchange', () => {
+  route();
+  if (token.get()) main.focus({ preventScroll: true });
+});
 window.addEventListener('unhandledrejection', (event) => say(errorText(event.reason)));
 adoptLinkToken();
 route();

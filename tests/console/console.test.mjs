@@ -75,6 +75,7 @@ try {
   assert.ok(reached.includes('Skip to content') && reached.includes('Sessions'), `Tab order: ${reached.join(' | ')}`);
   await page.keyboard.press('Enter');
   await page.getByRole('heading', { name: 'Sessions' }).waitFor();
+  assert.equal(await page.evaluate(() => document.activeElement?.id), 'main', 'the chosen page takes the focus');
 
   step('overview: counts from /metrics and charts');
   await page.goto(`${BASE}/console/#/overview`);
