@@ -14,6 +14,12 @@ fi
 if [ -f tests/mcp-servers/package-lock.json ]; then
   npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error
 fi
+# tests/console.rs drives the operator console in Debian's Chromium through playwright-core (npm, pinned by
+# tests/console/package-lock.json); playwright's own browser downloads are not used.
+if [ ! -x /usr/bin/chromium ]; then
+  apt-get update -qq && apt-get install -y -qq chromium
+fi
+npm ci --prefix tests/console --no-audit --no-fund --loglevel=error
 # schemathesis (PyPI, pinned) checks the served OpenAPI document against the real binary in tests/openapi.rs.
 if [ ! -x target/schemathesis/bin/schemathesis ]; then
   python3 -m venv target/schemathesis

@@ -31,6 +31,7 @@ pub struct Config {
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub audit: AuditConfig,
     pub log: LogConfig,
+    pub console: ConsoleConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -55,6 +56,13 @@ pub struct Limits {
 #[serde(deny_unknown_fields, default)]
 pub struct Sessions {
     pub max_lifetime_secs: i64,
+}
+
+/// The operator web console at `/console/` (off by default: a deployment opts in to serving a UI).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleConfig {
+    pub enabled: bool,
 }
 
 impl Default for Limits {
@@ -93,6 +101,7 @@ impl Default for Config {
             upstreams: BTreeMap::new(),
             audit: AuditConfig::default(),
             log: LogConfig::default(),
+            console: ConsoleConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -129,6 +138,7 @@ const OVERRIDABLE: &[&str] = &[
     "audit.unauthenticated_per_second",
     "log.level",
     "log.format",
+    "console.enabled",
 ];
 
 impl Config {
@@ -430,7 +440,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_key_of_limits_audit_and_log_can_be_set_from_the_environment() {
+    fn every_key_of_limits_audit_log_and_console_can_be_set_from_the_environment() {
         // A key added to a section must be added to OVERRIDABLE too (SPEC 11: every key).
         let limits = [
             "max_body_bytes",
@@ -454,6 +464,10 @@ mod tests {
             .chain(section_keys(
                 "log",
                 serde_json::to_value(LogConfig::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "console",
+                serde_json::to_value(ConsoleConfig::default()).unwrap(),
             ));
         for key in keys {
             assert!(
@@ -467,9 +481,11 @@ mod tests {
             &env(&[
                 ("SEALGATE_LIMITS__MAX_CONCURRENT_CALLS", "7"),
                 ("SEALGATE_AUDIT__UNAUTHENTICATED_PER_SECOND", "3"),
+                ("SEALGATE_CONSOLE__ENABLED", "true"),
             ]),
         )
         .unwrap();
+        assert!(config.console.enabled);
         assert_eq!(config.limits.max_concurrent_calls, 7);
         assert_eq!(config.audit.unauthenticated_per_second, 3);
     }
@@ -491,6 +507,10 @@ mod tests {
         assert_eq!(config.operator_auth.audience, "sealgate-operators");
         assert_eq!(config.store, "embedded");
         assert!(!config.replica_id.is_empty());
+        assert!(
+            !config.console.enabled,
+            "the console is off unless asked for"
+        );
     }
 
     #[test]

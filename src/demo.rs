@@ -18,6 +18,12 @@ use crate::token;
 
 const DEMO_POLICY: &str = include_str!("../policies/demo.yaml");
 
+/// What the console link may do: read every page and decide approvals (SPEC 13), nothing else.
+const CONSOLE_SCOPES: &str = "seal.session.read seal.context.read seal.claim.read seal.audit.read \
+                              seal.approval.read seal.approval.decide";
+/// The link's token is short-lived: it sits in a terminal's scrollback.
+const CONSOLE_TOKEN_SECS: i64 = 15 * 60;
+
 /// The built-in tool: a note store that counts how often it really ran.
 #[derive(Default)]
 struct DemoTool {
@@ -68,6 +74,8 @@ struct Harness {
     base: String,
     client: reqwest::Client,
     operator_token: String,
+    /// The console link's token: reads everything and decides approvals, changes nothing else.
+    console_token: String,
     tool: Arc<DemoTool>,
     dir: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -97,7 +105,7 @@ impl Harness {
              agent_tokens: {{ issuer_key: issuer.pem, audience: sealgate-agents }}\n\
              operator_auth: {{ keys: [ {{ alg: EdDSA, public_key_pem: {operator_public:?} }} ] }}\n\
              upstreams: {{ demo: {{ http: {{ url: \"http://{tool_addr}/rpc\" }}, timeout_ms: 5000 }} }}\n\
-             audit: {{ file: audit.jsonl }}\n"
+             audit: {{ file: audit.jsonl }}\nconsole: {{ enabled: true }}\n"
         );
         let config = Config::from_yaml(&yaml, dir, &[])?;
         let gateway = Gateway::build(config).await?;
@@ -116,10 +124,17 @@ impl Harness {
                     "iat": now, "exp": now + 3600, "jti": uuid::Uuid::new_v4().to_string()}),
             None,
         )?;
+        let console_token = token::sign_eddsa_for_tests_and_cli(
+            &operator_private,
+            &json!({"sub": "demo-console", "aud": "sealgate-operators", "scope": CONSOLE_SCOPES,
+                    "iat": now, "exp": now + CONSOLE_TOKEN_SECS, "jti": uuid::Uuid::new_v4().to_string()}),
+            None,
+        )?;
         Ok(Harness {
             base: format!("http://{local}"),
             client: reqwest::Client::new(),
             operator_token,
+            console_token,
             tool,
             dir: dir.to_path_buf(),
             stop: Some(stop),
@@ -243,14 +258,15 @@ fn outcome(status: u16, body: &Value) -> String {
 }
 
 /// Runs the tour in a private folder of its own, removed on exit (it holds private keys) unless `keep`.
-pub async fn run(keep: bool) -> Result<(), String> {
+/// With `serve`, the gateway stays up after the tour, for the console, until Ctrl-C.
+pub async fn run(keep: bool, serve: bool) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = std::env::temp_dir().join(format!("sealgate-demo-{}", uuid::Uuid::new_v4().simple()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let toured = tour(&dir, keep).await;
+    let toured = tour(&dir, keep, serve).await;
     if keep {
         println!(
             "
@@ -265,12 +281,19 @@ kept the demo's folder (configuration, issuer key, store, audit file): {}",
 }
 
 /// Starts the gateway, walks through the steps (or stops at Ctrl-C) and stops the gateway again.
-async fn tour(dir: &Path, keep: bool) -> Result<(), String> {
+async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
     let h = Harness::start(dir).await?;
     let walked = tokio::select! {
         walked = steps(&h, keep) => walked,
         _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
     };
+    if serve && walked.is_ok() {
+        println!(
+            "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C",
+            h.base
+        );
+        tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
+    }
     let stopped = h.stop().await;
     walked.and(stopped)
 }
@@ -281,6 +304,13 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         "sealgate demo: a real gateway on {} (embedded store in {})",
         h.base,
         dir.join("data").display()
+    );
+    println!(
+        "console: {}/console/#token={}\n  (reads every page and decides approvals; valid {} min; \
+         `sealgate demo --serve` keeps the gateway up after the tour)",
+        h.base,
+        h.console_token,
+        CONSOLE_TOKEN_SECS / 60
     );
     println!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only");
     println!("each step shows the request sent (→, long strings cut at …) and the gateway's answer (←)\n");

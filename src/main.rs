@@ -40,6 +40,9 @@ enum Command {
         /// Keep the demo's folder (configuration, keys, store, audit file) instead of removing it on exit.
         #[arg(long)]
         keep: bool,
+        /// After the tour, keep the gateway (and its console at /console/) running until Ctrl-C.
+        #[arg(long)]
+        serve: bool,
     },
     /// Make an Ed25519 key pair (JSON on stdout, or files with --out).
     Keygen(sealgate::envelope::keygen::KeygenArgs),
@@ -180,7 +183,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }
-        Command::Demo { keep } => sealgate::demo::run(keep).await?,
+        Command::Demo { keep, serve } => sealgate::demo::run(keep, serve).await?,
         Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
         Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),

@@ -3,6 +3,7 @@
 
 mod audit;
 mod claims;
+mod console;
 mod contexts;
 mod health;
 mod invoke;
@@ -55,7 +56,10 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 }
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    let (router, _) = documented_routes().split_for_parts();
+    let (mut router, _) = documented_routes().split_for_parts();
+    if gateway.config.console.enabled {
+        router = router.merge(console::router());
+    }
     router
         // The SPEC's older name of the agent endpoint, kept working; documented under /v1/invoke.
         .route("/v1/seal/invoke", axum::routing::post(invoke::invoke))

@@ -1,0 +1,77 @@
+// The console's shell: sign-in, the token from a `#token=` link, and hash routing between the pages.
+
+import { api, ApiFailure, el, errorText, field, replace, say, token } from './lib.js';
+import { pages } from './pages.js';
+
+const main = document.getElementById('main');
+const signOut = document.getElementById('sign-out');
+let leave = () => {};
+
+// `sealgate demo` prints /console/#token=…: keep the token in session storage and take it out of the
+// address bar and the history at once.
+function adoptLinkToken() {
+  const match = /^#token=([^&]+)/.exec(window.location.hash);
+  if (!match) return;
+  token.set(decodeURIComponent(match[1]));
+  window.history.replaceState(null, '', `${window.location.pathname}#/overview`);
+}
+
+function signInPage() {
+  const input = el('input', { type: 'password', autocomplete: 'off', spellcheck: 'false', size: 60, required: true });
+  const problem = el('p', { class: 'bad', role: 'alert' });
+  const form = el('form', { on: { submit: async (event) => {
+    event.preventDefault();
+    const value = input.value.trim();
+    if (!value) { problem.textContent = 'Paste an operator token first.'; return; }
+    token.set(value);
+    try {
+      // Any control call authenticates first: 401 means the token itself is refused; 403 only that
+      // this listing is outside its scopes, which the pages then say where it matters.
+      await api('GET', '/v1/seal/sessions?limit=1');
+    } catch (error) {
+      if (error instanceof ApiFailure && error.status === 401) {
+        token.clear();
+        problem.textContent = `Token refused: ${errorText(error)}`;
+        return;
+      }
+    }
+    window.location.hash = '#/overview';
+    route();
+  } } },
+  ...field('Operator token (a JWT; kept in this tab only, never in a cookie)', input),
+  el('div', { class: 'actions' }, el('button', { type: 'submit' }, 'Sign in')),
+  problem);
+  replace(main, el('h1', {}, 'Sign in'), form);
+  input.focus();
+}
+
+function route() {
+  leave();
+  leave = () => {};
+  say('');
+  const signedIn = Boolean(token.get());
+  signOut.hidden = !signedIn;
+  const name = (window.location.hash.match(/^#\/([a-z]+)/) || [])[1] || 'overview';
+  for (const link of document.querySelectorAll('nav a')) {
+    if (link.getAttribute('href') === `#/${name}`) link.setAttribute('aria-current', 'page');
+    else link.removeAttribute('aria-current');
+  }
+  if (!signedIn) { signInPage(); return; }
+  const page = pages[name] || pages.overview;
+  main.replaceChildren();
+  leave = page(main) || (() => {});
+}
+
+signOut.addEventListener('click', () => {
+  token.clear();
+  window.location.hash = '#/overview';
+  route();
+});
+// A page chosen from the navigation takes the focus, so keyboard and screen-reader users land on it.
+window.addEventListener('hashchange', () => {
+  route();
+  if (token.get()) main.focus({ preventScroll: true });
+});
+window.addEventListener('unhandledrejection', (event) => say(errorText(event.reason)));
+adoptLinkToken();
+route();

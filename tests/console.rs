@@ -1,0 +1,312 @@
+//! The operator console (`console.enabled`) through the real binary: served only when enabled, with a
+//! strict Content-Security-Policy, and working in a real browser (Debian's Chromium driven by
+//! playwright-core from tests/console/console.test.mjs; scripts/test.sh installs both).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{code, tool_call, Gateway};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const CONSOLE_ON: &str = "console: { enabled: true }\n";
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_console_is_absent_unless_enabled_and_served_with_a_strict_policy() {
+    let off_dir = tempfile::tempdir().unwrap();
+    let (off, _tool) = Gateway::start(off_dir.path(), "").await;
+    for path in ["/console/", "/console/app.js", "/console"] {
+        let response = off
+            .client
+            .get(format!("{}{path}", off.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404, "{path} with the console off");
+    }
+
+    let on_dir = tempfile::tempdir().unwrap();
+    let (on, _tool) = Gateway::start(on_dir.path(), CONSOLE_ON).await;
+    let client = no_redirects();
+    let bare = client
+        .get(format!("{}/console", on.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 308);
+    assert_eq!(bare.headers()["location"], "/console/");
+
+    for (path, content_type) in [
+        ("/console/", "text/html; charset=utf-8"),
+        ("/console/app.js", "text/javascript; charset=utf-8"),
+        ("/console/pages.js", "text/javascript; charset=utf-8"),
+        ("/console/console.css", "text/css; charset=utf-8"),
+        ("/console/schema.json", "application/json"),
+    ] {
+        let response = client
+            .get(format!("{}{path}", on.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let headers = response.headers();
+        assert_eq!(headers["content-type"], content_type, "{path}");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(csp.contains(directive), "{path}: {directive} not in {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{path}: {csp}");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert_eq!(headers["referrer-policy"], "no-referrer");
+    }
+
+    // The page itself holds no inline script or style that the policy would have to allow.
+    let html = client
+        .get(format!("{}/console/", on.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(html.matches("<script").count(), 1, "{html}");
+    assert!(html.contains(r#"<script type="module" src="app.js"></script>"#));
+    assert!(
+        !html.contains("<style") && !html.contains("style="),
+        "{html}"
+    );
+
+    // The schema the editor validates against is the one the gateway's policy loader is tested against.
+    let served: Value = client
+        .get(format!("{}/console/schema.json", on.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let on_disk: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/schema.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(served, on_disk);
+
+    let (status, body) = on
+        .operator(Method::GET, "/console/secrets.txt", None, None)
+        .await;
+    assert_eq!((status, code(&body)), (404, 6003), "{body}");
+}
+
+/// A session on the `test` context bound to agent-1 (the sub of the harness's agent tokens).
+async fn agent_session(gw: &Gateway, id: &str) -> (ed25519_dalek::SigningKey, String) {
+    gw.session_with(id, json!({"agent_id": "agent-1"})).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_works_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), CONSOLE_ON).await;
+
+    // Real state through the API: two sessions, a completed call (a COMMITTED claim), a refusal, and a
+    // context kept in the store that the console may edit.
+    let (revoked_key, revoked_token) = agent_session(&gw, "console-revoke-me").await;
+    let (key, token) = agent_session(&gw, "console-keep").await;
+    let (status, done) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(1, "tool.write", json!({"path": "/workspace/a.txt"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    let (status, refused) = gw
+        .call(&key, &token, tool_call(2, "tool.forbidden", json!({})))
+        .await;
+    assert_eq!((status, code(&refused)), (403, 2001));
+    // A call the tool never answers in time leaves its claim PENDING (SPEC 7.2), for the claims page.
+    let (status, body) = gw
+        .call(&key, &token, tool_call(3, "slow.op", json!({"x": 1})))
+        .await;
+    assert_eq!((status, code(&body)), (504, 5002), "{body}");
+    let (_, pending) = gw
+        .admin(Method::GET, "/v1/claims?status=PENDING", None)
+        .await;
+    let pending_claim = pending["items"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, created) = gw
+        .admin(
+            Method::PUT,
+            "/v1/security-contexts/console-shop",
+            Some(json!({"capabilities": [{"tool_pattern": "shop.*", "claim": "off"}]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+
+    // Approvals (SPEC 13) are exercised once the gateway offers them; until then the page says so.
+    let (approvals_status, _) = gw.admin(Method::GET, "/v1/approvals", None).await;
+    let approvals = approvals_status != 404;
+    let mut env: Vec<(&str, String)> = Vec::new();
+    let approval_calls = if approvals {
+        let (status, body) = gw
+            .admin(
+                Method::PUT,
+                "/v1/security-contexts/console-pay",
+                Some(
+                    json!({"capabilities": [{"tool_pattern": "tool.*", "claim": "off",
+                    "approval": {"required": true, "expires_secs": 600}}]}),
+                ),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let (pay_key, _) = gw
+            .session_with(
+                "console-pay",
+                json!({"agent_id": "agent-1", "security_context": "console-pay"}),
+            )
+            .await;
+        // The harness's agent token names the `test` context; this session is on console-pay.
+        let pay_token = gw
+            .keys
+            .agent_token_from(&gw.keys.agent_claims("console-pay", "console-pay"));
+        let grant_me = tool_call(10, "tool.pay", json!({"amount": 12, "to": "grant-me"}));
+        let deny_me = tool_call(11, "tool.pay", json!({"amount": 99, "to": "deny-me"}));
+        for payload in [&grant_me, &deny_me] {
+            let (status, body) = gw.call(&pay_key, &pay_token, payload.clone()).await;
+            assert_eq!((status, code(&body)), (403, 4003), "{body}");
+        }
+        env.push(("CONSOLE_APPROVALS", "1".into()));
+        Some((pay_key, pay_token, grant_me, deny_me))
+    } else {
+        None
+    };
+
+    let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/console/console.test.mjs"
+    );
+    let output = Command::new("node")
+        .arg(script)
+        .env("CONSOLE_BASE", &gw.base)
+        .env("CONSOLE_TOKEN", gw.keys.operator_token("seal.admin"))
+        .env("CONSOLE_REVOKE_SESSION", "console-revoke-me")
+        .env("CONSOLE_KEEP_SESSION", "console-keep")
+        .env("CONSOLE_CONTEXT", "console-shop")
+        .env(
+            "CONSOLE_CLAIM",
+            done["receipt"]["request_id"].as_str().unwrap(),
+        )
+        .env("CONSOLE_PENDING_CLAIM", &pending_claim)
+        .env("CONSOLE_SCREENSHOTS", &screenshots)
+        .envs(env)
+        .output()
+        .expect("node runs (scripts/test.sh installs tests/console and Chromium)");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "console.test.mjs failed:\n{printed}"
+    );
+    assert!(printed.contains("console: all checks passed"), "{printed}");
+
+    // What the browser did is what the gateway holds: the revoked session's next call gets 1006, the
+    // context carries the edit that was saved and nothing of the refused one.
+    let (status, body) = gw
+        .call(
+            &revoked_key,
+            &revoked_token,
+            tool_call(3, "tool.read", json!({"path": "/workspace/a.txt"})),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (401, 1006), "{body}");
+    let (_, context) = gw
+        .admin(Method::GET, "/v1/security-contexts/console-shop", None)
+        .await;
+    assert_eq!(context["deny_list"], json!(["shop.refund"]), "{context}");
+    assert_eq!(context["capabilities"][0]["claim"], "off", "{context}");
+
+    if let Some((pay_key, pay_token, grant_me, deny_me)) = approval_calls {
+        let (status, body) = gw.call(&pay_key, &pay_token, grant_me).await;
+        assert_eq!(status, 200, "the granted call runs: {body}");
+        let (status, body) = gw.call(&pay_key, &pay_token, deny_me).await;
+        assert_eq!((status, code(&body)), (403, 4004), "{body}");
+    }
+}
+
+#[test]
+fn the_demo_prints_a_console_link_whose_token_reads_and_cannot_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(["demo", "--serve"])
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut link = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(url) = line.strip_prefix("console: ") {
+            link = Some(url.trim().to_string());
+        }
+        if line.starts_with("the gateway keeps serving the console") {
+            break;
+        }
+    }
+    let link = link.expect("the demo prints a console: line");
+    let (page, token) = link
+        .split_once("#token=")
+        .expect("the token is in the fragment");
+    assert!(
+        page.starts_with("http://127.0.0.1:") && page.ends_with("/console/"),
+        "{link}"
+    );
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let base = page.trim_end_matches("/console/");
+        let status = |method: Method, path: &str| {
+            let request = client
+                .request(method, format!("{base}{path}"))
+                .bearer_auth(token);
+            async move { request.send().await.unwrap().status().as_u16() }
+        };
+        (
+            client.get(page).send().await.unwrap().status().as_u16(),
+            status(Method::GET, "/v1/seal/sessions").await,
+            status(Method::GET, "/v1/audit").await,
+            status(Method::DELETE, "/v1/seal/sessions/exec-demo-1").await,
+            status(Method::DELETE, "/v1/security-contexts/demo").await,
+        )
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        outcome,
+        (200, 200, 200, 403, 403),
+        "console page, session list, audit, revoke, context delete"
+    );
+}
