@@ -2,6 +2,15 @@
 //! small built-in JSON-RPC tool behind it, driven over real HTTP exactly as an orchestrator and an agent
 //! would drive it. Nothing is simulated: every line printed is what the gateway answered.
 
+/// `println!` that ignores a closed stdout (`sealgate demo | head`): the tour goes on silently, so that its
+/// folder, private keys included, is still removed at the end.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -149,7 +158,7 @@ impl Harness {
         body: Option<Value>,
     ) -> Result<(u16, Value), String> {
         let shown = body.as_ref().map(|b| format!(" {}", abridged(b)));
-        println!(
+        say!(
             "   → {method} {path}  (Authorization: Bearer {}){}",
             shorten(&self.operator_token),
             shown.unwrap_or_default()
@@ -182,12 +191,12 @@ impl Harness {
         let token = body["security_token"]
             .as_str()
             .ok_or(format!("registration failed ({status}): {body}"))?;
-        println!("   ← HTTP {status}, security_token {}", shorten(token));
+        say!("   ← HTTP {status}, security_token {}", shorten(token));
         Ok((key, token.to_string()))
     }
 
     async fn post_envelope(&self, envelope: &Value) -> Result<(u16, Value), String> {
-        println!("   → POST /v1/invoke {}", abridged(envelope));
+        say!("   → POST /v1/invoke {}", abridged(envelope));
         let response = self
             .client
             .post(format!("{}/v1/invoke", self.base))
@@ -268,7 +277,7 @@ pub async fn run(keep: bool, serve: bool) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let toured = tour(&dir, keep, serve).await;
     if keep {
-        println!(
+        say!(
             "
 kept the demo's folder (configuration, issuer key, store, audit file): {}",
             dir.display()
@@ -288,7 +297,7 @@ async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
         _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
     };
     if serve && walked.is_ok() {
-        println!(
+        say!(
             "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C",
             h.base
         );
@@ -300,22 +309,22 @@ async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
 
 async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
     let dir = &h.dir;
-    println!(
+    say!(
         "sealgate demo: a real gateway on {} (embedded store in {})",
         h.base,
         dir.join("data").display()
     );
-    println!(
+    say!(
         "console: {}/console/#token={}\n  (reads every page and decides approvals; valid {} min; \
          `sealgate demo --serve` keeps the gateway up after the tour)",
         h.base,
         h.console_token,
         CONSOLE_TOKEN_SECS / 60
     );
-    println!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only");
-    println!("each step shows the request sent (→, long strings cut at …) and the gateway's answer (←)\n");
+    say!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only");
+    say!("each step shows the request sent (→, long strings cut at …) and the gateway's answer (←)\n");
 
-    println!("1. the orchestrator registers session exec-demo-1 and receives a gateway-minted agent token");
+    say!("1. the orchestrator registers session exec-demo-1 and receives a gateway-minted agent token");
     let (key, token) = h.register("exec-demo-1").await?;
 
     let write = call(
@@ -324,10 +333,10 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         json!({"path": "/workspace/notes.txt", "content": "hello"}),
     );
     let first = envelope::sign_envelope(&key, write.clone(), &token, crate::clock::now_secs());
-    println!("2. an allowed write inside /workspace");
+    say!("2. an allowed write inside /workspace");
     let (status, body) = h.post_envelope(&first).await?;
-    println!("{}", outcome(status, &body));
-    println!(
+    say!("{}", outcome(status, &body));
+    say!(
         "     receipt request_id {}",
         body["receipt"]["request_id"].as_str().unwrap_or("-")
     );
@@ -335,10 +344,10 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
     let mut retry_payload = write.clone();
     retry_payload["id"] = json!(2);
     let retry = envelope::sign_envelope(&key, retry_payload, &token, crate::clock::now_secs());
-    println!("3. the agent retries the same write");
+    say!("3. the agent retries the same write");
     let (status, body) = h.post_envelope(&retry).await?;
-    println!("{}", outcome(status, &body));
-    println!(
+    say!("{}", outcome(status, &body));
+    say!(
         "     the tool really ran {} time(s)",
         h.tool.executions.load(Ordering::SeqCst)
     );
@@ -353,9 +362,9 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         &token,
         crate::clock::now_secs(),
     );
-    println!("4. a read of /workspace/../etc/passwd");
+    say!("4. a read of /workspace/../etc/passwd");
     let (status, body) = h.post_envelope(&outside).await?;
-    println!("{}", outcome(status, &body));
+    say!("{}", outcome(status, &body));
 
     let mut tampered = envelope::sign_envelope(
         &key,
@@ -364,15 +373,15 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         crate::clock::now_secs(),
     );
     tampered["payload"]["params"]["arguments"]["path"] = json!("/workspace/secret.txt");
-    println!("5. an envelope altered after signing (the path was notes.txt when signed)");
+    say!("5. an envelope altered after signing (the path was notes.txt when signed)");
     let (status, body) = h.post_envelope(&tampered).await?;
-    println!("{}", outcome(status, &body));
+    say!("{}", outcome(status, &body));
 
-    println!("6. the first envelope sent again");
+    say!("6. the first envelope sent again");
     let (status, body) = h.post_envelope(&first).await?;
-    println!("{}", outcome(status, &body));
+    say!("{}", outcome(status, &body));
 
-    println!("7. the orchestrator revokes the session, then the agent calls again");
+    say!("7. the orchestrator revokes the session, then the agent calls again");
     let (status, _) = h
         .operator(
             reqwest::Method::DELETE,
@@ -380,7 +389,7 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
             None,
         )
         .await?;
-    println!("   ← HTTP {status}");
+    say!("   ← HTTP {status}");
     let after = envelope::sign_envelope(
         &key,
         call(5, "demo.read_file", json!({"path": "/workspace/notes.txt"})),
@@ -388,9 +397,9 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         crate::clock::now_secs(),
     );
     let (call_status, body) = h.post_envelope(&after).await?;
-    println!("{}", outcome(call_status, &body));
+    say!("{}", outcome(call_status, &body));
 
-    println!("\n8. the audit trail");
+    say!("\n8. the audit trail");
     let (_, trail) = h
         .operator(reqwest::Method::GET, "/v1/audit?limit=100", None)
         .await?;
@@ -406,17 +415,17 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
     } else {
         " (removed on exit: `sealgate demo --keep` keeps it)"
     };
-    println!(
+    say!(
         "   ← {events} hash-chained events, also in {}{kept}",
         audit_file.display()
     );
     match verified {
-        Ok(report) => println!(
+        Ok(report) => say!(
             "   `sealgate audit verify {}` → chain intact ({} events)",
             audit_file.display(),
             report.events
         ),
-        Err(e) => println!("   chain verification FAILED: {e}"),
+        Err(e) => say!("   chain verification FAILED: {e}"),
     }
     Ok(())
 }

@@ -104,3 +104,25 @@ fn the_demo_keeps_its_folder_when_asked() {
     let (code, verified) = common::run_cli(&["audit", "verify", audit.to_str().unwrap()]);
     assert_eq!(code, 0, "{verified}");
 }
+
+#[test]
+fn a_reader_that_stops_early_neither_crashes_the_demo_nor_leaves_its_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .arg("demo")
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `sealgate demo | head -1`: read one line, then close the pipe.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(left_in(tmp.path()).is_empty(), "{:?}", left_in(tmp.path()));
+}
