@@ -56,6 +56,28 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// Up to `limit` records that `keep` accepts, in the order given (`None`: a record that is gone), and
+/// whether more follow.
+fn page<T: DeserializeOwned>(
+    records: impl Iterator<Item = StoreResult<Option<sled::IVec>>>,
+    limit: usize,
+    keep: &(dyn for<'r> Fn(&'r T) -> bool + Sync),
+) -> StoreResult<(Vec<T>, bool)> {
+    let mut items = Vec::new();
+    for bytes in records {
+        let Some(bytes) = bytes? else { continue };
+        let record: T = decode(&bytes)?;
+        if !keep(&record) {
+            continue;
+        }
+        if items.len() == limit {
+            return Ok((items, true));
+        }
+        items.push(record);
+    }
+    Ok((items, false))
+}
+
 fn io(err: impl std::fmt::Display) -> StoreError {
     StoreError::unavailable(err)
 }
@@ -285,19 +307,11 @@ impl Store for SledStore {
             Some(id) => Bound::Excluded(id.as_bytes()),
             None => Bound::Unbounded,
         };
-        let mut items = Vec::new();
-        for entry in self.sessions.range::<&[u8], _>((start, Bound::Unbounded)) {
-            let (_, bytes) = entry.map_err(io)?;
-            let record: SessionRecord = decode(&bytes)?;
-            if !keep(&record) {
-                continue;
-            }
-            if items.len() == limit {
-                return Ok((items, true));
-            }
-            items.push(record);
-        }
-        Ok((items, false))
+        let records = self
+            .sessions
+            .range::<&[u8], _>((start, Bound::Unbounded))
+            .map(|entry| entry.map_err(io).map(|(_, bytes)| Some(bytes)));
+        page(records, limit, keep)
     }
 
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
@@ -464,26 +478,15 @@ impl Store for SledStore {
                 .range(..time_key(c.claimed_at_ms, c.kind, &c.request_id)),
             None => self.claims_by_time.range::<&[u8], _>(..),
         };
-        let mut items = Vec::new();
-        for entry in range.rev() {
+        let records = range.rev().map(|entry| {
             let (key, _) = entry.map_err(io)?;
-            let Some(claim_key) = key.get(8..) else {
-                continue;
-            };
-            // A released claim may still be indexed for a moment; skip what is gone.
-            let Some(bytes) = self.claims.get(claim_key).map_err(io)? else {
-                continue;
-            };
-            let record: ClaimRecord = decode(&bytes)?;
-            if !keep(&record) {
-                continue;
+            // A released claim may still be indexed for a moment; what is gone is skipped.
+            match key.get(8..) {
+                Some(claim_key) => self.claims.get(claim_key).map_err(io),
+                None => Ok(None),
             }
-            if items.len() == limit {
-                return Ok((items, true));
-            }
-            items.push(record);
-        }
-        Ok((items, false))
+        });
+        page(records, limit, keep)
     }
 
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
