@@ -285,3 +285,65 @@ pub(crate) async fn admit_charges_rate_then_budget_then_claims_and_refusals_char
         }
     );
 }
+
+/// Without a rate window (PostgreSQL answers these in one statement): the budget and the claim are charged
+/// together, an exhausted budget takes no claim, and an existing claim is returned with the call charged.
+pub(crate) async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together(
+    store: &dyn Store,
+) {
+    let budget_key = crate::session::budget_key("s2");
+    let admission = |request_id: &str, at: i64| Admission {
+        budget: Some((budget_key.clone(), 3)),
+        claim: Some(claim(ClaimKind::Invoke, request_id, at)),
+        now_ms: 1_000,
+        ..Admission::default()
+    };
+    assert_eq!(
+        store.admit(&admission("n1", 1)).await.unwrap(),
+        Admitted::Charged {
+            existing_claim: None
+        }
+    );
+    assert_eq!(
+        store.admit(&admission("n1", 2)).await.unwrap(),
+        Admitted::Charged {
+            existing_claim: Some(Box::new(claim(ClaimKind::Invoke, "n1", 1)))
+        }
+    );
+    let budget_only = Admission {
+        budget: Some((budget_key.clone(), 3)),
+        ..Admission::default()
+    };
+    assert!(matches!(
+        store.admit(&budget_only).await.unwrap(),
+        Admitted::Charged {
+            existing_claim: None
+        }
+    ));
+    assert_eq!(
+        store.admit(&admission("n2", 3)).await.unwrap(),
+        Admitted::BudgetExhausted
+    );
+    assert_eq!(
+        store.admit(&budget_only).await.unwrap(),
+        Admitted::BudgetExhausted
+    );
+    assert_eq!(store.counter_get(&budget_key).await.unwrap(), Some(3));
+    assert_eq!(
+        store.claim_get(ClaimKind::Invoke, "n2").await.unwrap(),
+        None
+    );
+    let no_budget = Admission {
+        budget: Some((crate::session::budget_key("s3"), 0)),
+        claim: Some(claim(ClaimKind::Invoke, "n3", 4)),
+        ..Admission::default()
+    };
+    assert_eq!(
+        store.admit(&no_budget).await.unwrap(),
+        Admitted::BudgetExhausted
+    );
+    assert_eq!(
+        store.claim_get(ClaimKind::Invoke, "n3").await.unwrap(),
+        None
+    );
+}

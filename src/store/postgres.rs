@@ -296,6 +296,77 @@ impl PgStore {
         }
     }
 
+    /// [`Store::admit`] without a rate window, in one statement and one round trip: the budget charge and
+    /// the claim insert commit together, or neither happens. (A rate window is computed here, not in SQL,
+    /// so a call with one takes the transaction of [`Store::admit`].)
+    async fn admit_without_rate(&self, admission: &Admission) -> StoreResult<Admitted> {
+        let Some((key, max)) = &admission.budget else {
+            return match &admission.claim {
+                Some(claim) => Ok(Admitted::Charged {
+                    existing_claim: self.claim_insert(claim).await?.map(Box::new),
+                }),
+                None => Ok(Admitted::Charged {
+                    existing_claim: None,
+                }),
+            };
+        };
+        let max = i64::try_from(*max).unwrap_or(i64::MAX);
+        if max <= 0 {
+            return Ok(Admitted::BudgetExhausted);
+        }
+        // The counter's state is the count as 8 big-endian bytes (int8send), as `budget_bytes` writes it.
+        const CHARGE: &str = "INSERT INTO counters (key, state) VALUES ($1, int8send(1::bigint)) \
+             ON CONFLICT (key) DO UPDATE \
+             SET state = int8send(coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) + 1) \
+             WHERE coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) < $2 \
+             RETURNING 1";
+        let conn = self.conn().await?;
+        let Some(claim) = &admission.claim else {
+            let charged = conn
+                .query_opt_prepared(CHARGE, &[&key.as_bytes(), &max])
+                .await
+                .map_err(db)?;
+            return Ok(match charged {
+                Some(_) => Admitted::Charged {
+                    existing_claim: None,
+                },
+                None => Admitted::BudgetExhausted,
+            });
+        };
+        let statement = format!(
+            "WITH charged AS ({CHARGE}), claimed AS (\
+             INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
+             SELECT $3, $4, $5, $6 FROM charged ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT (SELECT count(*) FROM charged), (SELECT count(*) FROM claimed)"
+        );
+        let row = conn
+            .query_one_prepared(
+                &statement,
+                &[
+                    &key.as_bytes(),
+                    &max,
+                    &claim.kind.as_str(),
+                    &claim.request_id,
+                    &claim.claimed_at_ms,
+                    &encode(claim)?,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        let (charged, claimed): (i64, i64) = (row.get(0), row.get(1));
+        if charged == 0 {
+            return Ok(Admitted::BudgetExhausted);
+        }
+        drop(conn);
+        // Charged, and the request id was taken: the call is answered from that claim (section 7). If it
+        // was released meanwhile, this call takes it now.
+        let existing_claim = match claimed {
+            0 => self.claim_insert(claim).await?.map(Box::new),
+            _ => None,
+        };
+        Ok(Admitted::Charged { existing_claim })
+    }
+
     /// Locks the counter cell `key` in `tx` (creating it empty) and returns its state.
     async fn lock_cell(
         tx: &deadpool_postgres::Transaction<'_>,
@@ -564,6 +635,9 @@ impl Store for PgStore {
     }
 
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        if admission.rate.is_none() {
+            return self.admit_without_rate(admission).await;
+        }
         let now_ms = admission.now_ms;
         let mut conn = self.conn().await?;
         // One transaction: a refusal rolls back every charge made before it (dropping `tx` rolls back).
@@ -919,6 +993,15 @@ mod tests {
     async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
         let db = TestDatabase::create().await;
         conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together() {
+        let db = TestDatabase::create().await;
+        conformance::admit_without_a_rate_window_charges_the_budget_and_the_claim_together(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

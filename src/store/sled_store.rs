@@ -638,6 +638,13 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together() {
+        let (_dir, store) = open();
+        conformance::admit_without_a_rate_window_charges_the_budget_and_the_claim_together(&store)
+            .await;
+    }
+
+    #[tokio::test]
     async fn state_survives_reopen_after_a_sync() {
         let dir = tempfile::tempdir().unwrap();
         {
