@@ -142,7 +142,8 @@ pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
                     status: ApprovalStatus::Used,
                     ..grant.clone()
                 };
-                if cas(gw.store.as_ref(), &grant, &used).await? {
+                let taken = gw.store.approval_replace(&grant, &used).await;
+                if taken.map_err(|e| e.to_string())? {
                     return Ok(Gate::Granted(used));
                 }
             }
@@ -170,13 +171,6 @@ pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
         }
     }
     Err("the call's approval kept changing under concurrent calls; try again".into())
-}
-
-async fn cas(store: &dyn Store, old: &ApprovalRecord, new: &ApprovalRecord) -> Result<bool, String> {
-    store
-        .approval_replace(old, new)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {

@@ -241,13 +241,19 @@ impl Config {
         }
         let urls = [
             ("approvals.webhook_url", &self.approvals.webhook_url),
-            ("approvals.console_base_url", &self.approvals.console_base_url),
+            (
+                "approvals.console_base_url",
+                &self.approvals.console_base_url,
+            ),
         ];
         for (key, url) in urls {
             if let Some(url) = url {
                 let scheme = url::Url::parse(url).map(|u| u.scheme().to_owned());
                 if !matches!(scheme.as_deref(), Ok("http" | "https")) {
-                    return Err((key, format!("must be an http:// or https:// URL, not {url:?}")));
+                    return Err((
+                        key,
+                        format!("must be an http:// or https:// URL, not {url:?}"),
+                    ));
                 }
             }
         }

@@ -257,7 +257,9 @@ impl Gateway {
             let mut tick = tokio::time::interval(crate::approval::SWEEP_EVERY);
             loop {
                 tick.tick().await;
-                let Some(gateway) = gateway.upgrade() else { break };
+                let Some(gateway) = gateway.upgrade() else {
+                    break;
+                };
                 if let Err(e) = crate::approval::sweep(&gateway).await {
                     tracing::warn!(error = %e, "could not expire overdue approvals");
                 }

@@ -22,24 +22,44 @@ fn payment(cents: u64) -> Value {
 }
 
 /// Signs and posts one `tools/call` (a fresh envelope each time).
-async fn call(gw: &Gateway, key: &SigningKey, token: &str, tool: &str, args: Value) -> (u16, Value) {
+async fn call(
+    gw: &Gateway,
+    key: &SigningKey,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> (u16, Value) {
     static ID: AtomicU64 = AtomicU64::new(1);
-    gw.call(key, token, tool_call(ID.fetch_add(1, Ordering::Relaxed), tool, args))
-        .await
+    gw.call(
+        key,
+        token,
+        tool_call(ID.fetch_add(1, Ordering::Relaxed), tool, args),
+    )
+    .await
 }
 
 /// The approval id of a 4003 answer, checked to be one.
 fn requested(answer: &(u16, Value)) -> String {
     assert_eq!((answer.0, code(&answer.1)), (403, 4003), "{}", answer.1);
     let details = &answer.1["error"]["details"];
-    assert!(details["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{details}");
+    assert!(
+        details["expires_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{details}"
+    );
     details["approval_id"].as_str().unwrap().to_string()
 }
 
 async fn approval(gw: &Gateway, id: &str) -> Value {
     let token = gw.keys.operator_token("seal.approval.read");
     let (status, body) = gw
-        .operator(Method::GET, &format!("/v1/approvals/{id}"), Some(&token), None)
+        .operator(
+            Method::GET,
+            &format!("/v1/approvals/{id}"),
+            Some(&token),
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     body
@@ -76,7 +96,12 @@ fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// Puts an API-kept context and registers a session on it; returns the agent's key and token.
-async fn session_on(gw: &Gateway, context: &str, spec: Value, session: &str) -> (SigningKey, String) {
+async fn session_on(
+    gw: &Gateway,
+    context: &str,
+    spec: Value,
+    session: &str,
+) -> (SigningKey, String) {
     let (status, body) = gw
         .admin(
             Method::PUT,
@@ -136,7 +161,12 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
         .collect();
     assert_eq!(ids, vec![first.as_str()]);
     let (status, body) = gw
-        .operator(Method::GET, "/v1/approvals?status=open", Some(&reader), None)
+        .operator(
+            Method::GET,
+            "/v1/approvals?status=open",
+            Some(&reader),
+            None,
+        )
         .await;
     assert_eq!((status, code(&body)), (422, 6005));
 
@@ -197,7 +227,13 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     assert_eq!(asked[0]["sub"], "agent-1");
     let waiting = of_type(&trail, "PolicyViolationBlocked");
     assert_eq!(waiting.len(), 1);
-    assert_eq!((waiting[0]["code"].clone(), waiting[0]["approval_id"].clone()), (json!(4003), json!(first)));
+    assert_eq!(
+        (
+            waiting[0]["code"].clone(),
+            waiting[0]["approval_id"].clone()
+        ),
+        (json!(4003), json!(first))
+    );
     let grants = of_type(&trail, "ApprovalGranted");
     assert_eq!(grants.len(), 1);
     assert_eq!(grants[0]["actor"], "test-operator");
@@ -209,7 +245,10 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     assert_eq!(of_type(&trail, "ToolCallCompleted").len(), 1);
     let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
     for secret in ["acct-93-secret", "memo-do-not-log"] {
-        assert!(!file.contains(secret), "{secret} leaked into the audit file");
+        assert!(
+            !file.contains(secret),
+            "{secret} leaked into the audit file"
+        );
         assert!(!serde_json::to_string(&trail).unwrap().contains(secret));
     }
 }
@@ -273,11 +312,15 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     // A grant nobody uses expires too; this time nothing reads it: the periodic sweep notices.
     let (status, body) = decide(&gw, &fresh, "grant", json!({})).await;
     assert_eq!(status, 200, "{body}");
-    until(Duration::from_secs(40), "the sweep expires the grant", || async {
-        of_type(&events(&gw, "exec-quick").await, "ApprovalExpired")
-            .iter()
-            .any(|e| e["approval_id"] == fresh.as_str())
-    })
+    until(
+        Duration::from_secs(40),
+        "the sweep expires the grant",
+        || async {
+            of_type(&events(&gw, "exec-quick").await, "ApprovalExpired")
+                .iter()
+                .any(|e| e["approval_id"] == fresh.as_str())
+        },
+    )
     .await;
     let after = requested(&call(&gw, &key, &token, "pay.send", payment(1)).await);
     assert_ne!(after, fresh);
@@ -307,7 +350,10 @@ async fn budgets_count_every_call_that_reaches_the_approval_step() {
         .session_with("exec-budget", json!({"budget": {"max_calls": 2}}))
         .await;
     let id = requested(&call(&gw, &key, &token, "pay.send", payment(4)).await);
-    assert_eq!(requested(&call(&gw, &key, &token, "pay.send", payment(4)).await), id);
+    assert_eq!(
+        requested(&call(&gw, &key, &token, "pay.send", payment(4)).await),
+        id
+    );
     assert_eq!(decide(&gw, &id, "grant", json!({})).await.0, 200);
     // Both held calls were charged: the granted one finds the budget spent, and keeps its grant.
     let (status, body) = call(&gw, &key, &token, "pay.send", payment(4)).await;
@@ -418,12 +464,17 @@ async fn new_requests_are_announced_to_the_webhook_which_is_retried() {
     let (gw, _tool) = Gateway::start(dir.path(), &extra).await;
     let (key, token) = gw.session("exec-hook").await;
     let id = requested(&call(&gw, &key, &token, "pay.send", payment(2)).await);
-    until(Duration::from_secs(10), "two failures, then a delivery", || async {
-        seen.lock().unwrap().len() == 3
-    })
+    until(
+        Duration::from_secs(10),
+        "two failures, then a delivery",
+        || async { seen.lock().unwrap().len() == 3 },
+    )
     .await;
     // The repeated call made no new request, so nothing more is announced.
-    assert_eq!(requested(&call(&gw, &key, &token, "pay.send", payment(2)).await), id);
+    assert_eq!(
+        requested(&call(&gw, &key, &token, "pay.send", payment(2)).await),
+        id
+    );
     let bodies = seen.lock().unwrap().clone();
     let expires_at = approval(&gw, &id).await["expires_at"].clone();
     for body in &bodies {
@@ -455,7 +506,10 @@ async fn two_replicas_share_requests_and_a_grant_runs_once() {
     let (key, token) = a.session("exec-shared").await;
 
     let id = requested(&call(a, &key, &token, "pay.send", payment(11)).await);
-    assert_eq!(requested(&call(b, &key, &token, "pay.send", payment(11)).await), id);
+    assert_eq!(
+        requested(&call(b, &key, &token, "pay.send", payment(11)).await),
+        id
+    );
     let (status, body) = decide(b, &id, "grant", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = decide(a, &id, "grant", json!({})).await;

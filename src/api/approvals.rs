@@ -267,9 +267,7 @@ async fn decide(
                 "reason is required to deny",
             ))
         }
-        Some(reason)
-            if reason.trim().is_empty() || reason.chars().count() > MAX_REASON_CHARS =>
-        {
+        Some(reason) if reason.trim().is_empty() || reason.chars().count() > MAX_REASON_CHARS => {
             return Err(ApiError::new(
                 Code::InvalidRequest,
                 format!("reason must be 1 to {MAX_REASON_CHARS} characters, not blank"),

@@ -643,7 +643,10 @@ mod tests {
                     .map_err(|e| format!("{}: {}", e.path, e.message))
             })
         };
-        assert_eq!(compile(serde_json::json!({"required": true})), Ok(Some(900)));
+        assert_eq!(
+            compile(serde_json::json!({"required": true})),
+            Ok(Some(900))
+        );
         assert_eq!(
             compile(serde_json::json!({"required": true, "expires_secs": 5})),
             Ok(Some(5))

@@ -4,8 +4,8 @@
 use serde_json::json;
 
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus,
-    LiveCounts, SessionRecord, Store,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ClaimCursor, ClaimKind,
+    ClaimOutcome, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -344,12 +344,12 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
 
     // A new request replaces the current one only if it is still the one the caller saw.
     let second = approval("a3", "d", 20);
-    assert!(!store
-        .approval_insert(&second, Some("stale"))
-        .await
-        .unwrap());
+    assert!(!store.approval_insert(&second, Some("stale")).await.unwrap());
     assert!(store.approval_insert(&second, Some("a1")).await.unwrap());
-    assert_eq!(store.approval_current("s", "d").await.unwrap(), Some(second));
+    assert_eq!(
+        store.approval_current("s", "d").await.unwrap(),
+        Some(second)
+    );
     assert!(store
         .approval_insert(&approval("a4", "e", 15), None)
         .await

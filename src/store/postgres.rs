@@ -17,8 +17,9 @@ use tokio_postgres::NoTls;
 
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts,
-    SessionRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
+    ClaimKind, ClaimRecord, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
+    StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.

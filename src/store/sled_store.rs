@@ -18,8 +18,9 @@ use serde_json::Value;
 use sled::{Db, Tree};
 
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus,
-    LiveCounts, SessionRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
+    ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
+    StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -754,8 +755,10 @@ mod tests {
     #[tokio::test]
     async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call() {
         let (_dir, store) = open();
-        conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(&store)
-            .await;
+        conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(
+            &store,
+        )
+        .await;
     }
 
     #[tokio::test]

@@ -316,7 +316,10 @@ pub fn launch_with(
 
 /// Starts a prepared `sealgate serve` command and waits for its ready line; returns the child and its base URL.
 pub fn launch_command(mut command: Command) -> (Child, String) {
-    let mut child = command.stdout(Stdio::piped()).spawn().expect("start sealgate");
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start sealgate");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let base = loop {
