@@ -1,6 +1,7 @@
 //! The one path every tool call travels (SPEC section 3), as a spine of named steps in SPEC order: verify
 //! the token, the live session, the signature, the window and replay, the binding, decide, charge and
-//! claim, forward, settle. Each step lives in the module that owns its rules; this file only orders them
+//! claim (with the approval step of SPEC 13 between them where a capability asks for it), forward,
+//! settle. Each step lives in the module that owns its rules; this file only orders them
 //! and records the audit event of every decision. It returns an [`Outcome`]; `api/` turns it into HTTP.
 //!
 //! State is made durable at most twice per call (SPEC 12): before the forward, when a claim was taken
@@ -217,53 +218,29 @@ async fn run(
         }
         refusal
     };
-    let mut grant = None;
-    let admitted = match capability.approval_secs {
+    let (admitted, grant) = match capability.approval_secs {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
-        None => admit(gw, &session, &context, index, claim_record)
-            .await
-            .map_err(with_rule)?,
+        None => (
+            admit(gw, &session, &context, index, claim_record)
+                .await
+                .map_err(with_rule)?,
+            None,
+        ),
         Some(expires_secs) => {
-            // SPEC 13: charged first; then the claim comes first, and only a call that would run
-            // meets the approval step, before it takes a claim.
             admit(gw, &session, &context, index, None)
                 .await
                 .map_err(with_rule)?;
-            match existing_claim(gw, claim_record.as_ref()).await? {
-                Some(found) => Some(found),
-                None => {
-                    let approval = crate::approval::Call {
-                        session_id: &session.record.session_id,
-                        sub: &claims.sub,
-                        tool: &tool,
-                        arguments: &arguments,
-                        call_digest: &claim::call_digest(&tool, &arguments),
-                        context: &context.spec.name,
-                        context_version: &context.version,
-                        expires_secs,
-                    };
-                    let used = approve(gw, facts, &approval, &rule).await?;
-                    let taken = match claim_record {
-                        None => None,
-                        Some(pending) => match claim::take(gw.store.as_ref(), pending).await {
-                            Ok(taken) => Some(taken),
-                            Err(e) => {
-                                let _ = crate::approval::restore(gw.store.as_ref(), &used).await;
-                                return Err(store_refusal(e));
-                            }
-                        },
-                    };
-                    // Another call took the claim meanwhile: this one runs nothing, the grant stays.
-                    if !matches!(taken, None | Some(Taken::Proceed(_))) {
-                        crate::approval::restore(gw.store.as_ref(), &used)
-                            .await
-                            .map_err(store_refusal)?;
-                    } else {
-                        grant = Some(used);
-                    }
-                    taken
-                }
-            }
+            let call = crate::approval::Call {
+                session_id: &session.record.session_id,
+                sub: &claims.sub,
+                tool: &tool,
+                arguments: &arguments,
+                call_digest: &claim::call_digest(&tool, &arguments),
+                context: &context.spec.name,
+                context_version: &context.version,
+                expires_secs,
+            };
+            claim_after_approval(gw, facts, &call, &rule, claim_record).await?
         }
     };
     let pending = match admitted {
@@ -310,6 +287,39 @@ async fn run(
         use_grant(gw, used, &answer).await?;
     }
     settle(gw, env, facts, &context, pending.as_ref(), answer, started).await
+}
+
+/// SPEC 13, for a call already charged: the claim comes first (a call whose request id finds a claim
+/// is answered by section 7 and asks for nothing), then the approval step, and only a call holding a
+/// grant takes its claim. Returns what taking the claim found (None without a request id) and the grant,
+/// now marked used, when the call is to run.
+async fn claim_after_approval(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    call: &crate::approval::Call<'_>,
+    rule: &policy::Rule,
+    claim_record: Option<ClaimRecord>,
+) -> Result<(Option<Taken>, Option<crate::store::ApprovalRecord>), Refused> {
+    if let Some(found) = existing_claim(gw, claim_record.as_ref()).await? {
+        return Ok((Some(found), None));
+    }
+    let used = approve(gw, facts, call, rule).await?;
+    let taken = match claim_record {
+        None => return Ok((None, Some(used))),
+        Some(pending) => claim::take(gw.store.as_ref(), pending).await,
+    };
+    match taken {
+        Ok(Taken::Proceed(record)) => Ok((Some(Taken::Proceed(record)), Some(used))),
+        // Another call took the claim meanwhile, or the store failed: nothing runs, the grant stays.
+        other => {
+            crate::approval::restore(gw.store.as_ref(), &used)
+                .await
+                .map_err(store_refusal)?;
+            other
+                .map(|taken| (Some(taken), None))
+                .map_err(store_refusal)
+        }
+    }
 }
 
 /// The claim a call with an approval step would meet, classified as section 7 answers it (SKIP, 4001,
