@@ -32,6 +32,7 @@ pub struct Config {
     pub audit: AuditConfig,
     pub log: LogConfig,
     pub console: ConsoleConfig,
+    pub approvals: Approvals,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -63,6 +64,17 @@ pub struct Sessions {
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleConfig {
     pub enabled: bool,
+}
+
+/// Where new approval requests are announced (SPEC 13).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Approvals {
+    /// Each new request is POSTed here as JSON.
+    pub webhook_url: Option<String>,
+    /// The console's address (`https://HOST/console`): the webhook's `console_url` is
+    /// `<this>/#/approvals/<approval_id>`.
+    pub console_base_url: Option<String>,
 }
 
 impl Default for Limits {
@@ -102,6 +114,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             log: LogConfig::default(),
             console: ConsoleConfig::default(),
+            approvals: Approvals::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -139,6 +152,8 @@ const OVERRIDABLE: &[&str] = &[
     "log.level",
     "log.format",
     "console.enabled",
+    "approvals.webhook_url",
+    "approvals.console_base_url",
 ];
 
 impl Config {
@@ -234,6 +249,24 @@ impl Config {
         }
         if self.replica_id.is_empty() || self.replica_id.chars().count() > 256 {
             return fail("replica_id", "must be 1 to 256 characters");
+        }
+        let urls = [
+            ("approvals.webhook_url", &self.approvals.webhook_url),
+            (
+                "approvals.console_base_url",
+                &self.approvals.console_base_url,
+            ),
+        ];
+        for (key, url) in urls {
+            if let Some(url) = url {
+                let scheme = url::Url::parse(url).map(|u| u.scheme().to_owned());
+                if !matches!(scheme.as_deref(), Ok("http" | "https")) {
+                    return Err((
+                        key,
+                        format!("must be an http:// or https:// URL, not {url:?}"),
+                    ));
+                }
+            }
         }
         if self.store != "embedded"
             && !self.store.starts_with("postgres://")
@@ -440,7 +473,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_key_of_limits_audit_log_and_console_can_be_set_from_the_environment() {
+    fn every_key_of_limits_audit_log_console_and_approvals_can_be_set_from_the_environment() {
         // A key added to a section must be added to OVERRIDABLE too (SPEC 11: every key).
         let limits = [
             "max_body_bytes",
@@ -468,6 +501,10 @@ mod tests {
             .chain(section_keys(
                 "console",
                 serde_json::to_value(ConsoleConfig::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "approvals",
+                serde_json::to_value(Approvals::default()).unwrap(),
             ));
         for key in keys {
             assert!(
@@ -594,6 +631,25 @@ mod tests {
         assert!(
             nested.starts_with("conf/sealgate.yaml:3: upstreams.a.http.url: invalid type"),
             "{nested}"
+        );
+    }
+
+    #[test]
+    fn approval_urls_must_be_http() {
+        let config = Config::from_yaml(
+            "approvals: { webhook_url: \"https://hooks.example/a\", console_base_url: \"http://c\" }",
+            Path::new(""),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.approvals.webhook_url.as_deref(),
+            Some("https://hooks.example/a")
+        );
+        let refused = parse_err("approvals:\n  webhook_url: ftp://x\n", &[]);
+        assert_eq!(
+            refused,
+            "conf/sealgate.yaml:2: approvals.webhook_url: must be an http:// or https:// URL, not \"ftp://x\""
         );
     }
 

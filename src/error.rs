@@ -61,6 +61,9 @@ code_table! {
     AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401, EnvelopeRejected),
     ClaimPending => (4001, "CLAIM_PENDING", 409, ClaimBlocked),
     IdempotencyKeyReused => (4002, "IDEMPOTENCY_KEY_REUSED", 422, ClaimBlocked),
+    // A new approval request is recorded as ApprovalRequested instead (SPEC 9.1; the pipeline says which).
+    ApprovalRequired => (4003, "APPROVAL_REQUIRED", 403, PolicyViolationBlocked),
+    ApprovalDenied => (4004, "APPROVAL_DENIED", 403, PolicyViolationBlocked),
     UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502, ToolCallFailed),
     UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504, ToolCallFailed),
     UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502, ToolCallFailed),
@@ -184,7 +187,7 @@ mod tests {
     #[test]
     fn numbers_are_unique_and_round_trip() {
         let mut seen = std::collections::HashSet::new();
-        assert_eq!(Code::ALL.len(), 32);
+        assert_eq!(Code::ALL.len(), 34);
         for &code in Code::ALL {
             assert!(seen.insert(code.number()), "duplicate {}", code.number());
             assert_eq!(Code::from_number(code.number()), Some(code));

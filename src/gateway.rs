@@ -34,6 +34,8 @@ pub struct Gateway {
     pub upstreams: Upstreams,
     pub audit: AuditLog,
     pub metrics: PrometheusHandle,
+    /// Announces new approval requests (SPEC 13).
+    pub notifier: crate::approval::Notifier,
     /// Keeps the policy folder watched for as long as the gateway lives.
     _policy_watcher: WatcherHandle,
 }
@@ -97,6 +99,7 @@ impl Gateway {
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
+        let notifier = crate::approval::Notifier::new(&config.approvals)?;
 
         let policies_dir = config.policies_folder()?;
         let contexts =
@@ -150,6 +153,7 @@ impl Gateway {
             upstreams,
             audit,
             metrics,
+            notifier,
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();
@@ -245,8 +249,22 @@ fn watch_policies(
 }
 
 impl Gateway {
-    /// Forgets replay records whose window has passed, so the store never grows without bound.
+    /// Forgets replay records whose window has passed, so the store never grows without bound, and
+    /// expires approval requests and grants whose time ran out (SPEC 13: within 60 s).
     fn spawn_upkeep(self: &Arc<Self>) {
+        let gateway = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::approval::SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(gateway) = gateway.upgrade() else {
+                    break;
+                };
+                if let Err(e) = crate::approval::sweep(&gateway).await {
+                    tracing::warn!(error = %e, "could not expire overdue approvals");
+                }
+            }
+        });
         let store = Arc::downgrade(&self.store);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(10));

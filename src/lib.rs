@@ -1,5 +1,6 @@
 //! sealgate: a security gateway for AI agent tool calls (see README.md and SPEC.md).
 pub mod api;
+pub mod approval;
 pub mod audit;
 pub mod bench;
 pub mod claim;

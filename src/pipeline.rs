@@ -1,6 +1,7 @@
 //! The one path every tool call travels (SPEC section 3), as a spine of named steps in SPEC order: verify
 //! the token, the live session, the signature, the window and replay, the binding, decide, charge and
-//! claim, forward, settle. Each step lives in the module that owns its rules; this file only orders them
+//! claim (with the approval step of SPEC 13 between them where a capability asks for it), forward,
+//! settle. Each step lives in the module that owns its rules; this file only orders them
 //! and records the audit event of every decision. It returns an [`Outcome`]; `api/` turns it into HTTP.
 //!
 //! State is made durable at most twice per call (SPEC 12): before the forward, when a claim was taken
@@ -42,6 +43,8 @@ pub enum Outcome {
 struct Refusal {
     error: ApiError,
     rule: Option<policy::Rule>,
+    /// The event that records it, when not the one its code's row names (a new approval request).
+    event: Option<EventType>,
 }
 
 /// Refusals travel boxed: the happy path's `Result` stays small.
@@ -51,6 +54,7 @@ fn refuse(code: Code, message: impl Into<String>) -> Refused {
     Box::new(Refusal {
         error: ApiError::new(code, message),
         rule: None,
+        event: None,
     })
 }
 
@@ -73,6 +77,7 @@ struct CallFacts {
     claim: Option<&'static str>,
     action_ref: Option<String>,
     claimed_at: Option<String>,
+    approval_id: Option<String>,
 }
 
 impl CallFacts {
@@ -110,6 +115,9 @@ impl CallFacts {
         }
         if let Some(action_ref) = &self.action_ref {
             event = event.action_ref(action_ref);
+        }
+        if let Some(approval_id) = &self.approval_id {
+            event = event.approval_id(approval_id);
         }
         if gw.config.audit.include_payloads {
             event = event.payload(env.payload.clone());
@@ -203,16 +211,38 @@ async fn run(
         &arguments,
         idempotency_key.as_deref(),
     );
-    // Rate, budget and claim are one store call; what it finds decides whether anything runs.
-    let admitted = admit(gw, &session, &context, index, claim_record)
-        .await
-        .map_err(|mut refusal| {
-            // Rate and budget refusals are the capability's decision: they carry its rule.
-            if refusal.error.code != Code::StoreUnavailable {
-                refusal.rule = Some(rule.clone());
-            }
-            refusal
-        })?;
+    let with_rule = |mut refusal: Refused| {
+        // Rate and budget refusals are the capability's decision: they carry its rule.
+        if refusal.error.code != Code::StoreUnavailable {
+            refusal.rule = Some(rule.clone());
+        }
+        refusal
+    };
+    let (admitted, grant) = match capability.approval_secs {
+        // Rate, budget and claim are one store call; what it finds decides whether anything runs.
+        None => (
+            admit(gw, &session, &context, index, claim_record)
+                .await
+                .map_err(with_rule)?,
+            None,
+        ),
+        Some(expires_secs) => {
+            admit(gw, &session, &context, index, None)
+                .await
+                .map_err(with_rule)?;
+            let call = crate::approval::Call {
+                session_id: &session.record.session_id,
+                sub: &claims.sub,
+                tool: &tool,
+                arguments: &arguments,
+                call_digest: &claim::call_digest(&tool, &arguments),
+                context: &context.spec.name,
+                context_version: &context.version,
+                expires_secs,
+            };
+            claim_after_approval(gw, facts, &call, &rule, claim_record).await?
+        }
+    };
     let pending = match admitted {
         None => {
             facts.claim = Some("NONE");
@@ -242,12 +272,142 @@ async fn run(
             ));
         }
     };
-    authorize(gw, env, facts, &rule, pending.as_ref()).await?; // durable before the forward when claimed
+    // Durable before the forward when claimed.
+    if let Err(refusal) = authorize(gw, env, facts, &rule, pending.as_ref()).await {
+        if let Some(used) = &grant {
+            let _ = crate::approval::restore(gw.store.as_ref(), used).await;
+        }
+        return Err(refusal);
+    }
     let answer = gw
         .upstreams
         .call(&tool, &id, &arguments, capability.max_response_size)
         .await;
+    if let Some(used) = &grant {
+        use_grant(gw, used, &answer).await?;
+    }
     settle(gw, env, facts, &context, pending.as_ref(), answer, started).await
+}
+
+/// SPEC 13, for a call already charged: the claim comes first (a call whose request id finds a claim
+/// is answered by section 7 and asks for nothing), then the approval step, and only a call holding a
+/// grant takes its claim. Returns what taking the claim found (None without a request id) and the grant,
+/// now marked used, when the call is to run.
+async fn claim_after_approval(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    call: &crate::approval::Call<'_>,
+    rule: &policy::Rule,
+    claim_record: Option<ClaimRecord>,
+) -> Result<(Option<Taken>, Option<crate::store::ApprovalRecord>), Refused> {
+    if let Some(found) = existing_claim(gw, claim_record.as_ref()).await? {
+        return Ok((Some(found), None));
+    }
+    let used = approve(gw, facts, call, rule).await?;
+    let taken = match claim_record {
+        None => return Ok((None, Some(used))),
+        Some(pending) => claim::take(gw.store.as_ref(), pending).await,
+    };
+    match taken {
+        Ok(Taken::Proceed(record)) => Ok((Some(Taken::Proceed(record)), Some(used))),
+        // Another call took the claim meanwhile, or the store failed: nothing runs, the grant stays.
+        other => {
+            crate::approval::restore(gw.store.as_ref(), &used)
+                .await
+                .map_err(store_refusal)?;
+            other
+                .map(|taken| (Some(taken), None))
+                .map_err(store_refusal)
+        }
+    }
+}
+
+/// The claim a call with an approval step would meet, classified as section 7 answers it (SKIP, 4001,
+/// 4002), or None when it has no request id or none was taken yet.
+async fn existing_claim(
+    gw: &Gateway,
+    pending: Option<&ClaimRecord>,
+) -> Result<Option<Taken>, Refused> {
+    let Some(pending) = pending else {
+        return Ok(None);
+    };
+    let existing = gw
+        .store
+        .claim_get(ClaimKind::Invoke, &pending.request_id)
+        .await
+        .map_err(store_refusal)?;
+    Ok(existing.map(|existing| claim::classify(pending.clone(), Some(existing))))
+}
+
+/// SPEC 13's step: the call's grant, now marked used, or the refusal (4003 or 4004) that holds the call.
+async fn approve(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    call: &crate::approval::Call<'_>,
+    rule: &policy::Rule,
+) -> Result<crate::store::ApprovalRecord, Refused> {
+    use crate::approval::Gate;
+    let gate = crate::approval::gate(gw, call)
+        .await
+        .map_err(store_refusal)?;
+    let (code, message, record, event) = match gate {
+        Gate::Granted(used) => {
+            facts.approval_id = Some(used.approval_id.clone());
+            return Ok(used);
+        }
+        Gate::Requested(record) => (
+            Code::ApprovalRequired,
+            "a person must approve this call first",
+            record,
+            Some(EventType::ApprovalRequested),
+        ),
+        Gate::Waiting(record) => (
+            Code::ApprovalRequired,
+            "this call is waiting for a person's approval",
+            record,
+            None,
+        ),
+        Gate::Denied(record) => (
+            Code::ApprovalDenied,
+            "a person refused this call",
+            record,
+            None,
+        ),
+    };
+    facts.approval_id = Some(record.approval_id.clone());
+    let mut details = json!({
+        "approval_id": record.approval_id,
+        "expires_at": clock::rfc3339_millis(record.expires_at_ms),
+    });
+    if let Some(reason) = &record.reason {
+        details["reason"] = json!(reason);
+    }
+    Err(Box::new(Refusal {
+        error: ApiError::new(code, message).with_details(details),
+        rule: Some(rule.clone()),
+        event,
+    }))
+}
+
+/// After the forward: a call that reached the tool used its grant up (`ApprovalUsed`, durable with the
+/// call's final event); one that never left the gateway gives it back (SPEC 13).
+async fn use_grant(
+    gw: &Gateway,
+    used: &crate::store::ApprovalRecord,
+    answer: &Result<Value, UpstreamError>,
+) -> Result<(), Refused> {
+    if matches!(
+        answer,
+        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
+    ) {
+        return crate::approval::restore(gw.store.as_ref(), used)
+            .await
+            .map_err(store_refusal);
+    }
+    let event = crate::approval::event(EventType::ApprovalUsed, used);
+    retry_after_forward(gw, || gw.audit.record_deferred(event.clone()))
+        .await
+        .map_err(forwarded_but_unrecorded)
 }
 
 /// Checks 2–4: the token decodes, verifies with a pinned key, and is current.
@@ -396,6 +556,7 @@ fn decide(
         } => Err(Box::new(Refusal {
             error: ApiError::new(code, message),
             rule: Some(rule),
+            event: None,
         })),
     }
 }
@@ -412,6 +573,7 @@ fn missing_context() -> Refused {
             index: None,
             pattern: None,
         }),
+        event: None,
     })
 }
 
@@ -487,6 +649,7 @@ async fn admit(
                 )
                 .with_retry_after(secs),
                 rule: None,
+                event: None,
             }))
         }
         Admitted::BudgetExhausted => Err(refuse(
@@ -674,7 +837,7 @@ async fn record_refusal(
     started: Instant,
 ) -> ApiError {
     let code = refusal.error.code;
-    let Some(kind) = code.event() else {
+    let Some(kind) = refusal.event.or(code.event()) else {
         return refusal.error;
     };
     let unauthenticated = (1000..=1004).contains(&code.number());

@@ -159,11 +159,8 @@ async fn the_console_works_in_a_real_browser() {
         .await;
     assert_eq!(status, 201, "{created}");
 
-    // Approvals (SPEC 13) are exercised once the gateway offers them; until then the page says so.
-    let (approvals_status, _) = gw.admin(Method::GET, "/v1/approvals", None).await;
-    let approvals = approvals_status != 404;
-    let mut env: Vec<(&str, String)> = Vec::new();
-    let approval_calls = if approvals {
+    // Approvals (SPEC 13): two calls held for a decision, granted and denied in the browser.
+    let (pay_key, pay_token, grant_me, deny_me) = {
         let (status, body) = gw
             .admin(
                 Method::PUT,
@@ -191,10 +188,7 @@ async fn the_console_works_in_a_real_browser() {
             let (status, body) = gw.call(&pay_key, &pay_token, payload.clone()).await;
             assert_eq!((status, code(&body)), (403, 4003), "{body}");
         }
-        env.push(("CONSOLE_APPROVALS", "1".into()));
-        Some((pay_key, pay_token, grant_me, deny_me))
-    } else {
-        None
+        (pay_key, pay_token, grant_me, deny_me)
     };
 
     let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
@@ -216,7 +210,6 @@ async fn the_console_works_in_a_real_browser() {
         )
         .env("CONSOLE_PENDING_CLAIM", &pending_claim)
         .env("CONSOLE_SCREENSHOTS", &screenshots)
-        .envs(env)
         .output()
         .expect("node runs (scripts/test.sh installs tests/console and Chromium)");
     let printed = format!(
@@ -246,12 +239,10 @@ async fn the_console_works_in_a_real_browser() {
     assert_eq!(context["deny_list"], json!(["shop.refund"]), "{context}");
     assert_eq!(context["capabilities"][0]["claim"], "off", "{context}");
 
-    if let Some((pay_key, pay_token, grant_me, deny_me)) = approval_calls {
-        let (status, body) = gw.call(&pay_key, &pay_token, grant_me).await;
-        assert_eq!(status, 200, "the granted call runs: {body}");
-        let (status, body) = gw.call(&pay_key, &pay_token, deny_me).await;
-        assert_eq!((status, code(&body)), (403, 4004), "{body}");
-    }
+    let (status, body) = gw.call(&pay_key, &pay_token, grant_me).await;
+    assert_eq!(status, 200, "the granted call runs: {body}");
+    let (status, body) = gw.call(&pay_key, &pay_token, deny_me).await;
+    assert_eq!((status, code(&body)), (403, 4004), "{body}");
 }
 
 #[test]

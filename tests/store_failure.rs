@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use sealgate::audit::{AuditBackend, ChainHead};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
-    Admission, Admitted, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts, SessionRecord, SledStore,
-    Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
+    LiveCounts, SessionRecord, SledStore, Store, StoreError, StoreResult, StoredContext,
 };
 use serde_json::{json, Value};
 
@@ -130,6 +130,43 @@ impl Store for SwitchableStore {
     ) -> StoreResult<(Vec<ClaimRecord>, bool)> {
         self.check()?;
         self.inner.claim_page(before, limit, keep).await
+    }
+    async fn approval_insert(
+        &self,
+        r: &ApprovalRecord,
+        replacing: Option<&str>,
+    ) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.approval_insert(r, replacing).await
+    }
+    async fn approval_current(
+        &self,
+        session: &str,
+        digest: &str,
+    ) -> StoreResult<Option<ApprovalRecord>> {
+        self.check()?;
+        self.inner.approval_current(session, digest).await
+    }
+    async fn approval_get(&self, id: &str) -> StoreResult<Option<ApprovalRecord>> {
+        self.check()?;
+        self.inner.approval_get(id).await
+    }
+    async fn approval_replace(
+        &self,
+        old: &ApprovalRecord,
+        new: &ApprovalRecord,
+    ) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.approval_replace(old, new).await
+    }
+    async fn approval_page(
+        &self,
+        before: Option<&ApprovalCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ApprovalRecord>, bool)> {
+        self.check()?;
+        self.inner.approval_page(before, limit, keep).await
     }
     async fn context_put(&self, c: &StoredContext) -> StoreResult<()> {
         self.check()?;

@@ -1,6 +1,7 @@
 //! HTTP routers: the agent endpoint, the control API for orchestrators and operators, health and metrics.
 //! Handlers parse and authorise at the edge and call the modules that own the rules.
 
+mod approvals;
 mod audit;
 mod claims;
 mod console;
@@ -42,6 +43,10 @@ fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(claims::standalone_claim))
         .routes(routes!(claims::settle))
         .routes(routes!(claims::standalone_audit))
+        .routes(routes!(approvals::list))
+        .routes(routes!(approvals::read))
+        .routes(routes!(approvals::grant))
+        .routes(routes!(approvals::deny))
         .routes(routes!(audit::query))
         .routes(routes!(audit::export))
         .routes(routes!(health::healthz))

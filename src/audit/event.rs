@@ -29,11 +29,16 @@ pub enum EventType {
     SecurityContextRejected,
     ClaimTaken,
     ClaimSettled,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    ApprovalUsed,
+    ApprovalExpired,
 }
 
 impl EventType {
     /// Every type, in the order of SPEC 9.1.
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 21] = [
         EventType::SessionCreated,
         EventType::SessionRevoked,
         EventType::ToolCallAuthorized,
@@ -50,6 +55,11 @@ impl EventType {
         EventType::SecurityContextRejected,
         EventType::ClaimTaken,
         EventType::ClaimSettled,
+        EventType::ApprovalRequested,
+        EventType::ApprovalGranted,
+        EventType::ApprovalDenied,
+        EventType::ApprovalUsed,
+        EventType::ApprovalExpired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +80,11 @@ impl EventType {
             EventType::SecurityContextRejected => "SecurityContextRejected",
             EventType::ClaimTaken => "ClaimTaken",
             EventType::ClaimSettled => "ClaimSettled",
+            EventType::ApprovalRequested => "ApprovalRequested",
+            EventType::ApprovalGranted => "ApprovalGranted",
+            EventType::ApprovalDenied => "ApprovalDenied",
+            EventType::ApprovalUsed => "ApprovalUsed",
+            EventType::ApprovalExpired => "ApprovalExpired",
         }
     }
 
@@ -81,7 +96,8 @@ impl EventType {
             | EventType::SignatureVerificationFailed
             | EventType::SecurityTokenExpired
             | EventType::EnvelopeRejected
-            | EventType::ClaimBlocked => Some(Decision::Deny),
+            | EventType::ClaimBlocked
+            | EventType::ApprovalRequested => Some(Decision::Deny),
             _ => None,
         }
     }
@@ -107,6 +123,12 @@ impl EventType {
             | EventType::SecurityContextRejected
             | EventType::ClaimTaken
             | EventType::ClaimSettled => CodeRule::Optional(&[6001, 6002, 6003, 6004, 6005]),
+            // The call held for a person (SPEC 13): always 4003, filled in when not given.
+            EventType::ApprovalRequested => CodeRule::Optional(&[4003]),
+            EventType::ApprovalGranted
+            | EventType::ApprovalDenied
+            | EventType::ApprovalUsed
+            | EventType::ApprovalExpired => CodeRule::Forbidden,
         }
     }
 }
@@ -208,6 +230,7 @@ pub struct AuditEvent {
     request_id: Option<String>,
     claim: Option<String>,
     action_ref: Option<String>,
+    approval_id: Option<String>,
     duration_ms: Option<u64>,
     actor: Option<String>,
     detail: Option<String>,
@@ -251,6 +274,7 @@ impl AuditEvent {
             request_id: None,
             claim: None,
             action_ref: None,
+            approval_id: None,
             duration_ms: None,
             actor: None,
             detail: None,
@@ -290,6 +314,8 @@ impl AuditEvent {
         claim,
         /// The receipt's action_ref.
         action_ref,
+        /// The approval request the event is about (SPEC 13).
+        approval_id,
         /// The operator's `sub` for control-API events.
         actor,
         /// Free text saying why (for example why a context was refused, or an operator's evidence).
@@ -410,6 +436,7 @@ impl AuditEvent {
             ("request_id", self.request_id),
             ("claim", self.claim),
             ("action_ref", self.action_ref),
+            ("approval_id", self.approval_id),
             ("actor", self.actor),
             ("detail", self.detail),
             ("trace_id", self.trace_id),
@@ -466,6 +493,9 @@ impl AuditEvent {
             }
             EventType::ClaimSkipped => {
                 self.claim.get_or_insert_with(|| "SKIP".to_owned());
+            }
+            EventType::ApprovalRequested => {
+                self.code.get_or_insert(4003);
             }
             _ => {}
         }

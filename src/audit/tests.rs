@@ -95,7 +95,15 @@ fn event_type_names_are_the_spec_strings() {
         "ClaimResolved",
         "SecurityContextChanged",
         "SecurityContextRejected",
+        "ClaimTaken",
+        "ClaimSettled",
+        "ApprovalRequested",
+        "ApprovalGranted",
+        "ApprovalDenied",
+        "ApprovalUsed",
+        "ApprovalExpired",
     ];
+    assert_eq!(EventType::ALL.len(), names.len());
     for (event_type, name) in EventType::ALL.iter().zip(names) {
         assert_eq!(serde_json::to_value(event_type).ok(), Some(json!(name)));
         assert_eq!(name.parse::<EventType>(), Ok(*event_type));

@@ -112,8 +112,7 @@ function approvals(main) {
       page = await api('GET', `/v1/approvals${query({ status: statusSelect.value, limit: 100 })}`);
     } catch (error) {
       cards.clear();
-      const missing = error instanceof ApiFailure && error.status === 404;
-      replace(list, missing ? el('p', { class: 'muted' }, 'This gateway does not offer approvals (GET /v1/approvals answered 404).') : problem(error));
+      replace(list, problem(error));
       return;
     }
     const seen = new Set(page.items.map((a) => a.approval_id));

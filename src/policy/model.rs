@@ -119,6 +119,33 @@ pub struct CapabilitySpec {
     /// Whether allowed calls take an exactly-once claim (SPEC 7.1).
     #[serde(default)]
     pub claim: ClaimMode,
+    /// Holds allowed calls until a person approves them (SPEC 13).
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "ApprovalSpec")]
+    pub approval: Option<ApprovalSpec>,
+}
+
+/// `approval: {required, expires_secs}` (SPEC 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSpec {
+    /// True: every call this capability allows waits for a person's grant.
+    pub required: bool,
+    /// How long a request waits for a decision, and how long a decision stays in force (900 by default).
+    #[serde(default = "default_approval_secs")]
+    #[schemars(range(max = 31_536_000))]
+    pub expires_secs: NonZeroU64,
+}
+
+/// Longest `approval.expires_secs`: a year. A longer wait is a mistake, not a policy.
+const MAX_APPROVAL_SECS: u64 = 31_536_000;
+
+fn default_approval_secs() -> NonZeroU64 {
+    NonZeroU64::new(900).unwrap_or(NonZeroU64::MIN)
 }
 
 /// `rate_limit: {calls, per_seconds}`; both at least 1.
@@ -310,6 +337,8 @@ pub struct Capability {
     pub rate_limit: Option<RateLimit>,
     pub max_response_size: Option<u64>,
     pub claim: ClaimMode,
+    /// `approval.expires_secs` when the capability requires approval (SPEC 13), else None.
+    pub approval_secs: Option<u64>,
 }
 
 impl fmt::Debug for Capability {
@@ -322,6 +351,7 @@ impl fmt::Debug for Capability {
             .field("rate_limit", &self.rate_limit)
             .field("max_response_size", &self.max_response_size)
             .field("claim", &self.claim)
+            .field("approval_secs", &self.approval_secs)
             .finish()
     }
 }
@@ -515,6 +545,17 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         }
     };
 
+    let approval_secs = match spec.approval {
+        Some(approval) if approval.expires_secs.get() > MAX_APPROVAL_SECS => {
+            return Err(spec_error(
+                at.clone().key("approval").key("expires_secs"),
+                format!("must be at most {MAX_APPROVAL_SECS} (a year)"),
+            ));
+        }
+        Some(approval) if approval.required => Some(approval.expires_secs.get()),
+        _ => None,
+    };
+
     Ok(Capability {
         pattern,
         paths,
@@ -523,6 +564,7 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         rate_limit: spec.rate_limit,
         max_response_size: spec.max_response_size.map(NonZeroU64::get),
         claim: spec.claim,
+        approval_secs,
     })
 }
 
@@ -587,6 +629,38 @@ mod tests {
         let long = SecurityContext::compile(long, ContextSource::Store).map(|c| c.version);
         assert!(short.is_ok());
         assert_eq!(short, long);
+    }
+
+    #[test]
+    fn approval_takes_required_and_a_bounded_expiry_with_900_by_default() {
+        let compile = |approval: serde_json::Value| {
+            let spec: Result<SecurityContextSpec, _> = serde_json::from_value(serde_json::json!({
+                "name": "c", "capabilities": [{"tool_pattern": "pay.*", "approval": approval}]
+            }));
+            spec.map_err(|e| e.to_string()).and_then(|spec| {
+                SecurityContext::compile(spec, ContextSource::Store)
+                    .map(|c| c.capabilities[0].approval_secs)
+                    .map_err(|e| format!("{}: {}", e.path, e.message))
+            })
+        };
+        assert_eq!(
+            compile(serde_json::json!({"required": true})),
+            Ok(Some(900))
+        );
+        assert_eq!(
+            compile(serde_json::json!({"required": true, "expires_secs": 5})),
+            Ok(Some(5))
+        );
+        assert_eq!(compile(serde_json::json!({"required": false})), Ok(None));
+        assert!(compile(serde_json::json!({})).is_err());
+        assert!(compile(serde_json::json!({"required": true, "expires_secs": 0})).is_err());
+        let too_long = compile(serde_json::json!({"required": true, "expires_secs": 31_536_001}));
+        assert!(
+            too_long
+                .as_ref()
+                .is_err_and(|e| e.contains("capabilities[0].approval.expires_secs")),
+            "{too_long:?}"
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use serde_json::json;
 
 use super::{
-    Admission, Admitted, ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus,
-    LiveCounts, SessionRecord, Store,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ClaimCursor, ClaimKind,
+    ClaimOutcome, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -346,4 +346,93 @@ pub(crate) async fn admit_without_a_rate_window_charges_the_budget_and_the_claim
         store.claim_get(ClaimKind::Invoke, "n3").await.unwrap(),
         None
     );
+}
+
+/// A pending approval request of session `s` for call `digest`, made at `ms`.
+fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
+    ApprovalRecord {
+        approval_id: id.into(),
+        status: ApprovalStatus::Pending,
+        session_id: "s".into(),
+        sub: "agent".into(),
+        tool: "pay.send".into(),
+        // A NUL and a number beyond 2^53 survive the store unchanged.
+        arguments: json!({"to": "a\u{0}b", "cents": 9_007_199_254_740_993u64})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        call_digest: digest.into(),
+        context: "c".into(),
+        context_version: "v".into(),
+        requested_at_ms: ms,
+        expires_at_ms: ms + 900_000,
+        expires_secs: 900,
+        decided_at_ms: None,
+        decided_by: None,
+        reason: None,
+    }
+}
+
+pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call(
+    store: &dyn Store,
+) {
+    let first = approval("a1", "d", 10);
+    assert!(store.approval_insert(&first, None).await.unwrap());
+    // A second first request for the same call loses, and leaves nothing behind.
+    assert!(!store
+        .approval_insert(&approval("a2", "d", 11), None)
+        .await
+        .unwrap());
+    assert_eq!(store.approval_get("a2").await.unwrap(), None);
+    assert_eq!(
+        store.approval_current("s", "d").await.unwrap(),
+        Some(first.clone())
+    );
+    assert_eq!(store.approval_current("s", "other").await.unwrap(), None);
+
+    let mut granted = first.clone();
+    granted.status = ApprovalStatus::Granted;
+    granted.decided_by = Some("op".into());
+    assert!(store.approval_replace(&first, &granted).await.unwrap());
+    // Deciding from a stale read fails: one decision, one use.
+    let mut denied = first.clone();
+    denied.status = ApprovalStatus::Denied;
+    assert!(!store.approval_replace(&first, &denied).await.unwrap());
+    let mut used = granted.clone();
+    used.status = ApprovalStatus::Used;
+    assert!(store.approval_replace(&granted, &used).await.unwrap());
+    assert!(!store.approval_replace(&granted, &used).await.unwrap());
+    assert_eq!(store.approval_get("a1").await.unwrap(), Some(used.clone()));
+
+    // A new request replaces the current one only if it is still the one the caller saw.
+    let second = approval("a3", "d", 20);
+    assert!(!store.approval_insert(&second, Some("stale")).await.unwrap());
+    assert!(store.approval_insert(&second, Some("a1")).await.unwrap());
+    assert_eq!(
+        store.approval_current("s", "d").await.unwrap(),
+        Some(second)
+    );
+    assert!(store
+        .approval_insert(&approval("a4", "e", 15), None)
+        .await
+        .unwrap());
+
+    let (page, more) = store.approval_page(None, 2, &|_| true).await.unwrap();
+    let ids: Vec<&str> = page.iter().map(|a| a.approval_id.as_str()).collect();
+    assert_eq!((ids, more), (vec!["a3", "a4"], true));
+    let cursor = ApprovalCursor {
+        requested_at_ms: 15,
+        approval_id: "a4".into(),
+    };
+    let (rest, more) = store
+        .approval_page(Some(&cursor), 2, &|_| true)
+        .await
+        .unwrap();
+    assert_eq!(rest, vec![used]);
+    assert!(!more);
+    let (pending, _) = store
+        .approval_page(None, 10, &|a| a.status == ApprovalStatus::Pending)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 2);
 }

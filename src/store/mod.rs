@@ -178,6 +178,60 @@ pub struct ClaimRecord {
     pub resolution: Option<Resolution>,
 }
 
+/// Where an approval request stands (SPEC 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalStatus {
+    Pending,
+    Granted,
+    Denied,
+    Expired,
+    Used,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Granted => "granted",
+            ApprovalStatus::Denied => "denied",
+            ApprovalStatus::Expired => "expired",
+            ApprovalStatus::Used => "used",
+        }
+    }
+}
+
+/// One approval request (SPEC 13): the call held at the gateway, and what a person decided about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    pub approval_id: String,
+    pub status: ApprovalStatus,
+    pub session_id: String,
+    pub sub: String,
+    pub tool: String,
+    /// Kept so that the person deciding sees what the call would do; never written to audit events.
+    pub arguments: serde_json::Map<String, Value>,
+    /// hex(SHA-256(JCS({"tool", "arguments"}))) (SPEC 7.1): the call a grant is good for.
+    pub call_digest: String,
+    pub context: String,
+    pub context_version: String,
+    pub requested_at_ms: i64,
+    /// The end of the wait for a decision, then of the decision's force.
+    pub expires_at_ms: i64,
+    /// The capability's `approval.expires_secs` when the request was made.
+    pub expires_secs: u64,
+    pub decided_at_ms: Option<i64>,
+    pub decided_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Where an approval listing stopped: the last item shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalCursor {
+    pub requested_at_ms: i64,
+    pub approval_id: String,
+}
+
 /// A context managed over the API (not from a file), as its JSON spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredContext {
@@ -272,6 +326,36 @@ pub trait Store: AuditBackend {
     /// What `/metrics` shows of the shared state: sessions neither revoked nor expired at `now_secs`, and
     /// PENDING claims. One count per scrape, not per call.
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts>;
+
+    /// Stores `record` as the current request of its call (session and call digest), only if the
+    /// current one is still `replacing` (an approval id; None when the call has none). False when another
+    /// request got there first: then nothing is stored.
+    async fn approval_insert(
+        &self,
+        record: &ApprovalRecord,
+        replacing: Option<&str>,
+    ) -> StoreResult<bool>;
+    /// The current (newest) request of a call.
+    async fn approval_current(
+        &self,
+        session_id: &str,
+        call_digest: &str,
+    ) -> StoreResult<Option<ApprovalRecord>>;
+    async fn approval_get(&self, approval_id: &str) -> StoreResult<Option<ApprovalRecord>>;
+    /// Compare-and-set: replaces `old` by `new` only if the stored record still equals `old`.
+    async fn approval_replace(
+        &self,
+        old: &ApprovalRecord,
+        new: &ApprovalRecord,
+    ) -> StoreResult<bool>;
+    /// Up to `limit` requests newest first (by request time, then id) that pass `keep`, starting below
+    /// `before`; the flag says whether more follow.
+    async fn approval_page(
+        &self,
+        before: Option<&ApprovalCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ApprovalRecord>, bool)>;
 
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()>;
     /// True when something was deleted.

@@ -17,8 +17,9 @@ use tokio_postgres::NoTls;
 
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
-    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, LiveCounts,
-    SessionRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
+    ClaimKind, ClaimRecord, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
+    StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -26,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_initial.sql"),
     include_str!("migrations/0002_context_version.sql"),
     include_str!("migrations/0003_counter_keys_bytea.sql"),
+    include_str!("migrations/0004_approvals.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -799,6 +801,151 @@ impl Store for PgStore {
         }
     }
 
+    async fn approval_insert(
+        &self,
+        record: &ApprovalRecord,
+        replacing: Option<&str>,
+    ) -> StoreResult<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        tx.execute(
+            "INSERT INTO approvals (approval_id, requested_at_ms, record) VALUES ($1, $2, $3)",
+            &[
+                &record.approval_id,
+                &record.requested_at_ms,
+                &encode(record)?,
+            ],
+        )
+        .await
+        .map_err(db)?;
+        // A concurrent request for the same call waits on the row and then finds it changed: 0 rows.
+        let current = match replacing {
+            None => tx
+                .execute(
+                    "INSERT INTO approval_calls (session_id, call_digest, approval_id) \
+                     VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&record.session_id, &record.call_digest, &record.approval_id],
+                )
+                .await
+                .map_err(db)?,
+            Some(previous) => tx
+                .execute(
+                    "UPDATE approval_calls SET approval_id = $3 \
+                     WHERE session_id = $1 AND call_digest = $2 AND approval_id = $4",
+                    &[
+                        &record.session_id,
+                        &record.call_digest,
+                        &record.approval_id,
+                        &previous,
+                    ],
+                )
+                .await
+                .map_err(db)?,
+        };
+        if current != 1 {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(true)
+    }
+
+    async fn approval_current(
+        &self,
+        session_id: &str,
+        call_digest: &str,
+    ) -> StoreResult<Option<ApprovalRecord>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt(
+                "SELECT a.record FROM approval_calls c JOIN approvals a USING (approval_id) \
+                 WHERE c.session_id = $1 AND c.call_digest = $2",
+                &[&session_id, &call_digest],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(row.get(0))).transpose()
+    }
+
+    async fn approval_get(&self, approval_id: &str) -> StoreResult<Option<ApprovalRecord>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt(
+                "SELECT record FROM approvals WHERE approval_id = $1",
+                &[&approval_id],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(row.get(0))).transpose()
+    }
+
+    async fn approval_replace(
+        &self,
+        old: &ApprovalRecord,
+        new: &ApprovalRecord,
+    ) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .await?
+            .execute(
+                "UPDATE approvals SET record = $3 WHERE approval_id = $1 AND record = $2",
+                &[&old.approval_id, &encode(old)?, &encode(new)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(changed == 1)
+    }
+
+    async fn approval_page(
+        &self,
+        before: Option<&ApprovalCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ApprovalRecord>, bool)> {
+        let conn = self.conn().await?;
+        let mut cursor = before.map(|c| (c.requested_at_ms, c.approval_id.clone()));
+        let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
+        let mut items = Vec::new();
+        loop {
+            let rows = match &cursor {
+                None => conn
+                    .query(
+                        "SELECT requested_at_ms, approval_id, record FROM approvals \
+                         ORDER BY requested_at_ms DESC, approval_id DESC LIMIT $1",
+                        &[&batch],
+                    )
+                    .await
+                    .map_err(db)?,
+                Some((ms, id)) => conn
+                    .query(
+                        "SELECT requested_at_ms, approval_id, record FROM approvals \
+                         WHERE (requested_at_ms, approval_id) < ($1, $2) \
+                         ORDER BY requested_at_ms DESC, approval_id DESC LIMIT $3",
+                        &[ms, id, &batch],
+                    )
+                    .await
+                    .map_err(db)?,
+            };
+            let exhausted = (rows.len() as i64) < batch;
+            for row in &rows {
+                let record: ApprovalRecord = decode(row.get(2))?;
+                cursor = Some((row.get(0), row.get(1)));
+                if !keep(&record) {
+                    continue;
+                }
+                if items.len() == limit {
+                    return Ok((items, true));
+                }
+                items.push(record);
+            }
+            if exhausted {
+                return Ok((items, false));
+            }
+        }
+    }
+
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
         self.conn()
             .await?
@@ -957,6 +1104,15 @@ mod tests {
     async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
         let db = TestDatabase::create().await;
         conformance::the_two_claim_namespaces_never_meet_and_pages_run_newest_first(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call() {
+        let db = TestDatabase::create().await;
+        conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

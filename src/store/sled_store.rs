@@ -18,8 +18,9 @@ use serde_json::Value;
 use sled::{Db, Tree};
 
 use super::{
-    Admission, Admitted, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus,
-    LiveCounts, SessionRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
+    ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
+    StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -34,6 +35,12 @@ pub struct SledStore {
     claims_by_time: Tree,
     contexts: Tree,
     audit: Tree,
+    /// Approval requests by id.
+    approvals: Tree,
+    /// (request time, id) of every approval request, for listings newest first.
+    approvals_by_time: Tree,
+    /// session id, NUL, call digest → the id of the call's current request.
+    approval_calls: Tree,
     /// Shared with the blocking thread that runs each sync.
     durability: Arc<Durability>,
 }
@@ -105,6 +112,16 @@ fn time_key(claimed_at_ms: i64, kind: ClaimKind, request_id: &str) -> Vec<u8> {
     key
 }
 
+fn approval_time_key(requested_at_ms: i64, approval_id: &str) -> Vec<u8> {
+    let mut key = instant_bytes(requested_at_ms).to_vec();
+    key.extend_from_slice(approval_id.as_bytes());
+    key
+}
+
+fn approval_call_key(session_id: &str, call_digest: &str) -> Vec<u8> {
+    format!("{session_id}\0{call_digest}").into_bytes()
+}
+
 fn expiry_key(expires_at_ms: i64, signature: &[u8]) -> Vec<u8> {
     let mut key = instant_bytes(expires_at_ms).to_vec();
     key.extend_from_slice(signature);
@@ -149,6 +166,9 @@ impl SledStore {
             claims_by_time: tree("claims_by_time")?,
             contexts: tree("contexts")?,
             audit: tree("audit")?,
+            approvals: tree("approvals")?,
+            approvals_by_time: tree("approvals_by_time")?,
+            approval_calls: tree("approval_calls")?,
             durability: Arc::new(Durability {
                 log_file,
                 blobs_dir,
@@ -489,6 +509,104 @@ impl Store for SledStore {
         page(records, limit, keep)
     }
 
+    async fn approval_insert(
+        &self,
+        record: &ApprovalRecord,
+        replacing: Option<&str>,
+    ) -> StoreResult<bool> {
+        // The record first, then the swap that makes it current: a crash in between leaves a request
+        // that no call finds, never a call pointing at nothing.
+        let id = record.approval_id.as_bytes();
+        let time_key = approval_time_key(record.requested_at_ms, &record.approval_id);
+        self.approvals.insert(id, encode(record)?).map_err(io)?;
+        self.approvals_by_time.insert(&time_key, id).map_err(io)?;
+        let swapped = self
+            .approval_calls
+            .compare_and_swap(
+                approval_call_key(&record.session_id, &record.call_digest),
+                replacing.map(str::as_bytes),
+                Some(id),
+            )
+            .map_err(io)?
+            .is_ok();
+        if !swapped {
+            self.approvals_by_time.remove(&time_key).map_err(io)?;
+            self.approvals.remove(id).map_err(io)?;
+        }
+        Ok(swapped)
+    }
+
+    async fn approval_current(
+        &self,
+        session_id: &str,
+        call_digest: &str,
+    ) -> StoreResult<Option<ApprovalRecord>> {
+        let Some(id) = self
+            .approval_calls
+            .get(approval_call_key(session_id, call_digest))
+            .map_err(io)?
+        else {
+            return Ok(None);
+        };
+        self.approvals
+            .get(id)
+            .map_err(io)?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    async fn approval_get(&self, approval_id: &str) -> StoreResult<Option<ApprovalRecord>> {
+        self.approvals
+            .get(approval_id.as_bytes())
+            .map_err(io)?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    async fn approval_replace(
+        &self,
+        old: &ApprovalRecord,
+        new: &ApprovalRecord,
+    ) -> StoreResult<bool> {
+        Self::replace(
+            &self.approvals,
+            old.approval_id.as_bytes(),
+            encode(old)?,
+            Some(encode(new)?),
+        )
+    }
+
+    async fn approval_page(
+        &self,
+        before: Option<&ApprovalCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ApprovalRecord>, bool)> {
+        let range = match before {
+            Some(c) => self
+                .approvals_by_time
+                .range(..approval_time_key(c.requested_at_ms, &c.approval_id)),
+            None => self.approvals_by_time.range::<&[u8], _>(..),
+        };
+        let mut items = Vec::new();
+        for entry in range.rev() {
+            let (_, id) = entry.map_err(io)?;
+            // A request that lost its race may still be indexed for a moment; skip what is gone.
+            let Some(bytes) = self.approvals.get(id).map_err(io)? else {
+                continue;
+            };
+            let record: ApprovalRecord = decode(&bytes)?;
+            if !keep(&record) {
+                continue;
+            }
+            if items.len() == limit {
+                return Ok((items, true));
+            }
+            items.push(record);
+        }
+        Ok((items, false))
+    }
+
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
         self.contexts
             .insert(context.name.as_bytes(), encode(context)?)
@@ -642,6 +760,15 @@ mod tests {
         let (_dir, store) = open();
         conformance::admit_without_a_rate_window_charges_the_budget_and_the_claim_together(&store)
             .await;
+    }
+
+    #[tokio::test]
+    async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call() {
+        let (_dir, store) = open();
+        conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(
+            &store,
+        )
+        .await;
     }
 
     #[tokio::test]

@@ -24,10 +24,12 @@ pub mod scopes {
     pub const AUDIT_READ: &str = "seal.audit.read";
     pub const CLAIM_READ: &str = "seal.claim.read";
     pub const CLAIM_RESOLVE: &str = "seal.claim.resolve";
+    pub const APPROVAL_READ: &str = "seal.approval.read";
+    pub const APPROVAL_DECIDE: &str = "seal.approval.decide";
     /// Grants every other scope.
     pub const ADMIN: &str = "seal.admin";
     /// Every name above, for tools that refuse a misspelt scope before it becomes a useless token.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 11] = [
         SESSION_CREATE,
         SESSION_REVOKE,
         SESSION_READ,
@@ -36,6 +38,8 @@ pub mod scopes {
         AUDIT_READ,
         CLAIM_READ,
         CLAIM_RESOLVE,
+        APPROVAL_READ,
+        APPROVAL_DECIDE,
         ADMIN,
     ];
 }

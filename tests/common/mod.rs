@@ -37,6 +37,9 @@ capabilities:
   - tool_pattern: "bad.*"
   - tool_pattern: "down.*"
   - tool_pattern: "noroute.*"
+  - tool_pattern: "pay.*"
+    claim: off
+    approval: { required: true }
 "#;
 
 pub const OTHER_POLICY: &str = r#"
@@ -238,6 +241,7 @@ upstreams:
   second: {{ http: {{ url: "{tool_base}/second" }}, timeout_ms: 5000 }}
   big: {{ http: {{ url: "{tool_base}/big" }} }}
   down: {{ http: {{ url: "http://127.0.0.1:1/rpc" }}, timeout_ms: 1000 }}
+  pay: {{ http: {{ url: "{tool_base}/rpc" }} }}
 {extra_upstreams}
 audit: {{ file: audit.jsonl }}
 {extra}"#,

@@ -20,7 +20,6 @@ const CONTEXT = env('CONSOLE_CONTEXT');
 const CLAIM = env('CONSOLE_CLAIM');
 const PENDING = env('CONSOLE_PENDING_CLAIM');
 const SHOTS = env('CONSOLE_SCREENSHOTS');
-const APPROVALS = process.env.CONSOLE_APPROVALS === '1';
 
 async function api(method, route, body) {
   const response = await fetch(`${BASE}${route}`, {
@@ -42,8 +41,6 @@ try {
   });
   page.on('pageerror', (error) => problems.push({ text: `page error: ${error.message}`, url: '' }));
   const shot = (name) => page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
-  // Chromium logs every failed fetch; the approvals page expects 404 from a gateway without approvals.
-  const expectedMissing = (p) => !APPROVALS && p.url.endsWith('/v1/approvals?status=pending&limit=100') && /404/.test(p.text);
 
   step('the page is served with its security headers');
   const first = await page.goto(`${BASE}/console/`);
@@ -156,7 +153,7 @@ try {
   await page.getByTestId('decision').filter({ hasText: /Decisionallow/ }).waitFor();
   await shot('contexts');
 
-  if (APPROVALS) {
+  {
     step('approvals: both pending requests are queued with their arguments and time left');
     await page.goto(`${BASE}/console/#/approvals`);
     const cards = page.locator('article[data-approval]');
@@ -181,10 +178,6 @@ try {
     const denied = (await api('GET', `/v1/approvals/${denyId}`)).body;
     assert.equal(denied.status, 'denied');
     assert.equal(denied.reason, 'not this payee');
-  } else {
-    step('approvals: this gateway has none (GET /v1/approvals is 404); the page says so');
-    await page.goto(`${BASE}/console/#/approvals`);
-    await page.getByText('This gateway does not offer approvals').waitFor();
   }
 
   step('audit: events newest first, filter by type, the chain verified in the browser');
@@ -222,8 +215,7 @@ try {
   assert.deepEqual(await types(), ['SessionRevoked']);
 
   step('no errors in the browser console');
-  const unexpected = problems.filter((p) => !expectedMissing(p));
-  assert.deepEqual(unexpected.map((p) => `${p.text} (${p.url})`), []);
+  assert.deepEqual(problems.map((p) => `${p.text} (${p.url})`), []);
   console.log('console: all checks passed');
 } finally {
   await browser.close();

@@ -1,0 +1,338 @@
+//! Human approval of risky calls (SPEC 13): the requests a capability with `approval.required` makes,
+//! the state machine pending → granted | denied | expired, granted → used | expired, and the webhook that
+//! announces new requests. Every change of state is one compare-and-set in the store, so replicas agree:
+//! one decision per request, one execution per grant.
+
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::audit::{AuditEvent, EventType};
+use crate::clock;
+use crate::config::Approvals as ApprovalsConfig;
+use crate::gateway::Gateway;
+use crate::store::{ApprovalRecord, ApprovalStatus, Store, StoreError, StoreResult};
+
+/// How often the upkeep task looks for requests and grants whose time ran out (SPEC 13: within 60 s).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+/// Webhook attempts after the first one fails (SPEC 13: at most 5), and the first pause between them.
+const WEBHOOK_RETRIES: u32 = 5;
+const WEBHOOK_FIRST_PAUSE: Duration = Duration::from_millis(500);
+
+/// The call that would run: who asked, for which tool, with what, under which context.
+pub struct Call<'a> {
+    pub session_id: &'a str,
+    pub sub: &'a str,
+    pub tool: &'a str,
+    pub arguments: &'a Map<String, Value>,
+    pub call_digest: &'a str,
+    pub context: &'a str,
+    pub context_version: &'a str,
+    pub expires_secs: u64,
+}
+
+/// What the approval step decided for a call.
+pub enum Gate {
+    /// A grant was there and is now marked used; give it back with [`restore`] if nothing is sent.
+    Granted(ApprovalRecord),
+    /// A new request was recorded (4003, `ApprovalRequested`).
+    Requested(ApprovalRecord),
+    /// The call's request is still waiting (4003 with the same id).
+    Waiting(ApprovalRecord),
+    /// A person refused the call, and the refusal is still in force (4004).
+    Denied(ApprovalRecord),
+}
+
+/// The event of an approval's step: the request's id, tool, session and agent (never the arguments).
+pub fn event(kind: EventType, record: &ApprovalRecord) -> AuditEvent {
+    AuditEvent::new(kind)
+        .approval_id(&record.approval_id)
+        .tool(&record.tool)
+        .session_id(&record.session_id)
+        .sub(&record.sub)
+        .context_version(&record.context_version)
+}
+
+/// Whether a pending request or an unused grant has run out of time at `now_ms`.
+fn is_due(record: &ApprovalRecord, now_ms: i64) -> bool {
+    matches!(
+        record.status,
+        ApprovalStatus::Pending | ApprovalStatus::Granted
+    ) && now_ms >= record.expires_at_ms
+}
+
+/// The record as it stands now: a request or grant whose time ran out becomes `expired`, and the first
+/// one to notice writes `ApprovalExpired` (SPEC 13). Another replica noticing first is fine: the record
+/// it left is returned.
+pub async fn refresh(gw: &Gateway, record: ApprovalRecord) -> Result<ApprovalRecord, String> {
+    let mut record = record;
+    loop {
+        if !is_due(&record, clock::now_millis()) {
+            return Ok(record);
+        }
+        let expired = ApprovalRecord {
+            status: ApprovalStatus::Expired,
+            ..record.clone()
+        };
+        if gw
+            .store
+            .approval_replace(&record, &expired)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            gw.audit
+                .record(event(EventType::ApprovalExpired, &expired))
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(expired);
+        }
+        record = gw
+            .store
+            .approval_get(&record.approval_id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("approval {} vanished", record.approval_id))?;
+    }
+}
+
+/// Expires every request and grant whose time ran out; returns how many it expired.
+pub async fn sweep(gw: &Gateway) -> Result<usize, String> {
+    let now = clock::now_millis();
+    let mut expired = 0;
+    let mut cursor = None;
+    loop {
+        let (due, more) = gw
+            .store
+            .approval_page(cursor.as_ref(), 100, &|a| is_due(a, now))
+            .await
+            .map_err(|e| e.to_string())?;
+        cursor = due.last().map(|a| crate::store::ApprovalCursor {
+            requested_at_ms: a.requested_at_ms,
+            approval_id: a.approval_id.clone(),
+        });
+        for record in due {
+            if refresh(gw, record).await?.status == ApprovalStatus::Expired {
+                expired += 1;
+            }
+        }
+        if !more {
+            return Ok(expired);
+        }
+    }
+}
+
+/// The approval step of one call (SPEC 13): use the call's grant, or say why the call must wait.
+/// A lost race with another replica is read again, a few times, before it is a store error.
+pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
+    for _ in 0..4 {
+        let current = gw
+            .store
+            .approval_current(call.session_id, call.call_digest)
+            .await
+            .map_err(|e| e.to_string())?;
+        let current = match current {
+            Some(record) => Some(refresh(gw, record).await?),
+            None => None,
+        };
+        let now = clock::now_millis();
+        match current {
+            Some(grant) if grant.status == ApprovalStatus::Granted => {
+                let used = ApprovalRecord {
+                    status: ApprovalStatus::Used,
+                    ..grant.clone()
+                };
+                let taken = gw.store.approval_replace(&grant, &used).await;
+                if taken.map_err(|e| e.to_string())? {
+                    return Ok(Gate::Granted(used));
+                }
+            }
+            Some(waiting) if waiting.status == ApprovalStatus::Pending => {
+                return Ok(Gate::Waiting(waiting));
+            }
+            Some(denied)
+                if denied.status == ApprovalStatus::Denied && now < denied.expires_at_ms =>
+            {
+                return Ok(Gate::Denied(denied));
+            }
+            previous => {
+                let record = new_request(call, now);
+                let replacing = previous.as_ref().map(|p| p.approval_id.as_str());
+                if gw
+                    .store
+                    .approval_insert(&record, replacing)
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    notify(gw, &record);
+                    return Ok(Gate::Requested(record));
+                }
+            }
+        }
+    }
+    Err("the call's approval kept changing under concurrent calls; try again".into())
+}
+
+fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {
+    ApprovalRecord {
+        approval_id: uuid::Uuid::new_v4().to_string(),
+        status: ApprovalStatus::Pending,
+        session_id: call.session_id.to_owned(),
+        sub: call.sub.to_owned(),
+        tool: call.tool.to_owned(),
+        arguments: call.arguments.clone(),
+        call_digest: call.call_digest.to_owned(),
+        context: call.context.to_owned(),
+        context_version: call.context_version.to_owned(),
+        requested_at_ms: now_ms,
+        expires_at_ms: now_ms.saturating_add(secs_to_ms(call.expires_secs)),
+        expires_secs: call.expires_secs,
+        decided_at_ms: None,
+        decided_by: None,
+        reason: None,
+    }
+}
+
+fn secs_to_ms(secs: u64) -> i64 {
+    i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+}
+
+/// Gives a grant back when the call never left the gateway (SPEC 13: a 5001 leaves the grant usable).
+pub async fn restore(store: &dyn Store, used: &ApprovalRecord) -> StoreResult<()> {
+    let granted = ApprovalRecord {
+        status: ApprovalStatus::Granted,
+        ..used.clone()
+    };
+    store.approval_replace(used, &granted).await.map(|_| ())
+}
+
+/// Why a decision could not be made.
+pub enum DecideError {
+    NotFound,
+    /// Not pending (decided, used or expired): the record as it stands.
+    NotPending(Box<ApprovalRecord>),
+    Store(String),
+}
+
+impl From<StoreError> for DecideError {
+    fn from(e: StoreError) -> Self {
+        DecideError::Store(e.to_string())
+    }
+}
+
+/// Grants or denies a pending request, recording the operator, the reason and the event. The decision
+/// stays in force for `expires_secs` from now.
+pub async fn decide(
+    gw: &Gateway,
+    approval_id: &str,
+    grant: bool,
+    actor: &str,
+    reason: Option<String>,
+) -> Result<ApprovalRecord, DecideError> {
+    loop {
+        let record = gw
+            .store
+            .approval_get(approval_id)
+            .await?
+            .ok_or(DecideError::NotFound)?;
+        let record = refresh(gw, record).await.map_err(DecideError::Store)?;
+        if record.status != ApprovalStatus::Pending {
+            return Err(DecideError::NotPending(Box::new(record)));
+        }
+        let now = clock::now_millis();
+        let decided = ApprovalRecord {
+            status: if grant {
+                ApprovalStatus::Granted
+            } else {
+                ApprovalStatus::Denied
+            },
+            decided_at_ms: Some(now),
+            decided_by: Some(actor.to_owned()),
+            reason: reason.clone(),
+            expires_at_ms: now.saturating_add(secs_to_ms(record.expires_secs)),
+            ..record.clone()
+        };
+        // Lost to another decision (or an expiry) made meanwhile: read again, which answers 409.
+        if !gw.store.approval_replace(&record, &decided).await? {
+            continue;
+        }
+        let kind = if grant {
+            EventType::ApprovalGranted
+        } else {
+            EventType::ApprovalDenied
+        };
+        let mut recorded = event(kind, &decided).actor(actor);
+        if let Some(reason) = &reason {
+            recorded = recorded.detail(reason);
+        }
+        gw.audit
+            .record(recorded)
+            .await
+            .map_err(|e| DecideError::Store(e.to_string()))?;
+        return Ok(decided);
+    }
+}
+
+/// Announces new requests to `approvals.webhook_url`, when one is set.
+pub struct Notifier {
+    client: reqwest::Client,
+    webhook_url: Option<String>,
+    console_base_url: Option<String>,
+}
+
+impl Notifier {
+    pub fn new(config: &ApprovalsConfig) -> Result<Notifier, String> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("approvals: cannot build the webhook client: {e}"))?;
+        Ok(Notifier {
+            client,
+            webhook_url: config.webhook_url.clone(),
+            console_base_url: config.console_base_url.clone(),
+        })
+    }
+
+    /// Where the console shows a request, or None without a console.
+    pub fn console_url(&self, approval_id: &str) -> Option<String> {
+        self.console_base_url
+            .as_ref()
+            // The console routes by fragment (`#/approvals`), and its page needs no server route per request.
+            .map(|base| format!("{}/#/approvals/{approval_id}", base.trim_end_matches('/')))
+    }
+}
+
+/// POSTs the new request to the webhook on a task of its own, retrying with backoff: a slow or failing
+/// webhook never holds up or fails the call (SPEC 13).
+fn notify(gw: &Gateway, record: &ApprovalRecord) {
+    let Some(url) = gw.notifier.webhook_url.clone() else {
+        return;
+    };
+    let body = json!({
+        "approval_id": record.approval_id,
+        "tool": record.tool,
+        "session_id": record.session_id,
+        "sub": record.sub,
+        "expires_at": clock::rfc3339_millis(record.expires_at_ms),
+        "console_url": gw.notifier.console_url(&record.approval_id),
+    });
+    let client = gw.notifier.client.clone();
+    let approval_id = record.approval_id.clone();
+    tokio::spawn(async move {
+        let mut pause = WEBHOOK_FIRST_PAUSE;
+        for attempt in 0..=WEBHOOK_RETRIES {
+            let sent = client.post(&url).json(&body).send().await;
+            let failure = match sent {
+                Ok(response) if response.status().is_success() => return,
+                Ok(response) => format!("answered {}", response.status()),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(%approval_id, attempt, error = %failure, "approval webhook failed");
+            if attempt < WEBHOOK_RETRIES {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+        }
+        tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_RETRIES} retries");
+    });
+}
