@@ -123,6 +123,7 @@ pub async fn observe_gateway(gw: &Gateway) {
         Ok(counts) => {
             metrics::gauge!("sealgate_sessions_live").set(counts.sessions as f64);
             metrics::gauge!("sealgate_claims_pending").set(counts.pending_claims as f64);
+            metrics::gauge!("sealgate_approvals_pending").set(counts.pending_approvals as f64);
         }
         // The scrape still answers; the store's own metrics and /readyz say what is wrong.
         Err(e) => tracing::warn!(error = %e, "cannot count sessions and claims for /metrics"),
@@ -152,6 +153,10 @@ fn describe() {
     describe_gauge!(
         "sealgate_claims_pending",
         "PENDING claims in the store: calls in flight, or whose outcome is unknown and awaits an operator"
+    );
+    describe_gauge!(
+        "sealgate_approvals_pending",
+        "Approval requests waiting for an operator's decision (SPEC 13)"
     );
     describe_gauge!(
         "sealgate_build_info",

@@ -198,7 +198,7 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
     let (gw, _tool) = Gateway::start(dir.path(), "").await;
     let patterns = json!({"allowed_tool_patterns": ["tool.*", "slow.*"]});
     let (key, token) = gw.session_with("exec-metrics", patterns).await;
-    gw.session("exec-other").await;
+    let (pay_key, pay_token) = gw.session("exec-other").await;
     gw.session("exec-revoked").await;
     gw.admin(Method::DELETE, "/v1/seal/sessions/exec-revoked", None)
         .await;
@@ -217,6 +217,15 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
         .call(&key, &token, tool_call(4, "slow.op", json!({})))
         .await;
     assert_eq!(status, 504);
+    // Held for an operator's decision (SPEC 13): 4003, one pending approval.
+    let (status, _) = gw
+        .call(
+            &pay_key,
+            &pay_token,
+            tool_call(5, "pay.send", json!({"amount": 1})),
+        )
+        .await;
+    assert_eq!(status, 403);
 
     let response = gw
         .client
@@ -244,7 +253,7 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
     let counts = check_histogram("sealgate_request_duration_seconds", requests);
     let count = |pairs: &[(&str, &str)]| counts.get(&labels(pairs)).copied().unwrap_or(0.0);
     assert_eq!(count(&[("outcome", "success"), ("code_class", "2xx")]), 2.0);
-    assert_eq!(count(&[("outcome", "refused"), ("code_class", "4xx")]), 1.0);
+    assert_eq!(count(&[("outcome", "refused"), ("code_class", "4xx")]), 2.0);
     assert_eq!(count(&[("outcome", "failed"), ("code_class", "5xx")]), 1.0);
 
     let upstream = &families["sealgate_upstream_duration_seconds"];
@@ -263,6 +272,7 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
     assert_eq!(gauge(&families, "sealgate_calls_in_flight"), 0.0);
     assert_eq!(gauge(&families, "sealgate_sessions_live"), 2.0);
     assert_eq!(gauge(&families, "sealgate_claims_pending"), 1.0);
+    assert_eq!(gauge(&families, "sealgate_approvals_pending"), 1.0);
     let build = &families["sealgate_build_info"];
     assert_eq!(
         build.samples["sealgate_build_info"],

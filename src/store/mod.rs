@@ -368,6 +368,8 @@ pub trait Store: AuditBackend {
 pub struct LiveCounts {
     pub sessions: u64,
     pub pending_claims: u64,
+    /// Approval requests waiting for a decision (one past its expiry counts until the sweep marks it).
+    pub pending_approvals: u64,
 }
 
 /// Where a claim listing stopped: the last item shown.

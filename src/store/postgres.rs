@@ -581,7 +581,8 @@ impl Store for PgStore {
                 "SELECT \
                  (SELECT count(*) FROM sessions WHERE record::json->>'revoked_at_ms' IS NULL \
                    AND (record::json->>'expires_at')::bigint > $1), \
-                 (SELECT count(*) FROM claims WHERE record::json->>'status' = 'PENDING')",
+                 (SELECT count(*) FROM claims WHERE record::json->>'status' = 'PENDING'), \
+                 (SELECT count(*) FROM approvals WHERE record::json->>'status' = 'pending')",
                 &[&now_secs],
             )
             .await
@@ -590,6 +591,7 @@ impl Store for PgStore {
         Ok(LiveCounts {
             sessions: count(0),
             pending_claims: count(1),
+            pending_approvals: count(2),
         })
     }
 

@@ -18,9 +18,9 @@ use serde_json::Value;
 use sled::{Db, Tree};
 
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
-    ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
-    StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, AuditBackend, ChainHead,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store, StoreError,
+    StoreResult, StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -356,6 +356,16 @@ impl Store for SledStore {
             let state: ClaimState = decode(&entry.map_err(io)?.1)?;
             if state.status == ClaimStatus::Pending {
                 counts.pending_claims += 1;
+            }
+        }
+        #[derive(serde::Deserialize)]
+        struct ApprovalState {
+            status: ApprovalStatus,
+        }
+        for entry in self.approvals.iter() {
+            let state: ApprovalState = decode(&entry.map_err(io)?.1)?;
+            if state.status == ApprovalStatus::Pending {
+                counts.pending_approvals += 1;
             }
         }
         Ok(counts)
