@@ -180,7 +180,8 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
         store.live_counts(9).await.unwrap(),
         LiveCounts {
             sessions: 3,
-            pending_claims: 1
+            pending_claims: 1,
+            pending_approvals: 0,
         }
     );
     assert_eq!(store.live_counts(10).await.unwrap().sessions, 0);
@@ -435,4 +436,5 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
         .await
         .unwrap();
     assert_eq!(pending.len(), 2);
+    assert_eq!(store.live_counts(0).await.unwrap().pending_approvals, 2);
 }

@@ -573,16 +573,20 @@ impl Store for PgStore {
     }
 
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
-        // `json`, not `jsonb`: a stored answer may hold "\u0000", which jsonb refuses.
+        // A stored answer or argument may hold the escape "\u0000", which PostgreSQL's JSON operators
+        // refuse to read anywhere in a value; as "\u0001" it reads, and no field counted here changes.
         let row = self
             .conn()
             .await?
             .query_one_prepared(
                 "SELECT \
-                 (SELECT count(*) FROM sessions WHERE record::json->>'revoked_at_ms' IS NULL \
-                   AND (record::json->>'expires_at')::bigint > $1), \
-                 (SELECT count(*) FROM claims WHERE record::json->>'status' = 'PENDING'), \
-                 (SELECT count(*) FROM approvals WHERE record::json->>'status' = 'pending')",
+                 (SELECT count(*) FROM sessions \
+                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'revoked_at_ms' IS NULL \
+                   AND (replace(record, '\\u0000', '\\u0001')::json->>'expires_at')::bigint > $1), \
+                 (SELECT count(*) FROM claims \
+                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'status' = 'PENDING'), \
+                 (SELECT count(*) FROM approvals \
+                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'status' = 'pending')",
                 &[&now_secs],
             )
             .await
