@@ -102,7 +102,7 @@ async fn serve_check_lists_every_problem_and_passes_a_good_configuration() {
         run_cli_with_env(&["serve", "--check", "--config", config_arg], &[CREDENTIAL]);
     assert_eq!(status, 0, "{output}");
     assert!(
-        output.contains("2 security context(s), 7 upstream(s), 0 warning(s)"),
+        output.contains("2 security context(s), 8 upstream(s), 0 warning(s)"),
         "{output}"
     );
     assert!(!output.contains("error:"), "{output}");
