@@ -256,6 +256,66 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         (Some(2001), Some("deny_list"))
     );
 
+    // A draft is evaluated instead of the saved context (the dry run of an edit), and nothing is saved.
+    let (_, saved) = gw
+        .operator(
+            Method::GET,
+            "/v1/security-contexts/api",
+            Some(&reader),
+            None,
+        )
+        .await;
+    let draft = json!({"deny_list": ["fs.read"], "capabilities": [{"tool_pattern": "fs.*"}]});
+    let (status, drafted) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}, "draft": draft})),
+        )
+        .await;
+    assert_eq!(status, 200, "{drafted}");
+    assert_eq!(
+        (drafted["code"].as_u64(), drafted["rule"]["kind"].as_str()),
+        (Some(2001), Some("deny_list"))
+    );
+    assert_ne!(drafted["context_version"], saved["version"]);
+    let (_, still) = gw
+        .operator(
+            Method::GET,
+            "/v1/security-contexts/api",
+            Some(&reader),
+            None,
+        )
+        .await;
+    assert_eq!(
+        still["version"], saved["version"],
+        "the draft was not saved"
+    );
+    for (bad_draft, named) in [
+        (
+            json!({"capabilities": [{"tool_pattern": "fs.*", "claim": "sometimes"}]}),
+            "draft: ",
+        ),
+        (json!({"name": "other", "capabilities": []}), "draft: name"),
+    ] {
+        let (status, refused) = gw
+            .operator(
+                Method::POST,
+                path,
+                Some(&reader),
+                Some(json!({"tool": "fs.read", "draft": bad_draft})),
+            )
+            .await;
+        assert_eq!((status, code(&refused)), (422, 6005), "{refused}");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(named)),
+            "{refused}"
+        );
+    }
+
     // The stored context survives a restart; deleting it works and is then 404.
     let mut gw = gw;
     gw.restart();

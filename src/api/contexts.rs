@@ -68,24 +68,9 @@ fn file_backed(context: &SecurityContext) -> Option<ApiError> {
     })
 }
 
-/// Creates or replaces a context kept in the store (file-backed ones are read-only here: 409).
-#[utoipa::path(put, path = "/v1/security-contexts/{name}", operation_id = "put_context", tag = "contexts",
-    params(("name" = String, Path, description = "The context name")),
-    request_body(content = Object, description = "A security context, as in a policy file, in JSON"),
-    security(("operator" = ["seal.context.write"])),
-    responses(
-        (status = 201, description = "Created", body = Object),
-        (status = 200, description = "Replaced", body = Object),
-        (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
-    ))]
-pub async fn put(
-    axum::extract::State(gw): State,
-    operator: Operator,
-    ApiPath(name): ApiPath<String>,
-    ControlBody(body): ControlBody,
-) -> Result<Response, ApiError> {
-    operator.require("seal.context.write")?;
-    let mut spec: Value = json_body(&body)?;
+/// A context as PUT takes it (and as an evaluate request's draft): an object whose `name`, when given,
+/// equals the path's; checked as a policy file is. Returns the spec with its name and the context.
+fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), ApiError> {
     let obj = spec.as_object_mut().ok_or_else(|| {
         ApiError::new(
             Code::InvalidRequest,
@@ -106,6 +91,28 @@ pub async fn put(
     }
     let context = policy::parse_context_json(&spec)
         .map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))?;
+    Ok((spec, context))
+}
+
+/// Creates or replaces a context kept in the store (file-backed ones are read-only here: 409).
+#[utoipa::path(put, path = "/v1/security-contexts/{name}", operation_id = "put_context", tag = "contexts",
+    params(("name" = String, Path, description = "The context name")),
+    request_body(content = Object, description = "A security context, as in a policy file, in JSON"),
+    security(("operator" = ["seal.context.write"])),
+    responses(
+        (status = 201, description = "Created", body = Object),
+        (status = 200, description = "Replaced", body = Object),
+        (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
+    ))]
+pub async fn put(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    ApiPath(name): ApiPath<String>,
+    ControlBody(body): ControlBody,
+) -> Result<Response, ApiError> {
+    operator.require("seal.context.write")?;
+    let spec: Value = json_body(&body)?;
+    let (spec, context) = parse_spec(&name, spec)?;
     let existed = match gw.contexts.get(&name) {
         Some(current) => {
             if let Some(conflict) = file_backed(&current) {
@@ -205,6 +212,11 @@ pub struct EvaluateRequest {
     /// The call's arguments.
     #[serde(default)]
     arguments: Map<String, Value>,
+    /// A draft of this context, as PUT takes it, to evaluate instead of the saved one: the dry run of an
+    /// edit. Nothing is saved, and the context need not exist yet.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    draft: Option<Value>,
 }
 
 /// Explains what the context would decide for a call, and why; calls nothing.
@@ -220,8 +232,18 @@ pub async fn evaluate(
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.read")?;
-    let context = find(&gw, &name)?;
     let request: EvaluateRequest = json_body(&body)?;
+    let context = match request.draft {
+        Some(draft) => std::sync::Arc::new(
+            parse_spec(&name, draft)
+                .map(|(_, context)| context)
+                .map_err(|mut e| {
+                    e.message = format!("draft: {}", e.message);
+                    e
+                })?,
+        ),
+        None => find(&gw, &name)?,
+    };
     crate::envelope::ToolName::parse(&request.tool)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;
     Ok(axum::Json(policy::cli::explain(

@@ -336,8 +336,10 @@ function renderContext(detail, context, reload) {
   const parts = [el('h2', {}, `Context ${context.name}`),
     el('p', { class: 'muted' }, editable ? 'Managed through the API: editable here.' : `From the file ${context.source.path}: read-only here; edit the file.`),
     el('div', { class: 'row' }, el('div', {}, capabilityTable(spec)), el('div', {}, el('h3', {}, 'YAML'), el('pre', { 'data-testid': 'context-yaml' }, toYaml(spec))))];
-  if (editable) parts.push(editor(context, spec, reload));
-  if (context.version) parts.push(tryCall(context.name));
+  const edit = editable ? editor(context, spec, reload) : null;
+  if (edit) parts.push(edit.node);
+  // The dry run evaluates the editor's draft while it is valid, else the saved version.
+  if (edit || context.version) parts.push(tryCall(context.name, edit ? edit.draft : () => null));
   replace(detail, ...parts);
 }
 
@@ -376,9 +378,11 @@ function editor(context, spec, reload) {
     } catch (error) { message.className = 'bad'; message.textContent = `Not saved: ${errorText(error)}`; }
   };
   check();
-  return el('div', { class: 'card' }, el('h3', {}, 'Edit (JSON, checked against the policy schema as you type)'),
+  const node = el('div', { class: 'card' }, el('h3', {}, 'Edit (JSON, checked against the policy schema as you type)'),
     ...field('Draft', text), errors,
     el('div', { class: 'actions' }, el('button', { type: 'button', on: { click: showDiff } }, 'Review changes')), message, review);
+  // Unchanged text is the saved version, not a draft.
+  return { node, draft: () => (draft && text.value !== original ? draft : null) };
 }
 
 // The deciding rule, e.g. {kind: capability, pattern: shop.*, index: 0} → "kind capability · pattern shop.* · index 0".
@@ -387,7 +391,7 @@ function describeRule(rule) {
   return Object.entries(rule).map(([k, v]) => `${k} ${typeof v === 'object' ? JSON.stringify(v) : v}`).join(' · ');
 }
 
-function tryCall(name) {
+function tryCall(name, currentDraft) {
   const tool = el('input', { type: 'text', size: 30, placeholder: 'tool.name' });
   const args = el('textarea', { rows: 3, spellcheck: 'false' }, '{}');
   const answer = el('div', { 'aria-live': 'polite' });
@@ -396,15 +400,19 @@ function tryCall(name) {
     let argumentsValue;
     try { argumentsValue = JSON.parse(args.value); } catch (error) { replace(answer, problem(`arguments are not JSON: ${errorText(error)}`)); return; }
     try {
-      const result = await api('POST', `/v1/security-contexts/${encodeURIComponent(name)}/evaluate`, { tool: tool.value.trim(), arguments: argumentsValue });
+      const draft = currentDraft();
+      const request = { tool: tool.value.trim(), arguments: argumentsValue };
+      if (draft) request.draft = draft;
+      const result = await api('POST', `/v1/security-contexts/${encodeURIComponent(name)}/evaluate`, request);
       replace(answer, el('dl', { class: 'facts', 'data-testid': 'decision' },
         el('dt', {}, 'Decision'), el('dd', { class: result.decision === 'allow' ? 'ok' : 'bad' }, result.decision === 'allow' ? 'allow' : `deny ${result.code} ${result.name}`),
         result.message ? [el('dt', {}, 'Why'), el('dd', {}, result.message)] : null,
         el('dt', {}, 'Rule'), el('dd', {}, describeRule(result.rule)),
+        el('dt', {}, 'Evaluated'), el('dd', {}, draft ? 'the draft (not saved)' : 'the saved version'),
         el('dt', {}, 'Context version'), el('dd', {}, el('code', {}, String(result.context_version).slice(0, 12)))));
     } catch (error) { replace(answer, problem(error)); }
   } } },
-  el('h3', {}, 'Try a call (dry run against the saved version; nothing is called)'),
+  el('h3', {}, 'Try a call (dry run of the draft while the editor holds a valid one, else of the saved version; nothing is called)'),
   ...field('Tool', tool), ...field('Arguments (JSON)', args),
   el('div', { class: 'actions' }, el('button', { type: 'submit' }, 'Try')), answer);
   return el('div', { class: 'card' }, form);

@@ -138,6 +138,11 @@ try {
   const good = { name: CONTEXT, deny_list: ['shop.refund'], capabilities: [{ tool_pattern: 'shop.*', claim: 'off' }] };
   await draft.fill(JSON.stringify(good, null, 2));
   assert.equal(await page.locator('#draft-errors li').count(), 0);
+  // Before the save, "try a call" decides by the draft, and nothing is saved by it.
+  await page.getByLabel('Tool').fill('shop.refund');
+  await page.getByRole('button', { name: 'Try' }).click();
+  await page.getByTestId('decision').filter({ hasText: 'deny 2001' }).filter({ hasText: 'the draft (not saved)' }).waitFor();
+  assert.equal((await api('GET', `/v1/security-contexts/${CONTEXT}`)).body.version, before.version, 'the dry run saved nothing');
   await page.getByRole('button', { name: 'Review changes' }).click();
   await page.getByTestId('diff').locator('.add').filter({ hasText: 'deny_list' }).waitFor();
   await page.getByRole('button', { name: 'Save', exact: true }).click();
