@@ -120,7 +120,8 @@ async fn agent_session(gw: &Gateway, id: &str) -> (ed25519_dalek::SigningKey, St
 #[tokio::test(flavor = "multi_thread")]
 async fn the_console_works_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
-    let (gw, _tool) = Gateway::start(dir.path(), CONSOLE_ON).await;
+    // The binary users run: the release build.
+    let (gw, _tool) = Gateway::start_release(dir.path(), CONSOLE_ON).await;
 
     // Real state through the API: two sessions, a completed call (a COMMITTED claim), a refusal, and a
     // context kept in the store that the console may edit.

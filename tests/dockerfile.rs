@@ -686,6 +686,10 @@ fn the_image_runs_the_compose_configuration_as_its_service_user() {
     let (child, base) = launch();
     let mut gateway = common::Gateway {
         child,
+        binary: image
+            .root
+            .path()
+            .join(image.command[0].trim_start_matches('/')),
         wrapper: Vec::new(),
         base,
         dir: image.root.path().to_path_buf(),

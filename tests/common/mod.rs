@@ -196,6 +196,8 @@ impl Keys {
 /// The running binary; killed when dropped.
 pub struct Gateway {
     pub child: Child,
+    /// The executable: this test build's, or the release build's ([`release_binary`]).
+    pub binary: PathBuf,
     /// A command the binary runs under (strace), kept for restarts; empty for none.
     pub wrapper: Vec<String>,
     pub base: String,
@@ -295,7 +297,44 @@ pub fn launch_with(
     config_path: &Path,
     adjust: impl FnOnce(&mut Command),
 ) -> (Child, String) {
-    let binary = env!("CARGO_BIN_EXE_sealgate");
+    launch_binary(
+        Path::new(env!("CARGO_BIN_EXE_sealgate")),
+        wrapper,
+        config_path,
+        adjust,
+    )
+}
+
+/// The release build of this checkout, built once per test process (into the crate's own target folder,
+/// where `tests/dockerfile.rs` builds it too), for the tests that must run what users run.
+pub fn release_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+            let output = Command::new(env!("CARGO"))
+                .args(["build", "--release", "--locked", "--bin", "sealgate"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .env("CARGO_TARGET_DIR", target_dir)
+                .output()
+                .expect("cargo runs");
+            assert!(
+                output.status.success(),
+                "the release build fails:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            target_dir.join("release/sealgate")
+        })
+        .clone()
+}
+
+/// Like [`launch_with`], for another executable of sealgate (the release build).
+pub fn launch_binary(
+    binary: &Path,
+    wrapper: &[String],
+    config_path: &Path,
+    adjust: impl FnOnce(&mut Command),
+) -> (Child, String) {
     let mut command = match wrapper.split_first() {
         None => Command::new(binary),
         Some((program, args)) => {
@@ -360,9 +399,23 @@ impl Gateway {
         keys: Arc<Keys>,
         adjust: impl FnOnce(&mut Command),
     ) -> Gateway {
-        let (child, base) = launch_with(&wrapper, config_path, adjust);
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_sealgate"));
+        Gateway::spawn_binary(binary, wrapper, dir, config_path, keys, adjust)
+    }
+
+    /// Like [`Gateway::spawn_with`], for another executable of sealgate (the release build).
+    pub fn spawn_binary(
+        binary: PathBuf,
+        wrapper: Vec<String>,
+        dir: &Path,
+        config_path: &Path,
+        keys: Arc<Keys>,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Gateway {
+        let (child, base) = launch_binary(&binary, &wrapper, config_path, adjust);
         Gateway {
             child,
+            binary,
             wrapper,
             base,
             dir: dir.to_path_buf(),
@@ -377,6 +430,16 @@ impl Gateway {
 
     pub async fn start(dir: &Path, extra_config: &str) -> (Gateway, Arc<Tool>) {
         Gateway::start_with(dir, "", extra_config).await
+    }
+
+    /// Like [`Gateway::start`], on the release build ([`release_binary`]).
+    pub async fn start_release(dir: &Path, extra_config: &str) -> (Gateway, Arc<Tool>) {
+        let (tool, tool_base) = start_tool().await;
+        let keys = Arc::new(Keys::new());
+        let config = write_config(dir, &keys, &tool_base, "", extra_config);
+        let gateway =
+            Gateway::spawn_binary(release_binary(), Vec::new(), dir, &config, keys, |_| {});
+        (gateway, tool)
     }
 
     pub async fn start_with(
@@ -415,7 +478,7 @@ impl Gateway {
     /// Stops the process with SIGKILL and starts it again on the same data.
     pub fn restart(&mut self) {
         self.kill();
-        let (child, base) = launch_under(&self.wrapper, &self.config_path);
+        let (child, base) = launch_binary(&self.binary, &self.wrapper, &self.config_path, |_| {});
         self.child = child;
         self.base = base;
     }
