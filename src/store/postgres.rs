@@ -814,7 +814,7 @@ impl Store for PgStore {
     ) -> StoreResult<bool> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(db)?;
-        tx.execute(
+        tx.execute_prepared(
             "INSERT INTO approvals (approval_id, requested_at_ms, record) VALUES ($1, $2, $3)",
             &[
                 &record.approval_id,
@@ -827,7 +827,7 @@ impl Store for PgStore {
         // A concurrent request for the same call waits on the row and then finds it changed: 0 rows.
         let current = match replacing {
             None => tx
-                .execute(
+                .execute_prepared(
                     "INSERT INTO approval_calls (session_id, call_digest, approval_id) \
                      VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                     &[&record.session_id, &record.call_digest, &record.approval_id],
@@ -835,7 +835,7 @@ impl Store for PgStore {
                 .await
                 .map_err(db)?,
             Some(previous) => tx
-                .execute(
+                .execute_prepared(
                     "UPDATE approval_calls SET approval_id = $3 \
                      WHERE session_id = $1 AND call_digest = $2 AND approval_id = $4",
                     &[
@@ -864,7 +864,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt(
+            .query_opt_prepared(
                 "SELECT a.record FROM approval_calls c JOIN approvals a USING (approval_id) \
                  WHERE c.session_id = $1 AND c.call_digest = $2",
                 &[&session_id, &call_digest],
@@ -878,7 +878,7 @@ impl Store for PgStore {
         let row = self
             .conn()
             .await?
-            .query_opt(
+            .query_opt_prepared(
                 "SELECT record FROM approvals WHERE approval_id = $1",
                 &[&approval_id],
             )
@@ -895,7 +895,7 @@ impl Store for PgStore {
         let changed = self
             .conn()
             .await?
-            .execute(
+            .execute_prepared(
                 "UPDATE approvals SET record = $3 WHERE approval_id = $1 AND record = $2",
                 &[&old.approval_id, &encode(old)?, &encode(new)?],
             )
@@ -917,7 +917,7 @@ impl Store for PgStore {
         loop {
             let rows = match &cursor {
                 None => conn
-                    .query(
+                    .query_prepared(
                         "SELECT requested_at_ms, approval_id, record FROM approvals \
                          ORDER BY requested_at_ms DESC, approval_id DESC LIMIT $1",
                         &[&batch],
@@ -925,7 +925,7 @@ impl Store for PgStore {
                     .await
                     .map_err(db)?,
                 Some((ms, id)) => conn
-                    .query(
+                    .query_prepared(
                         "SELECT requested_at_ms, approval_id, record FROM approvals \
                          WHERE (requested_at_ms, approval_id) < ($1, $2) \
                          ORDER BY requested_at_ms DESC, approval_id DESC LIMIT $3",
