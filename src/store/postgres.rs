@@ -369,6 +369,22 @@ impl PgStore {
         Ok(Admitted::Charged { existing_claim })
     }
 
+    /// Runs a compare-and-set write (an UPDATE or DELETE conditioned on the record read before); true
+    /// when it changed the one row, false when another writer got there first.
+    async fn changes_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .await?
+            .execute_prepared(sql, params)
+            .await
+            .map_err(db)?;
+        Ok(changed == 1)
+    }
+
     /// Locks the counter cell `key` in `tx` (creating it empty) and returns its state.
     async fn lock_cell(
         tx: &deadpool_postgres::Transaction<'_>,
@@ -513,16 +529,11 @@ impl Store for PgStore {
     }
 
     async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
-        let replaced = self
-            .conn()
-            .await?
-            .execute_prepared(
-                "UPDATE sessions SET record = $3 WHERE session_id = $1 AND record = $2",
-                &[&old.session_id, &encode(old)?, &encode(new)?],
-            )
-            .await
-            .map_err(db)?;
-        Ok(replaced == 1)
+        self.changes_one(
+            "UPDATE sessions SET record = $3 WHERE session_id = $1 AND record = $2",
+            &[&old.session_id, &encode(old)?, &encode(new)?],
+        )
+        .await
     }
 
     async fn session_page(
@@ -737,26 +748,24 @@ impl Store for PgStore {
         old: &ClaimRecord,
         new: Option<&ClaimRecord>,
     ) -> StoreResult<bool> {
-        let conn = self.conn().await?;
         let kind = old.kind.as_str();
-        let changed = match new {
-            Some(new) => conn
-                .execute_prepared(
+        match new {
+            Some(new) => {
+                self.changes_one(
                     "UPDATE claims SET record = $4 \
                      WHERE kind = $1 AND request_id = $2 AND record = $3",
                     &[&kind, &old.request_id, &encode(old)?, &encode(new)?],
                 )
                 .await
-                .map_err(db)?,
-            None => conn
-                .execute_prepared(
+            }
+            None => {
+                self.changes_one(
                     "DELETE FROM claims WHERE kind = $1 AND request_id = $2 AND record = $3",
                     &[&kind, &old.request_id, &encode(old)?],
                 )
                 .await
-                .map_err(db)?,
-        };
-        Ok(changed == 1)
+            }
+        }
     }
 
     async fn claim_page(
@@ -892,16 +901,11 @@ impl Store for PgStore {
         old: &ApprovalRecord,
         new: &ApprovalRecord,
     ) -> StoreResult<bool> {
-        let changed = self
-            .conn()
-            .await?
-            .execute_prepared(
-                "UPDATE approvals SET record = $3 WHERE approval_id = $1 AND record = $2",
-                &[&old.approval_id, &encode(old)?, &encode(new)?],
-            )
-            .await
-            .map_err(db)?;
-        Ok(changed == 1)
+        self.changes_one(
+            "UPDATE approvals SET record = $3 WHERE approval_id = $1 AND record = $2",
+            &[&old.approval_id, &encode(old)?, &encode(new)?],
+        )
+        .await
     }
 
     async fn approval_page(
