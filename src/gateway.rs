@@ -302,8 +302,12 @@ pub async fn serve_on(
 ) -> Result<(), String> {
     let app = crate::api::router(gateway.clone());
     tracing::info!(listen = %local, "sealgate ready");
-    // The ready line is also printed plainly so scripts and tests can wait for it and learn the port.
-    println!("sealgate ready on http://{local}");
+    // The ready line is also printed plainly so scripts and tests can wait for it and learn the port. A
+    // closed stdout (`sealgate demo | head`) must not stop the gateway: nobody is left to read the line.
+    {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), "sealgate ready on http://{local}");
+    }
     let header_timeout = Duration::from_secs(gateway.config.limits.header_read_timeout_secs);
     crate::api::server::serve(listener, app, header_timeout, shutdown).await;
     gateway.audit.shutdown().await;
