@@ -363,6 +363,40 @@ pub trait Store: AuditBackend {
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
 }
 
+/// One page of a listing, filled in listing order: up to `limit` records that `keep` accepts.
+pub(crate) struct Page<'k, T> {
+    items: Vec<T>,
+    limit: usize,
+    keep: &'k (dyn for<'r> Fn(&'r T) -> bool + Sync),
+}
+
+impl<'k, T> Page<'k, T> {
+    pub(crate) fn new(limit: usize, keep: &'k (dyn for<'r> Fn(&'r T) -> bool + Sync)) -> Self {
+        Page {
+            items: Vec::new(),
+            limit,
+            keep,
+        }
+    }
+
+    /// Offers the next record; true when the page is full and this kept record shows more follow.
+    pub(crate) fn offer(&mut self, record: T) -> bool {
+        if !(self.keep)(&record) {
+            return false;
+        }
+        if self.items.len() == self.limit {
+            return true;
+        }
+        self.items.push(record);
+        false
+    }
+
+    /// The records and whether more follow.
+    pub(crate) fn done(self, more: bool) -> (Vec<T>, bool) {
+        (self.items, more)
+    }
+}
+
 /// The gauges of [`Store::live_counts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LiveCounts {

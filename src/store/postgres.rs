@@ -18,7 +18,7 @@ use tokio_postgres::NoTls;
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
-    ClaimKind, ClaimRecord, LiveCounts, SessionRecord, Store, StoreError, StoreResult,
+    ClaimKind, ClaimRecord, LiveCounts, Page, SessionRecord, Store, StoreError, StoreResult,
     StoredContext,
 };
 
@@ -546,7 +546,7 @@ impl Store for PgStore {
         // Session ids are COLLATE "C": the same byte order as the embedded store's keys.
         let mut cursor = after.map(str::to_string);
         let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
-        let mut items = Vec::new();
+        let mut page = Page::new(limit, keep);
         loop {
             let rows = match &cursor {
                 None => conn
@@ -569,16 +569,12 @@ impl Store for PgStore {
             for row in &rows {
                 let record: SessionRecord = decode(row.get(1))?;
                 cursor = Some(row.get(0));
-                if !keep(&record) {
-                    continue;
+                if page.offer(record) {
+                    return Ok(page.done(true));
                 }
-                if items.len() == limit {
-                    return Ok((items, true));
-                }
-                items.push(record);
             }
             if exhausted {
-                return Ok((items, false));
+                return Ok(page.done(false));
             }
         }
     }
@@ -777,7 +773,7 @@ impl Store for PgStore {
         let conn = self.conn().await?;
         let mut cursor = before.map(|c| (c.claimed_at_ms, c.kind.as_str(), c.request_id.clone()));
         let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
-        let mut items = Vec::new();
+        let mut page = Page::new(limit, keep);
         loop {
             let rows = match &cursor {
                 None => conn
@@ -802,16 +798,12 @@ impl Store for PgStore {
             for row in &rows {
                 let record: ClaimRecord = decode(row.get(3))?;
                 cursor = Some((row.get(0), record.kind.as_str(), row.get(2)));
-                if !keep(&record) {
-                    continue;
+                if page.offer(record) {
+                    return Ok(page.done(true));
                 }
-                if items.len() == limit {
-                    return Ok((items, true));
-                }
-                items.push(record);
             }
             if exhausted {
-                return Ok((items, false));
+                return Ok(page.done(false));
             }
         }
     }
@@ -917,7 +909,7 @@ impl Store for PgStore {
         let conn = self.conn().await?;
         let mut cursor = before.map(|c| (c.requested_at_ms, c.approval_id.clone()));
         let batch = i64::try_from(limit.saturating_add(1).max(64)).unwrap_or(i64::MAX);
-        let mut items = Vec::new();
+        let mut page = Page::new(limit, keep);
         loop {
             let rows = match &cursor {
                 None => conn
@@ -942,16 +934,12 @@ impl Store for PgStore {
             for row in &rows {
                 let record: ApprovalRecord = decode(row.get(2))?;
                 cursor = Some((row.get(0), row.get(1)));
-                if !keep(&record) {
-                    continue;
+                if page.offer(record) {
+                    return Ok(page.done(true));
                 }
-                if items.len() == limit {
-                    return Ok((items, true));
-                }
-                items.push(record);
             }
             if exhausted {
-                return Ok((items, false));
+                return Ok(page.done(false));
             }
         }
     }

@@ -19,8 +19,8 @@ use sled::{Db, Tree};
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, AuditBackend, ChainHead,
-    ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store, StoreError,
-    StoreResult, StoredContext,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, Page, SessionRecord, Store,
+    StoreError, StoreResult, StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -65,24 +65,19 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
 
 /// Up to `limit` records that `keep` accepts, in the order given (`None`: a record that is gone), and
 /// whether more follow.
-fn page<T: DeserializeOwned>(
+fn read_page<T: DeserializeOwned>(
     records: impl Iterator<Item = StoreResult<Option<sled::IVec>>>,
     limit: usize,
     keep: &(dyn for<'r> Fn(&'r T) -> bool + Sync),
 ) -> StoreResult<(Vec<T>, bool)> {
-    let mut items = Vec::new();
+    let mut page = Page::new(limit, keep);
     for bytes in records {
         let Some(bytes) = bytes? else { continue };
-        let record: T = decode(&bytes)?;
-        if !keep(&record) {
-            continue;
+        if page.offer(decode(&bytes)?) {
+            return Ok(page.done(true));
         }
-        if items.len() == limit {
-            return Ok((items, true));
-        }
-        items.push(record);
     }
-    Ok((items, false))
+    Ok(page.done(false))
 }
 
 fn io(err: impl std::fmt::Display) -> StoreError {
@@ -331,7 +326,7 @@ impl Store for SledStore {
             .sessions
             .range::<&[u8], _>((start, Bound::Unbounded))
             .map(|entry| entry.map_err(io).map(|(_, bytes)| Some(bytes)));
-        page(records, limit, keep)
+        read_page(records, limit, keep)
     }
 
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
@@ -516,7 +511,7 @@ impl Store for SledStore {
                 None => Ok(None),
             }
         });
-        page(records, limit, keep)
+        read_page(records, limit, keep)
     }
 
     async fn approval_insert(
@@ -598,23 +593,12 @@ impl Store for SledStore {
                 .range(..approval_time_key(c.requested_at_ms, &c.approval_id)),
             None => self.approvals_by_time.range::<&[u8], _>(..),
         };
-        let mut items = Vec::new();
-        for entry in range.rev() {
+        let records = range.rev().map(|entry| {
             let (_, id) = entry.map_err(io)?;
-            // A request that lost its race may still be indexed for a moment; skip what is gone.
-            let Some(bytes) = self.approvals.get(id).map_err(io)? else {
-                continue;
-            };
-            let record: ApprovalRecord = decode(&bytes)?;
-            if !keep(&record) {
-                continue;
-            }
-            if items.len() == limit {
-                return Ok((items, true));
-            }
-            items.push(record);
-        }
-        Ok((items, false))
+            // A request that lost its race may still be indexed for a moment; what is gone is skipped.
+            self.approvals.get(id).map_err(io)
+        });
+        read_page(records, limit, keep)
     }
 
     async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
