@@ -257,6 +257,14 @@ pub fn query_params(
                 format!("unknown query parameter {key:?}"),
             ));
         }
+        // Every value is an id, a name, a number or a cursor, none of which holds a control character;
+        // refused here, a NUL never reaches a store that cannot hold it (PostgreSQL text).
+        if value.chars().any(char::is_control) {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("query parameter {key:?} contains a control character"),
+            ));
+        }
         if params.insert(key.to_string(), value.into_owned()).is_some() {
             return Err(ApiError::new(
                 Code::InvalidRequest,
