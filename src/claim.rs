@@ -8,7 +8,8 @@ use crate::clock;
 use crate::envelope::jcs_sha256_hex;
 use crate::policy::ClaimMode;
 use crate::store::{
-    ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus, Resolution, Store, StoreError, StoreResult,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, Resolution, Store,
+    StoreError, StoreResult,
 };
 use crate::upstream::UpstreamError;
 
@@ -124,10 +125,7 @@ pub async fn commit(
     pending: &ClaimRecord,
     outcome: ClaimOutcome,
 ) -> StoreResult<ClaimRecord> {
-    let mut committed = pending.clone();
-    committed.status = ClaimStatus::Committed;
-    committed.committed_at = Some(clock::rfc3339_millis(clock::now_millis()));
-    committed.outcome = Some(outcome);
+    let committed = committed(pending, outcome);
     if store.claim_replace(pending, Some(&committed)).await? {
         return Ok(committed);
     }
@@ -142,36 +140,52 @@ pub async fn commit(
         })
 }
 
+fn committed(pending: &ClaimRecord, outcome: ClaimOutcome) -> ClaimRecord {
+    let mut committed = pending.clone();
+    committed.status = ClaimStatus::Committed;
+    committed.committed_at = Some(clock::rfc3339_millis(clock::now_millis()));
+    committed.outcome = Some(outcome);
+    committed
+}
+
+/// PENDING → COMMITTED with the tool's answer, as a settlement that rides in the call's final audit batch
+/// (one commit for both); an operator's resolution that came first stands, as with [`commit`].
+pub fn answered(pending: &ClaimRecord, response: &Value) -> ClaimSettlement {
+    ClaimSettlement {
+        pending: pending.clone(),
+        settled: committed(
+            pending,
+            ClaimOutcome::Answer {
+                response: response.clone(),
+            },
+        ),
+    }
+}
+
 /// PENDING → CLAIMABLE: nothing of the call reached the tool. False when it was no longer that PENDING record.
 pub async fn release(store: &dyn Store, pending: &ClaimRecord) -> StoreResult<bool> {
     store.claim_replace(pending, None).await
 }
 
-/// What the tool's outcome does to the call's PENDING claim (SPEC 7.2).
-pub async fn settle_forwarded(
+/// What a forward that brought no answer does to the call's PENDING claim (SPEC 7.2). Any answer, a
+/// JSON-RPC error or an isError result included, is the tool's outcome: see [`answered`].
+pub async fn settle_failed(
     store: &dyn Store,
     pending: &ClaimRecord,
-    outcome: &Result<Value, UpstreamError>,
+    error: &UpstreamError,
 ) -> StoreResult<()> {
-    match outcome {
-        // Any answer, a JSON-RPC error or an isError result included, is the tool's outcome.
-        Ok(response) => {
-            let answer = ClaimOutcome::Answer {
-                response: response.clone(),
-            };
-            commit(store, pending, answer).await.map(drop)
-        }
+    match error {
         // Nothing reached the tool: a retry may run it.
-        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute) => {
+        UpstreamError::Unavailable(_) | UpstreamError::NoRoute => {
             release(store, pending).await.map(drop)
         }
         // The tool ran; its answer is withheld now and on every SKIP.
-        Err(UpstreamError::TooLarge { limit }) => {
+        UpstreamError::TooLarge { limit } => {
             let withheld = ClaimOutcome::ResponseTooLarge { limit: *limit };
             commit(store, pending, withheld).await.map(drop)
         }
         // Sent, outcome unknown: the claim stays PENDING until an operator resolves it.
-        Err(UpstreamError::Timeout(_) | UpstreamError::BadResponse(_)) => Ok(()),
+        UpstreamError::Timeout(_) | UpstreamError::BadResponse(_) => Ok(()),
     }
 }
 
@@ -380,6 +394,14 @@ mod tests {
         assert_eq!(auto.len(), 64);
     }
 
+    /// What the audit writer does with a settlement that rides in its batch.
+    async fn apply(store: &SledStore, settlement: ClaimSettlement) {
+        assert!(store
+            .claim_replace(&settlement.pending, Some(&settlement.settled))
+            .await
+            .unwrap());
+    }
+
     #[tokio::test]
     async fn proceed_then_pending_then_skip_after_commit() {
         let (_dir, store) = store();
@@ -390,9 +412,7 @@ mod tests {
             matches!(take(&store, invoke("r", "d")).await.unwrap(), Taken::Pending(p) if p == pending)
         );
         let answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"ok": true}});
-        settle_forwarded(&store, &pending, &Ok(answer.clone()))
-            .await
-            .unwrap();
+        apply(&store, answered(&pending, &answer)).await;
         let Taken::Skip(skip) = take(&store, invoke("r", "d")).await.unwrap() else {
             panic!("committed claim must skip")
         };
@@ -470,7 +490,10 @@ mod tests {
             let Taken::Proceed(pending) = take(&store, invoke(&id, "d")).await.unwrap() else {
                 panic!()
             };
-            settle_forwarded(&store, &pending, &outcome).await.unwrap();
+            match &outcome {
+                Ok(answer) => apply(&store, answered(&pending, answer)).await,
+                Err(error) => settle_failed(&store, &pending, error).await.unwrap(),
+            }
             let now = store.claim_get(ClaimKind::Invoke, &id).await.unwrap();
             assert_eq!(now.map(|c| c.status), expected, "case {i}");
         }

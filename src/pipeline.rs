@@ -22,7 +22,7 @@ use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::policy::{self, Capability, Decision, SecurityContext};
 use crate::session::LiveSession;
-use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord};
+use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
 use crate::token::{AgentClaims, TokenError};
 use crate::upstream::UpstreamError;
 
@@ -78,6 +78,9 @@ struct CallFacts {
     action_ref: Option<String>,
     claimed_at: Option<String>,
     approval_id: Option<String>,
+    /// Check 8's replay record, not yet written: the call's first store write carries it (admission, in
+    /// the same statement or transaction), or the refusal that ends the call first.
+    replay_record: Option<SeenSignature>,
 }
 
 impl CallFacts {
@@ -158,11 +161,53 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
     };
     match run(gw, &env, &message, &mut facts, started).await {
         Ok(outcome) => outcome,
-        Err(refusal) => Outcome::Refused {
-            error: record_refusal(gw, &env, &facts, *refusal, client, started).await,
-            tool: facts.tool,
-        },
+        Err(refusal) => {
+            let refusal = remember_before_refusing(gw, &mut facts, refusal).await;
+            Outcome::Refused {
+                error: record_refusal(gw, &env, &facts, *refusal, client, started).await,
+                tool: facts.tool,
+            }
+        }
     }
+}
+
+/// A call refused after check 8 but before its admission writes the replay record now; an envelope seen
+/// before still gets 1008, the answer check 8 would have given first (after its own 1007).
+async fn remember_before_refusing(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    refusal: Refused,
+) -> Refused {
+    match write_replay_record(gw, facts).await {
+        Err(replay) if replay.error.code == Code::StoreUnavailable => replay,
+        Err(replay) if refusal.error.code != Code::TimestampOutOfWindow => replay,
+        _ => refusal,
+    }
+}
+
+/// Writes check 8's replay record on its own, for a call that ends before admission: 1008 when the
+/// signature was seen before.
+async fn write_replay_record(gw: &Gateway, facts: &mut CallFacts) -> Result<(), Refused> {
+    let Some(seen) = facts.replay_record.take() else {
+        return Ok(());
+    };
+    let first_use = gw
+        .store
+        .remember_signature(&seen.signature, seen.expires_at_ms)
+        .await
+        .map_err(store_refusal)?;
+    if first_use {
+        Ok(())
+    } else {
+        Err(replayed())
+    }
+}
+
+fn replayed() -> Refused {
+    refuse(
+        Code::EnvelopeReplayed,
+        "this envelope's signature was seen before",
+    )
 }
 
 /// The spine: checks 2–9, the policy, the claim, the forward and the settlement, in SPEC order.
@@ -179,7 +224,7 @@ async fn run(
     let session = live_session(gw, &claims, now).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
     let signature = verify_signature(env, message, &session)?; // checks 6–7
-    check_window_and_replay(gw, env, &signature, now).await?; // check 8
+    check_window(gw, env, &signature, now, facts)?; // check 8 (its replay record: at admission)
     bind_token(env, &claims, &session)?; // check 9
     let call =
         envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
@@ -213,7 +258,10 @@ async fn run(
     );
     let with_rule = |mut refusal: Refused| {
         // Rate and budget refusals are the capability's decision: they carry its rule.
-        if refusal.error.code != Code::StoreUnavailable {
+        if matches!(
+            refusal.error.code,
+            Code::RateLimitExceeded | Code::BudgetExhausted
+        ) {
             refusal.rule = Some(rule.clone());
         }
         refusal
@@ -221,13 +269,13 @@ async fn run(
     let (admitted, grant) = match capability.approval_secs {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
         None => (
-            admit(gw, &session, &context, index, claim_record)
+            admit(gw, facts, &session, &context, index, claim_record)
                 .await
                 .map_err(with_rule)?,
             None,
         ),
         Some(expires_secs) => {
-            admit(gw, &session, &context, index, None)
+            admit(gw, facts, &session, &context, index, None)
                 .await
                 .map_err(with_rule)?;
             let call = crate::approval::Call {
@@ -465,13 +513,15 @@ fn verify_signature(
     Ok(signature)
 }
 
-/// Check 8: freshness, then replay. A verified signature is remembered for as long as its timestamp
-/// could still fall inside the window, whatever this envelope's outcome.
-async fn check_window_and_replay(
+/// Check 8: freshness; the replay half is the record this notes in `facts`, which the call's first store
+/// write makes (admission, or the refusal that ends the call first). A verified signature is remembered
+/// for as long as its timestamp could still fall inside the window, whatever this envelope's outcome.
+fn check_window(
     gw: &Gateway,
     env: &Envelope,
     signature: &Signature,
     now: i64,
+    facts: &mut CallFacts,
 ) -> Result<(), Refused> {
     let skew = gw.config.limits.max_clock_skew_secs;
     let window_end_ms = env
@@ -479,24 +529,14 @@ async fn check_window_and_replay(
         .saturating_add(skew)
         .saturating_add(1)
         .saturating_mul(1000);
-    let first_use = if window_end_ms > clock::now_millis() {
-        gw.store
-            .remember_signature(&signature.to_bytes(), window_end_ms)
-            .await
-            .map_err(store_refusal)?
-    } else {
-        true
-    };
+    facts.replay_record = (window_end_ms > clock::now_millis()).then(|| SeenSignature {
+        signature: signature.to_bytes(),
+        expires_at_ms: window_end_ms,
+    });
     if now.saturating_sub(env.timestamp).abs() > skew {
         return Err(refuse(
             Code::TimestampOutOfWindow,
             format!("the timestamp is more than {skew} s from the gateway's clock"),
-        ));
-    }
-    if !first_use {
-        return Err(refuse(
-            Code::EnvelopeReplayed,
-            "this envelope's signature was seen before",
         ));
     }
     Ok(())
@@ -604,10 +644,12 @@ fn new_claim(
     ))
 }
 
-/// Charges the capability's rate window and the session's budget, then takes the claim: one store call.
+/// Writes the replay record, charges the capability's rate window and the session's budget, then takes the
+/// claim: one store call.
 /// Returns what taking the claim found, or None when the call takes no claim.
 async fn admit(
     gw: &Gateway,
+    facts: &mut CallFacts,
     session: &LiveSession,
     context: &SecurityContext,
     capability_index: usize,
@@ -616,6 +658,7 @@ async fn admit(
     let capability = &context.capabilities[capability_index];
     let record = &session.record;
     let admission = Admission {
+        signature: facts.replay_record.take(),
         rate: capability.rate_limit.map(|limit| {
             (
                 format!(
@@ -635,6 +678,7 @@ async fn admit(
     };
     let admitted = gw.store.admit(&admission).await.map_err(store_refusal)?;
     match admitted {
+        Admitted::Replayed => Err(replayed()),
         Admitted::RateLimited { retry_after_ms } => {
             let secs = u64::try_from(retry_after_ms)
                 .unwrap_or(0)
@@ -697,18 +741,17 @@ async fn settle(
     answer: Result<Value, UpstreamError>,
     started: Instant,
 ) -> Result<Outcome, Refused> {
-    if let Some(pending) = pending {
-        let settled = retry_after_forward(gw, || {
-            claim::settle_forwarded(gw.store.as_ref(), pending, &answer)
-        })
-        .await;
-        if let Err(e) = settled {
-            return Err(forwarded_but_unrecorded(e));
+    let response = match (answer, pending) {
+        (Ok(response), _) => response,
+        (Err(err), None) => return Err(upstream_refusal(&err)),
+        (Err(err), Some(pending)) => {
+            retry_after_forward(gw, || {
+                claim::settle_failed(gw.store.as_ref(), pending, &err)
+            })
+            .await
+            .map_err(forwarded_but_unrecorded)?;
+            return Err(upstream_refusal(&err));
         }
-    }
-    let response = match answer {
-        Ok(response) => response,
-        Err(err) => return Err(upstream_refusal(&err)),
     };
     let mut completed = facts
         .event(gw, EventType::ToolCallCompleted, env)
@@ -717,9 +760,14 @@ async fn settle(
     if gw.config.audit.include_payloads {
         completed = completed.result(response.clone());
     }
-    let recorded = retry_after_forward(gw, || gw.audit.record(completed.clone()))
-        .await
-        .map_err(forwarded_but_unrecorded)?;
+    // The claim's COMMITTED record rides in the same batch as the event: one durable commit for both.
+    let settlement = pending.map(|pending| claim::answered(pending, &response));
+    let recorded = retry_after_forward(gw, || {
+        gw.audit
+            .record_with_settlement(completed.clone(), settlement.clone())
+    })
+    .await
+    .map_err(forwarded_but_unrecorded)?;
     Ok(success(response, facts, context, &recorded.event_id))
 }
 
@@ -878,6 +926,7 @@ async fn list_tools(
     let Some(context) = context else {
         return Err(missing_context());
     };
+    write_replay_record(gw, facts).await?;
     gw.audit
         .record_deferred(
             facts

@@ -179,6 +179,14 @@ fn describe() {
         "Claims taken on calls, by what the claim found (PROCEED, SKIP, PENDING, ...)"
     );
     describe_counter!(
+        "sealgate_audit_batches_total",
+        "Audit batches stored (each one commit of the store, shared by the calls it holds)"
+    );
+    describe_counter!(
+        "sealgate_audit_head_conflicts_total",
+        "Audit batches chained again because another replica moved the chain head first"
+    );
+    describe_counter!(
         "sealgate_audit_sink_errors_total",
         "Audit events a sink (file, stdout) failed to write"
     );

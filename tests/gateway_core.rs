@@ -110,6 +110,35 @@ async fn replayed_envelope_never_reaches_the_tool_even_after_a_restart() {
     assert_eq!(tool.count(), 1);
 }
 
+/// The replay record is written with the call's admission, or by the refusal that ends the call before
+/// it: either way an envelope sent twice gets 1008 the second time, since check 8 comes before the
+/// policy, the rate limit and the budget. An envelope outside the window keeps its 1007.
+#[tokio::test]
+async fn refused_envelopes_are_replay_protected_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-refused-replay").await;
+    let now = sealgate::clock::now_secs();
+    let sign = |id: u64, name: &str, at: i64| {
+        sealgate::envelope::sign_envelope(&key, tool_call(id, name, json!({})), &token, at)
+    };
+    let denied = sign(1, "tool.forbidden", now);
+    assert_eq!(code(&gw.post(&denied).await.1), 2001);
+    assert_eq!(code(&gw.post(&denied).await.1), 1008);
+    // `limited.*` admits 2 calls a minute: the third is refused by the rate limit, and remembered.
+    for id in [2, 3] {
+        assert_eq!(gw.post(&sign(id, "limited.any", now)).await.0, 200);
+    }
+    let limited = sign(4, "limited.any", now);
+    assert_eq!(code(&gw.post(&limited).await.1), 2005);
+    assert_eq!(code(&gw.post(&limited).await.1), 1008);
+    let stale = sign(5, "tool.off", now - 31);
+    for _ in 0..2 {
+        assert_eq!(code(&gw.post(&stale).await.1), 1007);
+    }
+    assert_eq!(tool.count(), 2);
+}
+
 #[tokio::test]
 async fn every_envelope_fault_gets_its_own_code() {
     let dir = tempfile::tempdir().unwrap();

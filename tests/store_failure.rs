@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use sealgate::audit::{AuditBackend, ChainHead};
+use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
@@ -37,9 +37,14 @@ impl AuditBackend for SwitchableStore {
         self.check()?;
         self.inner.head().await
     }
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
         self.check()?;
-        self.inner.append(after, events).await
+        self.inner.append(after, events, settlements).await
     }
     async fn sync(&self) -> StoreResult<()> {
         self.check()?;

@@ -37,7 +37,7 @@ pub use writer::WriterOptions;
 use sink::FileSink;
 use writer::{Command, Job, Writer};
 
-pub use crate::store::{AuditBackend, ChainHead};
+pub use crate::store::{AuditBackend, ChainHead, ClaimSettlement};
 
 /// `audit:` in the configuration (SPEC 11).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,6 +312,16 @@ impl AuditLog {
     /// Like every `record_*`, it stamps the trace id of the request being served on the event.
     /// Dropping the future does not withdraw an event that was already queued.
     pub async fn record(&self, event: AuditEvent) -> Result<Recorded, AuditError> {
+        self.record_with_settlement(event, None).await
+    }
+
+    /// Records a call's final event with its claim's settlement, when it has one: both are made durable
+    /// by the same commit, one round trip on a networked store (SPEC 7.2, 9.2).
+    pub async fn record_with_settlement(
+        &self,
+        event: AuditEvent,
+        settlement: Option<ClaimSettlement>,
+    ) -> Result<Recorded, AuditError> {
         let event = event
             .in_current_trace()
             .into_object(self.inner.include_payloads)
@@ -321,6 +331,7 @@ impl AuditLog {
             event,
             reply: Some(reply),
             count_decision: true,
+            settlement,
         };
         self.inner
             .tx
@@ -342,6 +353,7 @@ impl AuditLog {
             event,
             reply: None,
             count_decision: true,
+            settlement: None,
         };
         self.inner
             .tx
@@ -389,6 +401,7 @@ impl AuditLog {
             event,
             reply: None,
             count_decision: false,
+            settlement: None,
         };
         if self.inner.tx.try_send(Command::Record(job)).is_err() {
             // A full queue must not block the request path; the event joins the suppressed count.

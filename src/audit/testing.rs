@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{AuditBackend, ChainHead};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{ClaimSettlement, StoreError, StoreResult};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -39,6 +39,8 @@ pub struct MemoryBackend {
     keep_on_failure: AtomicUsize,
     fail_heads: AtomicUsize,
     sync_delay: Mutex<Duration>,
+    /// The claim settlements that rode in with stored events (this backend holds no claims).
+    settlements: Mutex<Vec<ClaimSettlement>>,
 }
 
 impl MemoryBackend {
@@ -72,6 +74,11 @@ impl MemoryBackend {
     /// A copy of every stored event, oldest first.
     pub fn events(&self) -> Vec<Value> {
         lock(&self.events).clone()
+    }
+
+    /// A copy of every claim settlement stored with an appended batch, oldest first.
+    pub fn settlements(&self) -> Vec<ClaimSettlement> {
+        lock(&self.settlements).clone()
     }
 
     /// Replaces the stored events (to simulate tampering with the store).
@@ -133,7 +140,12 @@ impl AuditBackend for MemoryBackend {
         lock(&self.events).last().map(head_of).transpose()
     }
 
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
         let mut stored = lock(&self.events);
         if !is_head(stored.last(), after)? {
@@ -150,6 +162,7 @@ impl AuditBackend for MemoryBackend {
             ));
         }
         stored.extend(events.iter().cloned());
+        lock(&self.settlements).extend(settlements.iter().cloned());
         Ok(())
     }
 
@@ -230,7 +243,18 @@ impl AuditBackend for JsonlFileBackend {
         Ok(lock(&self.head).clone())
     }
 
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        // A file of events only: a settlement would be lost here, so refuse it.
+        if !settlements.is_empty() {
+            return Err(StoreError::unavailable(
+                "the JSON-lines test backend holds no claims",
+            ));
+        }
         self.append_calls.fetch_add(1, Ordering::SeqCst);
         let Some(last) = events.last() else {
             return Ok(());

@@ -644,8 +644,13 @@ impl AuditBackend for GatedBackend {
         self.inner.head().await
     }
 
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
-        self.inner.append(after, events).await
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        self.inner.append(after, events, settlements).await
     }
 
     async fn sync(&self) -> StoreResult<()> {
@@ -1317,4 +1322,26 @@ async fn two_writers_on_one_store_keep_one_chain_and_name_their_replica() {
     }
     let by = |r: &str| events.iter().filter(|e| text(e, "replica") == r).count();
     assert_eq!((by("a"), by("b")), (100, 100));
+}
+
+#[tokio::test]
+async fn a_settlement_is_stored_with_its_event_and_only_with_it() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
+    let pending = crate::store::conformance::claim(crate::store::ClaimKind::Invoke, "r", 1);
+    let settlement = crate::claim::answered(&pending, &json!({"jsonrpc": "2.0", "id": 1}));
+    // A batch the store refuses takes its settlement with it; the caller's retry brings it again.
+    backend.fail_next_appends(1, 0);
+    assert!(log
+        .record_with_settlement(authorized(1), Some(settlement.clone()))
+        .await
+        .is_err());
+    assert_eq!(backend.settlements(), []);
+    let recorded = log
+        .record_with_settlement(authorized(1), Some(settlement.clone()))
+        .await
+        .unwrap();
+    assert_eq!(backend.settlements(), [settlement]);
+    assert_eq!(backend.events().len(), 1);
+    assert_eq!(recorded.seq, 1);
 }

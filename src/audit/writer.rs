@@ -18,7 +18,7 @@ use tokio::time::MissedTickBehavior;
 use super::chain::{format_at, seal, GENESIS_HASH};
 use super::event::{AuditEvent, Decision, EventType};
 use super::sink::{write_stdout, FileSink};
-use super::{AuditBackend, AuditError, ChainHead, Recorded};
+use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
 use crate::store::StoreError;
 
 pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
@@ -30,6 +30,8 @@ pub(crate) struct Job {
     /// False when the decision was already counted where it was made (unreadable bodies are counted
     /// even when their event is suppressed).
     pub(crate) count_decision: bool,
+    /// A claim's settlement to write with this event (see [`AuditBackend::append`]).
+    pub(crate) settlement: Option<ClaimSettlement>,
 }
 
 pub(crate) enum Command {
@@ -170,6 +172,7 @@ impl Writer {
                     event,
                     reply: None,
                     count_decision: false,
+                    settlement: None,
                 }),
                 Err(e) => {
                     tracing::error!(target: "audit", error = %e, "suppressed-count event is invalid")
@@ -199,6 +202,10 @@ impl Writer {
                     .insert("replica".to_owned(), Value::from(replica.as_str()));
             }
         }
+        let settlements: Vec<ClaimSettlement> = batch
+            .iter_mut()
+            .filter_map(|job| job.settlement.take())
+            .collect();
         let mut attempts = 0;
         let (chained, recorded, new_head) = loop {
             let head = match self.current_head().await {
@@ -212,11 +219,15 @@ impl Writer {
             if chained.is_empty() {
                 return;
             }
-            match self.backend.append(&head, &chained).await {
-                Ok(()) => break (chained, recorded, new_head),
+            match self.backend.append(&head, &chained, &settlements).await {
+                Ok(()) => {
+                    metrics::counter!("sealgate_audit_batches_total").increment(1);
+                    break (chained, recorded, new_head);
+                }
                 // Another replica appended since this task read the head: chain the batch again after
                 // the events it wrote. Each round trip lets at least one writer through, so this ends.
                 Err(StoreError::HeadMoved) if attempts < MAX_HEAD_RETRIES => {
+                    metrics::counter!("sealgate_audit_head_conflicts_total").increment(1);
                     attempts += 1;
                     self.head = None;
                 }

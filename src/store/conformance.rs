@@ -4,8 +4,9 @@
 use serde_json::json;
 
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ClaimCursor, ClaimKind,
-    ClaimOutcome, ClaimRecord, ClaimStatus, LiveCounts, SessionRecord, Store,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts, SeenSignature,
+    SessionRecord, Store, StoreError,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -237,6 +238,7 @@ pub(crate) async fn admit_charges_rate_then_budget_then_claims_and_refusals_char
         budget: Some((crate::session::budget_key("s1"), 2)),
         claim: Some(claim(ClaimKind::Invoke, &format!("c{n}"), n)),
         now_ms: 1_000 + n,
+        ..Admission::default()
     };
     for n in 0..2 {
         assert_eq!(
@@ -347,6 +349,127 @@ pub(crate) async fn admit_without_a_rate_window_charges_the_budget_and_the_claim
         store.claim_get(ClaimKind::Invoke, "n3").await.unwrap(),
         None
     );
+}
+
+/// The replay record rides in the admission (one statement or transaction on PostgreSQL, with or without a
+/// rate window): a seen signature stops the call before anything is charged or claimed, and a call refused
+/// for its rate or budget keeps its signature remembered.
+pub(crate) async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal(
+    store: &dyn Store,
+) {
+    let seen = |byte: u8| {
+        Some(SeenSignature {
+            signature: [byte; 64],
+            expires_at_ms: 60_000,
+        })
+    };
+    for (session, rate) in [
+        ("s4", None),
+        (
+            "s5",
+            Some(("rate-s5".to_owned(), SlidingWindow::new(1, 60_000))),
+        ),
+    ] {
+        let budget_key = crate::session::budget_key(session);
+        let request_id = |n: u8| format!("{session}-r{n}");
+        let admission = |byte: u8, n: u8| Admission {
+            signature: seen(byte),
+            rate: rate.clone(),
+            budget: Some((budget_key.clone(), 1)),
+            claim: Some(claim(ClaimKind::Invoke, &request_id(n), 1)),
+            now_ms: 1_000,
+        };
+        let base = if rate.is_some() { 20 } else { 10 };
+        assert_eq!(
+            store.admit(&admission(base, 1)).await.unwrap(),
+            Admitted::Charged {
+                existing_claim: None
+            }
+        );
+        // The same signature again: refused before the budget, which would refuse it otherwise.
+        assert_eq!(
+            store.admit(&admission(base, 2)).await.unwrap(),
+            Admitted::Replayed
+        );
+        assert_eq!(store.counter_get(&budget_key).await.unwrap(), Some(1));
+        assert_eq!(
+            store
+                .claim_get(ClaimKind::Invoke, &request_id(2))
+                .await
+                .unwrap(),
+            None
+        );
+        // A new signature over the limit is refused, charges nothing, and is remembered all the same.
+        let refused = store.admit(&admission(base + 1, 3)).await.unwrap();
+        assert!(
+            matches!(
+                refused,
+                Admitted::BudgetExhausted | Admitted::RateLimited { .. }
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(store.counter_get(&budget_key).await.unwrap(), Some(1));
+        assert!(!store
+            .remember_signature(&[base + 1; 64], 60_000)
+            .await
+            .unwrap());
+    }
+}
+
+/// A claim's settlement rides in an audit batch (the call's final event): written with the batch, not
+/// when the batch is refused for a moved head, and a compare-and-set that leaves a claim changed
+/// meanwhile as it is.
+pub(crate) async fn a_settlement_is_written_with_its_batch_and_only_then(store: &dyn Store) {
+    let genesis = ChainHead {
+        seq: 0,
+        hash: crate::audit::GENESIS_HASH.to_owned(),
+    };
+    let event = |seq: u64| json!({"seq": seq, "hash": format!("h{seq}")});
+    let pending = claim(ClaimKind::Invoke, "settled", 1);
+    assert_eq!(store.claim_insert(&pending).await.unwrap(), None);
+    let mut committed = pending.clone();
+    committed.status = ClaimStatus::Committed;
+    committed.outcome = Some(ClaimOutcome::Answer {
+        response: json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+    });
+    let settlement = ClaimSettlement {
+        pending: pending.clone(),
+        settled: committed.clone(),
+    };
+    store.append(&genesis, &[event(1)], &[]).await.unwrap();
+    // Chained after a head that is no longer the store's: nothing is written, the claim included.
+    assert_eq!(
+        store
+            .append(&genesis, &[event(1)], std::slice::from_ref(&settlement))
+            .await,
+        Err(StoreError::HeadMoved)
+    );
+    assert_eq!(settled_now(store).await, pending);
+    let head = store.head().await.unwrap().unwrap();
+    store
+        .append(&head, &[event(2)], std::slice::from_ref(&settlement))
+        .await
+        .unwrap();
+    assert_eq!(settled_now(store).await, committed);
+    // The same settlement again finds the claim changed, and leaves it as it is.
+    let mut other = committed.clone();
+    other.outcome = None;
+    let stale = ClaimSettlement {
+        pending,
+        settled: other,
+    };
+    let head = store.head().await.unwrap().unwrap();
+    store.append(&head, &[event(3)], &[stale]).await.unwrap();
+    assert_eq!(settled_now(store).await, committed);
+    assert_eq!(store.head().await.unwrap().unwrap().seq, 3);
+}
+
+async fn settled_now(store: &dyn Store) -> ClaimRecord {
+    store
+        .claim_get(ClaimKind::Invoke, "settled")
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 /// A pending approval request of session `s` for call `digest`, made at `ms`.

@@ -9,7 +9,7 @@
 //! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
 #[cfg(test)]
-mod conformance;
+pub(crate) mod conformance;
 pub mod postgres;
 pub mod sled_store;
 pub mod testing;
@@ -38,8 +38,14 @@ pub trait AuditBackend: Send + Sync + 'static {
     /// store), only if `after` is still the store's head: otherwise [`StoreError::HeadMoved`] and nothing
     /// is stored, so that another replica's events are never forked. Not necessarily durable: see `sync`.
     /// On another `Err` the writer re-reads the head before the next batch, so a store that kept part of
-    /// the batch is continued from what it kept.
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()>;
+    /// the batch is continued from what it kept. `settlements` are written with the events (in the same
+    /// transaction where the store has them), and only when the events are.
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()>;
     /// Makes everything written to the store so far durable (fsync, or nothing where every write is a
     /// commit): events, claims, sessions, replay records, counters.
     async fn sync(&self) -> StoreResult<()>;
@@ -239,10 +245,12 @@ pub struct StoredContext {
     pub spec: Value,
 }
 
-/// One admitted call's writes before it may be forwarded (SPEC 6.3 rate and budget, then 7 claim), done by
-/// one store call so that a networked store can do them in one transaction.
+/// One admitted call's writes before it may be forwarded (SPEC 3 check 8's replay record, SPEC 6.3 rate and
+/// budget, then 7 claim), done by one store call so that a networked store can do them in one transaction.
 #[derive(Debug, Clone, Default)]
 pub struct Admission {
+    /// The envelope's signature to remember first; when it was seen before, nothing else happens.
+    pub signature: Option<SeenSignature>,
     /// The capability's rate window: (cell key, the window rule).
     pub rate: Option<(String, crate::policy::rate::SlidingWindow)>,
     /// The session's call count and budget: (cell key, max calls; `u64::MAX` when unlimited).
@@ -252,9 +260,27 @@ pub struct Admission {
     pub now_ms: i64,
 }
 
+/// A claim's settlement that rides in the audit batch of the call's final event, so that both are made
+/// durable by one commit (SPEC 7.2: COMMITTED before the reply). A compare-and-set from `pending`: a claim
+/// changed meanwhile (an operator's resolution) is left as it is, as [`Store::claim_replace`] would.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimSettlement {
+    pub pending: ClaimRecord,
+    pub settled: ClaimRecord,
+}
+
+/// A replay record (SPEC 3 check 8): kept until the envelope's clock window has passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenSignature {
+    pub signature: [u8; 64],
+    pub expires_at_ms: i64,
+}
+
 /// What [`Store::admit`] did. Nothing is charged or claimed unless it says so.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
+    /// The signature was seen before: nothing charged or claimed (SPEC 3 check 8, 1008).
+    Replayed,
     /// Over the rate limit: nothing charged; retry after this many ms.
     RateLimited { retry_after_ms: i64 },
     /// The budget is used up: nothing charged (the rate charge was given back).
@@ -295,8 +321,9 @@ pub trait Store: AuditBackend {
     /// Forgets signatures whose window has passed; returns how many.
     async fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize>;
 
-    /// Charges the rate window, then the budget, then inserts the claim unless its id exists, atomically
-    /// per cell: a refusal leaves every cell as it was.
+    /// Remembers the signature (a seen one stops everything: [`Admitted::Replayed`]), then charges the rate
+    /// window, then the budget, then inserts the claim unless its id exists, atomically per cell: a
+    /// refusal leaves every cell as it was, and the signature stays remembered.
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted>;
 
     /// Inserts a PENDING claim unless the request id exists in its namespace (then returns the existing

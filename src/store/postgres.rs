@@ -18,8 +18,8 @@ use tokio_postgres::NoTls;
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
-    ClaimKind, ClaimRecord, LiveCounts, Page, SessionRecord, Store, StoreError, StoreResult,
-    StoredContext,
+    ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store, StoreError,
+    StoreResult, StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -298,72 +298,65 @@ impl PgStore {
         }
     }
 
-    /// [`Store::admit`] without a rate window, in one statement and one round trip: the budget charge and
-    /// the claim insert commit together, or neither happens. (A rate window is computed here, not in SQL,
-    /// so a call with one takes the transaction of [`Store::admit`].)
-    async fn admit_without_rate(&self, admission: &Admission) -> StoreResult<Admitted> {
-        let Some((key, max)) = &admission.budget else {
-            return match &admission.claim {
-                Some(claim) => Ok(Admitted::Charged {
-                    existing_claim: self.claim_insert(claim).await?.map(Box::new),
-                }),
-                None => Ok(Admitted::Charged {
-                    existing_claim: None,
-                }),
-            };
-        };
-        let max = i64::try_from(*max).unwrap_or(i64::MAX);
-        if max <= 0 {
-            return Ok(Admitted::BudgetExhausted);
-        }
+    /// [`Store::admit`] without a rate window, in one statement and one round trip: the replay record, the
+    /// budget charge and the claim insert commit together, each only when the one before it happened. (A
+    /// rate window is computed here, not in SQL, so a call with one takes the transaction of
+    /// [`Store::admit`].) The signature and the claim are optional: their parameters are then NULL.
+    async fn admit_in_one_statement(
+        &self,
+        admission: &Admission,
+        (key, max): (&str, u64),
+    ) -> StoreResult<Admitted> {
         // The counter's state is the count as 8 big-endian bytes (int8send), as `budget_bytes` writes it.
-        const CHARGE: &str = "INSERT INTO counters (key, state) VALUES ($1, int8send(1::bigint)) \
+        const ADMIT: &str = "WITH seen AS (\
+             INSERT INTO seen_signatures (signature, expires_at_ms) \
+             SELECT $1::bytea, $2::bigint WHERE $1::bytea IS NOT NULL ON CONFLICT DO NOTHING RETURNING 1), \
+             fresh AS (SELECT 1 WHERE $1::bytea IS NULL OR EXISTS (SELECT 1 FROM seen)), \
+             charged AS (\
+             INSERT INTO counters (key, state) SELECT $3, int8send(1::bigint) FROM fresh WHERE $4::bigint > 0 \
              ON CONFLICT (key) DO UPDATE \
              SET state = int8send(coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) + 1) \
-             WHERE coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) < $2 \
-             RETURNING 1";
-        let conn = self.conn().await?;
-        let Some(claim) = &admission.claim else {
-            let charged = conn
-                .query_opt_prepared(CHARGE, &[&key.as_bytes(), &max])
-                .await
-                .map_err(db)?;
-            return Ok(match charged {
-                Some(_) => Admitted::Charged {
-                    existing_claim: None,
-                },
-                None => Admitted::BudgetExhausted,
-            });
-        };
-        let statement = format!(
-            "WITH charged AS ({CHARGE}), claimed AS (\
+             WHERE coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) < $4 \
+             RETURNING 1), \
+             claimed AS (\
              INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
-             SELECT $3, $4, $5, $6 FROM charged ON CONFLICT DO NOTHING RETURNING 1) \
-             SELECT (SELECT count(*) FROM charged), (SELECT count(*) FROM claimed)"
-        );
-        let row = conn
+             SELECT $5, $6::text, $7, $8 FROM charged WHERE $6::text IS NOT NULL \
+             ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM charged), \
+             (SELECT count(*) FROM claimed)";
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let signature = admission.signature.as_ref();
+        let claim = admission.claim.as_ref();
+        let claim_text = claim.map(encode).transpose()?;
+        let row = self
+            .conn()
+            .await?
             .query_one_prepared(
-                &statement,
+                ADMIT,
                 &[
+                    &signature.map(|seen| &seen.signature[..]),
+                    &signature.map(|seen| seen.expires_at_ms),
                     &key.as_bytes(),
                     &max,
-                    &claim.kind.as_str(),
-                    &claim.request_id,
-                    &claim.claimed_at_ms,
-                    &encode(claim)?,
+                    &claim.map(|claim| claim.kind.as_str()),
+                    &claim.map(|claim| claim.request_id.as_str()),
+                    &claim.map(|claim| claim.claimed_at_ms),
+                    &claim_text,
                 ],
             )
             .await
             .map_err(db)?;
-        let (charged, claimed): (i64, i64) = (row.get(0), row.get(1));
+        let (fresh, charged, claimed): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if fresh == 0 {
+            return Ok(Admitted::Replayed);
+        }
         if charged == 0 {
             return Ok(Admitted::BudgetExhausted);
         }
-        drop(conn);
         // Charged, and the request id was taken: the call is answered from that claim (section 7). If it
         // was released meanwhile, this call takes it now.
-        let existing_claim = match claimed {
-            0 => self.claim_insert(claim).await?.map(Box::new),
+        let existing_claim = match claim {
+            Some(claim) if claimed == 0 => self.claim_insert(claim).await?.map(Box::new),
             _ => None,
         };
         Ok(Admitted::Charged { existing_claim })
@@ -416,6 +409,9 @@ impl PgStore {
         Ok(())
     }
 }
+
+const REMEMBER_SIGNATURE: &str =
+    "INSERT INTO seen_signatures (signature, expires_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// How soon a replica's session cache learns of a change made elsewhere (SPEC 12: revocation within 1 s).
 pub const SESSION_NOTICE: Duration = Duration::from_millis(800);
@@ -626,11 +622,7 @@ impl Store for PgStore {
         let inserted = self
             .conn()
             .await?
-            .execute_prepared(
-                "INSERT INTO seen_signatures (signature, expires_at_ms) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-                &[&signature, &expires_at_ms],
-            )
+            .execute_prepared(REMEMBER_SIGNATURE, &[&signature, &expires_at_ms])
             .await
             .map_err(db)?;
         Ok(inserted == 1)
@@ -650,27 +642,48 @@ impl Store for PgStore {
     }
 
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
-        if admission.rate.is_none() {
-            return self.admit_without_rate(admission).await;
+        if let (None, Some((key, max))) = (&admission.rate, &admission.budget) {
+            return self.admit_in_one_statement(admission, (key, *max)).await;
         }
         let now_ms = admission.now_ms;
         let mut conn = self.conn().await?;
-        // One transaction: a refusal rolls back every charge made before it (dropping `tx` rolls back).
+        // One transaction that reads and locks every cell before it writes any: a refusal commits only the
+        // replay record (dropping `tx` instead would roll that back too).
         let tx = conn.transaction().await.map_err(db)?;
+        if let Some(seen) = &admission.signature {
+            let inserted = tx
+                .execute_prepared(
+                    REMEMBER_SIGNATURE,
+                    &[&&seen.signature[..], &seen.expires_at_ms],
+                )
+                .await
+                .map_err(db)?;
+            if inserted == 0 {
+                return Ok(Admitted::Replayed);
+            }
+        }
+        let mut writes = Vec::with_capacity(2);
         if let Some((key, window)) = &admission.rate {
             let state = Self::lock_cell(&tx, key).await?;
             match window.admit(state.as_deref(), now_ms) {
-                Ok(next) => Self::set_cell(&tx, key, &next).await?,
-                Err(retry_after_ms) => return Ok(Admitted::RateLimited { retry_after_ms }),
+                Ok(next) => writes.push((key, next)),
+                Err(retry_after_ms) => {
+                    tx.commit().await.map_err(db)?;
+                    return Ok(Admitted::RateLimited { retry_after_ms });
+                }
             }
         }
         if let Some((key, max)) = &admission.budget {
             let max = i64::try_from(*max).unwrap_or(i64::MAX);
             let count = budget_count(Self::lock_cell(&tx, key).await?.as_deref())?;
             if count >= max {
+                tx.commit().await.map_err(db)?;
                 return Ok(Admitted::BudgetExhausted);
             }
-            Self::set_cell(&tx, key, &budget_bytes(count + 1)).await?;
+            writes.push((key, budget_bytes(count + 1)));
+        }
+        for (key, state) in &writes {
+            Self::set_cell(&tx, key, state).await?;
         }
         let mut existing_claim = None;
         if let Some(claim) = &admission.claim {
@@ -996,7 +1009,12 @@ impl AuditBackend for PgStore {
         }))
     }
 
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
         let Some(last) = events.last() else {
             return Ok(());
         };
@@ -1011,33 +1029,55 @@ impl AuditBackend for PgStore {
             .collect::<StoreResult<Vec<i64>>>()?;
         let texts: Vec<String> = events.iter().map(Value::to_string).collect();
 
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(db)?;
-        // The row lock makes replicas' appends take turns; the loser sees the moved head and re-chains.
-        let row = tx
+        let mut columns: [Vec<String>; 4] = Default::default();
+        for settlement in settlements {
+            let pending = &settlement.pending;
+            columns[0].push(pending.kind.as_str().to_owned());
+            columns[1].push(pending.request_id.clone());
+            columns[2].push(encode(pending)?);
+            columns[3].push(encode(&settlement.settled)?);
+        }
+        let [kinds, request_ids, pendings, settleds] = &columns;
+        // One statement and one commit: the head moves only from where this batch was chained
+        // (compare-and-set), and the events and the claims' settlements are written only when it did. A
+        // replica that lost the race sees no row changed and re-chains; the head's row lock is held for
+        // this statement alone.
+        let row = self
+            .conn()
+            .await?
             .query_one_prepared(
-                "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
-                &[],
+                "WITH moved AS (\
+                 UPDATE audit_head SET seq = $3, hash = $4 WHERE id = 1 AND seq = $5 AND hash = $6 \
+                 RETURNING 1), \
+                 appended AS (\
+                 INSERT INTO audit_events (seq, event) \
+                 SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
+                 settled AS (\
+                 UPDATE claims SET record = s.settled \
+                 FROM moved, unnest($7::text[], $8::text[], $9::text[], $10::text[]) \
+                 AS s(kind, request_id, pending, settled) \
+                 WHERE claims.kind = s.kind AND claims.request_id = s.request_id \
+                 AND claims.record = s.pending) \
+                 SELECT count(*) FROM moved",
+                &[
+                    &seqs,
+                    &texts,
+                    &last_seq,
+                    &last_hash,
+                    &bigint(after.seq),
+                    &after.hash,
+                    kinds,
+                    request_ids,
+                    pendings,
+                    settleds,
+                ],
             )
             .await
             .map_err(db)?;
-        let (seq, hash): (i64, String) = (row.get(0), row.get(1));
-        if seq != bigint(after.seq) || hash != after.hash {
+        if row.get::<_, i64>(0) == 0 {
             return Err(StoreError::HeadMoved);
         }
-        tx.execute_prepared(
-            "INSERT INTO audit_events (seq, event) SELECT * FROM unnest($1::bigint[], $2::text[])",
-            &[&seqs, &texts],
-        )
-        .await
-        .map_err(db)?;
-        tx.execute_prepared(
-            "UPDATE audit_head SET seq = $1, hash = $2 WHERE id = 1",
-            &[&last_seq, &last_hash],
-        )
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)
+        Ok(())
     }
 
     async fn sync(&self) -> StoreResult<()> {
@@ -1153,6 +1193,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_settlement_is_written_with_its_batch_and_only_then() {
+        let db = TestDatabase::create().await;
+        conformance::a_settlement_is_written_with_its_batch_and_only_then(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal() {
+        let db = TestDatabase::create().await;
+        conformance::admit_writes_the_replay_record_first_and_keeps_it_on_refusal(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
     async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together() {
         let db = TestDatabase::create().await;
         conformance::admit_without_a_rate_window_charges_the_budget_and_the_claim_together(
@@ -1178,6 +1236,7 @@ mod tests {
                     budget: Some(("budget".into(), 20)),
                     claim: Some(claim(ClaimKind::Invoke, "one", n as i64)),
                     now_ms: 5_000,
+                    ..Admission::default()
                 };
                 store.admit(&admission).await.unwrap()
             }));
@@ -1194,7 +1253,7 @@ mod tests {
                     existing_claim: Some(_),
                 } => charged_existing += 1,
                 Admitted::BudgetExhausted => exhausted += 1,
-                Admitted::RateLimited { .. } => panic!("the rate limit is above the budget"),
+                other => panic!("no signature and a rate above the budget: {other:?}"),
             }
         }
         assert_eq!((charged_new, charged_existing, exhausted), (1, 19, 20));
@@ -1212,17 +1271,17 @@ mod tests {
             hash: crate::audit::GENESIS_HASH.to_owned(),
         };
         let event = |seq: u64, hash: &str| serde_json::json!({"seq": seq, "hash": hash});
-        a.append(&genesis, &[event(1, "h1"), event(2, "h2")])
+        a.append(&genesis, &[event(1, "h1"), event(2, "h2")], &[])
             .await
             .unwrap();
         // The other replica still believes the store is empty: refused, nothing stored.
         assert_eq!(
-            b.append(&genesis, &[event(1, "other")]).await,
+            b.append(&genesis, &[event(1, "other")], &[]).await,
             Err(StoreError::HeadMoved)
         );
         let head = b.head().await.unwrap().unwrap();
         assert_eq!((head.seq, head.hash.as_str()), (2, "h2"));
-        b.append(&head, &[event(3, "h3")]).await.unwrap();
+        b.append(&head, &[event(3, "h3")], &[]).await.unwrap();
         let newest = a.events_newest_first(None, 2).await.unwrap();
         assert_eq!(newest, [event(3, "h3"), event(2, "h2")]);
         let oldest = a.events_oldest_first(2, 10).await.unwrap();

@@ -19,8 +19,8 @@ use sled::{Db, Tree};
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, AuditBackend, ChainHead,
-    ClaimCursor, ClaimKind, ClaimRecord, ClaimStatus, LiveCounts, Page, SessionRecord, Store,
-    StoreError, StoreResult, StoredContext,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts, Page,
+    SessionRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
 /// sled's page cache (see `open`).
@@ -400,6 +400,14 @@ impl Store for SledStore {
     }
 
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        if let Some(seen) = &admission.signature {
+            if !self
+                .remember_signature(&seen.signature, seen.expires_at_ms)
+                .await?
+            {
+                return Ok(Admitted::Replayed);
+            }
+        }
         let now_ms = admission.now_ms;
         if let Some((key, window)) = &admission.rate {
             let charged =
@@ -648,7 +656,12 @@ impl AuditBackend for SledStore {
         self.chain_head()
     }
 
-    async fn append(&self, after: &ChainHead, events: &[Value]) -> StoreResult<()> {
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
         // One process owns a sled store, and its single audit writer is the only caller, so checking the
         // head and then applying the batch cannot interleave with another append.
         let current = self.chain_head()?;
@@ -658,6 +671,11 @@ impl AuditBackend for SledStore {
         };
         if !unmoved {
             return Err(StoreError::HeadMoved);
+        }
+        // Written before the events, so the batch's sync covers both.
+        for settlement in settlements {
+            self.claim_replace(&settlement.pending, Some(&settlement.settled))
+                .await?;
         }
         let mut batch = sled::Batch::default();
         for event in events {
@@ -747,6 +765,18 @@ mod tests {
         let (_dir, store) = open();
         conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(&store)
             .await;
+    }
+
+    #[tokio::test]
+    async fn a_settlement_is_written_with_its_batch_and_only_then() {
+        let (_dir, store) = open();
+        conformance::a_settlement_is_written_with_its_batch_and_only_then(&store).await;
+    }
+
+    #[tokio::test]
+    async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal() {
+        let (_dir, store) = open();
+        conformance::admit_writes_the_replay_record_first_and_keeps_it_on_refusal(&store).await;
     }
 
     #[tokio::test]
