@@ -331,7 +331,7 @@ impl AuditLog {
             event,
             reply: Some(reply),
             count_decision: true,
-            settlement,
+            settlement: settlement.map(Box::new),
         };
         self.inner
             .tx

@@ -31,7 +31,8 @@ pub(crate) struct Job {
     /// even when their event is suppressed).
     pub(crate) count_decision: bool,
     /// A claim's settlement to write with this event (see [`AuditBackend::append`]).
-    pub(crate) settlement: Option<ClaimSettlement>,
+    /// Boxed: two claim records would make every queued job that large.
+    pub(crate) settlement: Option<Box<ClaimSettlement>>,
 }
 
 pub(crate) enum Command {
@@ -204,7 +205,7 @@ impl Writer {
         }
         let settlements: Vec<ClaimSettlement> = batch
             .iter_mut()
-            .filter_map(|job| job.settlement.take())
+            .filter_map(|job| job.settlement.take().map(|settlement| *settlement))
             .collect();
         let mut attempts = 0;
         let (chained, recorded, new_head) = loop {
