@@ -270,10 +270,7 @@ impl AuditLog {
         let shed = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             backend: Arc::clone(&backend),
-            head: Some(head.unwrap_or_else(|| ChainHead {
-                seq: 0,
-                hash: GENESIS_HASH.to_owned(),
-            })),
+            head: Some(head.unwrap_or_else(ChainHead::genesis)),
             file,
             stdout: cfg.stdout,
             max_batch: options.max_batch,
@@ -282,6 +279,7 @@ impl AuditLog {
             shed: Arc::clone(&shed),
             rx,
             replica: options.replica.clone(),
+            contended_until: None,
         };
         runtime.spawn(writer.run());
         Ok(AuditLog {

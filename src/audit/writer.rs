@@ -9,13 +9,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
-use super::chain::{format_at, seal, GENESIS_HASH};
+use super::chain::{format_at, seal};
 use super::event::{AuditEvent, Decision, EventType};
 use super::sink::{write_stdout, FileSink};
 use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
@@ -83,6 +83,8 @@ pub(crate) struct Writer {
     pub(crate) rx: mpsc::Receiver<Command>,
     /// Written into every event as `replica` (SPEC 12), when set.
     pub(crate) replica: Option<String>,
+    /// Until when batches take turns with other writers instead of racing them for the head.
+    pub(crate) contended_until: Option<Instant>,
 }
 
 impl Writer {
@@ -108,11 +110,15 @@ impl Writer {
             };
             let mut batch = Vec::new();
             self.take(first, &mut batch, &mut shutdown_waiters);
-            while batch.len() < self.max_batch {
-                match self.rx.try_recv() {
-                    Ok(command) => self.take(command, &mut batch, &mut shutdown_waiters),
-                    Err(_) => break,
-                }
+            self.drain(&mut batch, &mut shutdown_waiters);
+            // While replicas take turns at the head, each turn costs a transaction: let more calls join.
+            if self
+                .contended_until
+                .is_some_and(|until| Instant::now() < until)
+                && batch.len() < self.max_batch
+            {
+                tokio::time::sleep(CONTENDED_LINGER).await;
+                self.drain(&mut batch, &mut shutdown_waiters);
             }
             if !batch.is_empty() {
                 self.commit(batch).await;
@@ -124,6 +130,16 @@ impl Writer {
         }
         for waiter in shutdown_waiters {
             let _ = waiter.send(());
+        }
+    }
+
+    /// Adds what is queued to `batch`, up to the batch limit.
+    fn drain(&mut self, batch: &mut Vec<Job>, shutdown_waiters: &mut Vec<oneshot::Sender<()>>) {
+        while batch.len() < self.max_batch {
+            match self.rx.try_recv() {
+                Ok(command) => self.take(command, batch, shutdown_waiters),
+                Err(_) => break,
+            }
         }
     }
 
@@ -188,11 +204,46 @@ impl Writer {
         if let Some(head) = &self.head {
             return Ok(head.clone());
         }
-        let head = self.backend.head().await?.unwrap_or_else(|| ChainHead {
-            seq: 0,
-            hash: GENESIS_HASH.to_owned(),
-        });
+        let head = self
+            .backend
+            .head()
+            .await?
+            .unwrap_or_else(ChainHead::genesis);
         Ok(head)
+    }
+
+    /// Stores `batch` chained after the store's head in this writer's turn (other replicas' writers wait),
+    /// and stays in that mode while they keep moving the head. None when nothing was left to chain.
+    async fn append_in_turn(
+        &mut self,
+        batch: &mut Vec<Job>,
+        settlements: &[ClaimSettlement],
+    ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
+        let believed = self.head.clone();
+        let mut chained_after = None;
+        let mut chainer = |head: &ChainHead| {
+            let (chained, recorded, new_head) = chain(batch, head);
+            chained_after = Some((head.clone(), recorded, new_head));
+            chained
+        };
+        let chained = self
+            .backend
+            .append_in_turn(&mut chainer, settlements)
+            .await?;
+        let Some((after, recorded, new_head)) = chained_after else {
+            return Err(StoreError::Corrupt(
+                "the store wrote a batch without chaining it".into(),
+            ));
+        };
+        if believed.as_ref() != Some(&after) {
+            metrics::counter!("sealgate_audit_head_conflicts_total").increment(1);
+            self.contended_until = Some(Instant::now() + CONTENDED_FOR);
+        }
+        if chained.is_empty() {
+            return Ok(None);
+        }
+        metrics::counter!("sealgate_audit_batches_total").increment(1);
+        Ok(Some((chained, recorded, new_head)))
     }
 
     /// Chains one batch, makes it durable, and answers its callers.
@@ -209,6 +260,21 @@ impl Writer {
             .collect();
         let mut attempts = 0;
         let (chained, recorded, new_head) = loop {
+            if self
+                .contended_until
+                .is_some_and(|until| Instant::now() < until)
+            {
+                match self.append_in_turn(&mut batch, &settlements).await {
+                    Ok(Some(written)) => break written,
+                    Ok(None) => return,
+                    Err(e) => {
+                        self.head = None;
+                        tracing::error!(target: "audit", error = %e, "audit store append failed");
+                        fail_all(batch, &AuditError::Store(e));
+                        return;
+                    }
+                }
+            }
             let head = match self.current_head().await {
                 Ok(head) => head,
                 Err(e) => {
@@ -231,6 +297,7 @@ impl Writer {
                     metrics::counter!("sealgate_audit_head_conflicts_total").increment(1);
                     attempts += 1;
                     self.head = None;
+                    self.contended_until = Some(Instant::now() + CONTENDED_FOR);
                 }
                 Err(e) => {
                     self.head = None;
@@ -297,6 +364,14 @@ impl Writer {
 
 /// How often one batch is chained again because other replicas moved the head meanwhile.
 const MAX_HEAD_RETRIES: usize = 64;
+
+/// After another writer moved the chain head, how long this one takes turns (see
+/// [`AuditBackend::append_in_turn`]) instead of racing it with compare-and-sets: as long as the head
+/// keeps moving under it, and this long after.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// How long a contended writer waits for more events before taking its turn at the head.
+const CONTENDED_LINGER: Duration = Duration::from_millis(1);
 
 /// Seals the batch after `head`. Jobs whose event cannot be sealed are answered with the error and
 /// removed, so `batch`, the events and the receipts stay in step.

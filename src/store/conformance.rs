@@ -420,10 +420,7 @@ pub(crate) async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal
 /// when the batch is refused for a moved head, and a compare-and-set that leaves a claim changed
 /// meanwhile as it is.
 pub(crate) async fn a_settlement_is_written_with_its_batch_and_only_then(store: &dyn Store) {
-    let genesis = ChainHead {
-        seq: 0,
-        hash: crate::audit::GENESIS_HASH.to_owned(),
-    };
+    let genesis = ChainHead::genesis();
     let event = |seq: u64| json!({"seq": seq, "hash": format!("h{seq}")});
     let pending = claim(ClaimKind::Invoke, "settled", 1);
     assert_eq!(store.claim_insert(&pending).await.unwrap(), None);

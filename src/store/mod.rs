@@ -27,6 +27,20 @@ pub struct ChainHead {
     pub hash: String,
 }
 
+impl ChainHead {
+    /// Where the first event is chained from: an empty store.
+    pub fn genesis() -> Self {
+        ChainHead {
+            seq: 0,
+            hash: crate::audit::GENESIS_HASH.to_owned(),
+        }
+    }
+}
+
+/// Chains a batch after the head it is given and returns the chained events (see
+/// [`AuditBackend::append_in_turn`]).
+pub type Chainer<'a> = dyn FnMut(&ChainHead) -> Vec<Value> + Send + 'a;
+
 /// Where audit events are kept (SPEC 9): implemented by every store. The audit writer is its only writer
 /// in a process; several processes (replicas) may share one store, so `append` is a compare-and-set on the
 /// chain head. Every method is async, so that a networked store never blocks the runtime.
@@ -46,6 +60,20 @@ pub trait AuditBackend: Send + Sync + 'static {
         events: &[Value],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()>;
+    /// Like `append`, but chained after whatever the head is when this writer's turn comes: other
+    /// writers wait while the head is read, `chain` chains the batch after it, and the batch is written.
+    /// For a store shared by busy replicas, whose compare-and-sets would otherwise keep losing to each
+    /// other. Returns the events written. The default suits a store with one writer.
+    async fn append_in_turn(
+        &self,
+        chain: &mut Chainer<'_>,
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<Vec<Value>> {
+        let head = self.head().await?.unwrap_or_else(ChainHead::genesis);
+        let events = chain(&head);
+        self.append(&head, &events, settlements).await?;
+        Ok(events)
+    }
     /// Makes everything written to the store so far durable (fsync, or nothing where every write is a
     /// commit): events, claims, sessions, replay records, counters.
     async fn sync(&self) -> StoreResult<()>;

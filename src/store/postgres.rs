@@ -17,9 +17,9 @@ use tokio_postgres::NoTls;
 
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, ClaimCursor,
-    ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store, StoreError,
-    StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store,
+    StoreError, StoreResult, StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -991,6 +991,73 @@ impl Store for PgStore {
     }
 }
 
+/// Writes a chained batch and its claims' settlements in one statement, only if the head is still
+/// `after` (a compare-and-set); false when it moved.
+async fn write_batch(
+    client: &(impl Prepared + Sync),
+    after: &ChainHead,
+    events: &[Value],
+    settlements: &[ClaimSettlement],
+) -> StoreResult<bool> {
+    let Some(last) = events.last() else {
+        return Ok(true);
+    };
+    let last_seq = seq_of(last)?;
+    let last_hash = last
+        .get("hash")
+        .and_then(Value::as_str)
+        .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
+    let seqs = events
+        .iter()
+        .map(seq_of)
+        .collect::<StoreResult<Vec<i64>>>()?;
+    let texts: Vec<String> = events.iter().map(Value::to_string).collect();
+    let mut columns: [Vec<String>; 4] = Default::default();
+    for settlement in settlements {
+        let pending = &settlement.pending;
+        columns[0].push(pending.kind.as_str().to_owned());
+        columns[1].push(pending.request_id.clone());
+        columns[2].push(encode(pending)?);
+        columns[3].push(encode(&settlement.settled)?);
+    }
+    let [kinds, request_ids, pendings, settleds] = &columns;
+    // One statement: the head moves only from where this batch was chained (compare-and-set), and the
+    // events and the claims' settlements are written only when it did. Outside a transaction it is one
+    // commit, and the head's row lock is held for this statement alone; a replica that lost the race
+    // sees no row changed and chains again.
+    let row = client
+        .query_one_prepared(
+            "WITH moved AS (\
+             UPDATE audit_head SET seq = $3, hash = $4 WHERE id = 1 AND seq = $5 AND hash = $6 \
+             RETURNING 1), \
+             appended AS (\
+             INSERT INTO audit_events (seq, event) \
+             SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
+             settled AS (\
+             UPDATE claims SET record = s.settled \
+             FROM moved, unnest($7::text[], $8::text[], $9::text[], $10::text[]) \
+             AS s(kind, request_id, pending, settled) \
+             WHERE claims.kind = s.kind AND claims.request_id = s.request_id \
+             AND claims.record = s.pending) \
+             SELECT count(*) FROM moved",
+            &[
+                &seqs,
+                &texts,
+                &last_seq,
+                &last_hash,
+                &bigint(after.seq),
+                &after.hash,
+                kinds,
+                request_ids,
+                pendings,
+                settleds,
+            ],
+        )
+        .await
+        .map_err(db)?;
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
 #[async_trait::async_trait]
 impl AuditBackend for PgStore {
     async fn head(&self) -> StoreResult<Option<ChainHead>> {
@@ -1015,69 +1082,45 @@ impl AuditBackend for PgStore {
         events: &[Value],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
-        let Some(last) = events.last() else {
+        if events.is_empty() {
             return Ok(());
-        };
-        let last_seq = seq_of(last)?;
-        let last_hash = last
-            .get("hash")
-            .and_then(Value::as_str)
-            .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
-        let seqs = events
-            .iter()
-            .map(seq_of)
-            .collect::<StoreResult<Vec<i64>>>()?;
-        let texts: Vec<String> = events.iter().map(Value::to_string).collect();
-
-        let mut columns: [Vec<String>; 4] = Default::default();
-        for settlement in settlements {
-            let pending = &settlement.pending;
-            columns[0].push(pending.kind.as_str().to_owned());
-            columns[1].push(pending.request_id.clone());
-            columns[2].push(encode(pending)?);
-            columns[3].push(encode(&settlement.settled)?);
         }
-        let [kinds, request_ids, pendings, settleds] = &columns;
-        // One statement and one commit: the head moves only from where this batch was chained
-        // (compare-and-set), and the events and the claims' settlements are written only when it did. A
-        // replica that lost the race sees no row changed and re-chains; the head's row lock is held for
-        // this statement alone.
-        let row = self
-            .conn()
-            .await?
+        let conn = self.conn().await?;
+        match write_batch(&conn, after, events, settlements).await? {
+            true => Ok(()),
+            false => Err(StoreError::HeadMoved),
+        }
+    }
+
+    async fn append_in_turn(
+        &self,
+        chain: &mut Chainer<'_>,
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<Vec<Value>> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        // The head's row lock makes the other replicas' writers wait here for their turn, instead of
+        // losing a compare-and-set after chaining their batches.
+        let row = tx
             .query_one_prepared(
-                "WITH moved AS (\
-                 UPDATE audit_head SET seq = $3, hash = $4 WHERE id = 1 AND seq = $5 AND hash = $6 \
-                 RETURNING 1), \
-                 appended AS (\
-                 INSERT INTO audit_events (seq, event) \
-                 SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
-                 settled AS (\
-                 UPDATE claims SET record = s.settled \
-                 FROM moved, unnest($7::text[], $8::text[], $9::text[], $10::text[]) \
-                 AS s(kind, request_id, pending, settled) \
-                 WHERE claims.kind = s.kind AND claims.request_id = s.request_id \
-                 AND claims.record = s.pending) \
-                 SELECT count(*) FROM moved",
-                &[
-                    &seqs,
-                    &texts,
-                    &last_seq,
-                    &last_hash,
-                    &bigint(after.seq),
-                    &after.hash,
-                    kinds,
-                    request_ids,
-                    pendings,
-                    settleds,
-                ],
+                "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
+                &[],
             )
             .await
             .map_err(db)?;
-        if row.get::<_, i64>(0) == 0 {
-            return Err(StoreError::HeadMoved);
+        let head = ChainHead {
+            seq: u64::try_from(row.get::<_, i64>(0))
+                .map_err(|_| StoreError::Corrupt("negative audit seq".into()))?,
+            hash: row.get(1),
+        };
+        let events = chain(&head);
+        if !events.is_empty() && !write_batch(&tx, &head, &events, settlements).await? {
+            return Err(StoreError::Corrupt(
+                "the audit head moved while its row was locked".into(),
+            ));
         }
-        Ok(())
+        tx.commit().await.map_err(db)?;
+        Ok(events)
     }
 
     async fn sync(&self) -> StoreResult<()> {
@@ -1266,10 +1309,7 @@ mod tests {
         let a = PgStore::connect(&db.url).await.unwrap();
         let b = PgStore::connect(&db.url).await.unwrap();
         assert_eq!(a.head().await.unwrap(), None);
-        let genesis = ChainHead {
-            seq: 0,
-            hash: crate::audit::GENESIS_HASH.to_owned(),
-        };
+        let genesis = ChainHead::genesis();
         let event = |seq: u64, hash: &str| serde_json::json!({"seq": seq, "hash": hash});
         a.append(&genesis, &[event(1, "h1"), event(2, "h2")], &[])
             .await
@@ -1290,6 +1330,42 @@ mod tests {
             a.events_newest_first(Some(2), 10).await.unwrap(),
             [event(1, "h1")]
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writers_taking_turns_chain_after_each_other() {
+        let db = TestDatabase::create().await;
+        let stores = [
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+        ];
+        // 40 turns from two pools at once: each is chained after the head it finds under the lock, so
+        // none is refused and the chain has no gap and no fork.
+        let mut tasks = Vec::new();
+        for n in 0..40 {
+            let store = Arc::clone(&stores[n % 2]);
+            tasks.push(tokio::spawn(async move {
+                let mut chain = |head: &ChainHead| {
+                    let seq = head.seq + 1;
+                    vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
+                };
+                store.append_in_turn(&mut chain, &[]).await.unwrap()
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap().len(), 1);
+        }
+        let events = stores[0].events_oldest_first(1, 100).await.unwrap();
+        assert_eq!(events.len(), 40);
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(event["seq"], i + 1);
+            let prev = if i == 0 {
+                crate::audit::GENESIS_HASH.to_owned()
+            } else {
+                format!("h{i}")
+            };
+            assert_eq!(event["prev"], prev, "event {}", i + 1);
+        }
     }
 
     #[tokio::test]
