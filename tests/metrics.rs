@@ -278,4 +278,13 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
         build.samples["sealgate_build_info"],
         [(labels(&[("version", env!("CARGO_PKG_VERSION"))]), 1.0)]
     );
+    // Every answer above waited for an audit batch; a lone gateway never finds the chain head moved.
+    let counter = |name: &str| {
+        families
+            .get(name)
+            .and_then(|family| family.samples.get(name))
+            .map_or(0.0, |samples| samples[0].1)
+    };
+    assert!(counter("sealgate_audit_batches_total") >= 1.0);
+    assert_eq!(counter("sealgate_audit_head_conflicts_total"), 0.0);
 }
