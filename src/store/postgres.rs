@@ -1262,14 +1262,19 @@ mod tests {
         .await;
     }
 
+    /// Two pools on one database stand for two replicas.
+    async fn two_replicas(db: &TestDatabase) -> [Arc<PgStore>; 2] {
+        [
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+            Arc::new(PgStore::connect(&db.url).await.unwrap()),
+        ]
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_stores_on_one_database_admit_as_one() {
-        // Two pools stand for two replicas: the counters and claims are one.
+        // The counters and claims of two replicas are one.
         let db = TestDatabase::create().await;
-        let stores = [
-            Arc::new(PgStore::connect(&db.url).await.unwrap()),
-            Arc::new(PgStore::connect(&db.url).await.unwrap()),
-        ];
+        let stores = two_replicas(&db).await;
         let mut tasks = Vec::new();
         for n in 0..40 {
             let store = Arc::clone(&stores[n % 2]);
@@ -1335,10 +1340,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writers_taking_turns_chain_after_each_other() {
         let db = TestDatabase::create().await;
-        let stores = [
-            Arc::new(PgStore::connect(&db.url).await.unwrap()),
-            Arc::new(PgStore::connect(&db.url).await.unwrap()),
-        ];
+        let stores = two_replicas(&db).await;
         // 40 turns from two pools at once: each is chained after the head it finds under the lock, so
         // none is refused and the chain has no gap and no fork.
         let mut tasks = Vec::new();
