@@ -186,6 +186,10 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
         }
     );
     assert_eq!(store.live_counts(10).await.unwrap().sessions, 0);
+    // A released claim is no longer pending; a lost compare-and-set changes no count.
+    assert!(!store.claim_replace(&pending, None).await.unwrap());
+    assert!(store.claim_replace(&first, None).await.unwrap());
+    assert_eq!(store.live_counts(9).await.unwrap().pending_claims, 0);
 }
 
 pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &dyn Store) {

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::de::DeserializeOwned;
@@ -43,6 +44,43 @@ pub struct SledStore {
     approval_calls: Tree,
     /// Shared with the blocking thread that runs each sync.
     durability: Arc<Durability>,
+    /// PENDING claims and approval requests, counted once at open and kept by every write that changes
+    /// a status, so that `/metrics` reads two numbers instead of every claim ever taken.
+    pending_claims: AtomicU64,
+    pending_approvals: AtomicU64,
+}
+
+/// Moves a pending tally by what a write did: +1 when a record became pending, −1 when one stopped
+/// being pending.
+fn tally(count: &AtomicU64, was_pending: bool, is_pending: bool) {
+    match (was_pending, is_pending) {
+        (false, true) => {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        (true, false) => {
+            // Saturating: a miscount must not wrap the gauge to 2^64.
+            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+        }
+        _ => {}
+    }
+}
+
+/// How many records in `tree` have the status `pending`; only that field is decoded.
+fn count_status<S: DeserializeOwned + PartialEq>(tree: &Tree, pending: S) -> StoreResult<u64> {
+    #[derive(serde::Deserialize)]
+    struct State<S> {
+        status: S,
+    }
+    let mut count = 0;
+    for entry in tree.iter() {
+        let state: State<S> = decode(&entry.map_err(io)?.1)?;
+        if state.status == pending {
+            count += 1;
+        }
+    }
+    Ok(count)
 }
 
 /// What a sync needs: the database and the files it writes.
@@ -152,16 +190,20 @@ impl SledStore {
         if blobs_dir.is_dir() {
             sync_dir(&blobs_dir)?;
         }
+        let claims = tree("claims")?;
+        let approvals = tree("approvals")?;
         Ok(SledStore {
+            pending_claims: AtomicU64::new(count_status(&claims, ClaimStatus::Pending)?),
+            pending_approvals: AtomicU64::new(count_status(&approvals, ApprovalStatus::Pending)?),
             sessions: tree("sessions")?,
             counters: tree("counters")?,
             seen: tree("seen_signatures")?,
             seen_by_expiry: tree("seen_by_expiry")?,
-            claims: tree("claims")?,
+            claims,
             claims_by_time: tree("claims_by_time")?,
             contexts: tree("contexts")?,
             audit: tree("audit")?,
-            approvals: tree("approvals")?,
+            approvals,
             approvals_by_time: tree("approvals_by_time")?,
             approval_calls: tree("approval_calls")?,
             durability: Arc::new(Durability {
@@ -336,31 +378,15 @@ impl Store for SledStore {
             expires_at: i64,
             revoked_at_ms: Option<i64>,
         }
-        #[derive(serde::Deserialize)]
-        struct ClaimState {
-            status: ClaimStatus,
-        }
-        let mut counts = LiveCounts::default();
+        let mut counts = LiveCounts {
+            pending_claims: self.pending_claims.load(Ordering::Relaxed),
+            pending_approvals: self.pending_approvals.load(Ordering::Relaxed),
+            ..LiveCounts::default()
+        };
         for entry in self.sessions.iter() {
             let state: SessionState = decode(&entry.map_err(io)?.1)?;
             if state.revoked_at_ms.is_none() && now_secs < state.expires_at {
                 counts.sessions += 1;
-            }
-        }
-        for entry in self.claims.iter() {
-            let state: ClaimState = decode(&entry.map_err(io)?.1)?;
-            if state.status == ClaimStatus::Pending {
-                counts.pending_claims += 1;
-            }
-        }
-        #[derive(serde::Deserialize)]
-        struct ApprovalState {
-            status: ApprovalStatus,
-        }
-        for entry in self.approvals.iter() {
-            let state: ApprovalState = decode(&entry.map_err(io)?.1)?;
-            if state.status == ApprovalStatus::Pending {
-                counts.pending_approvals += 1;
             }
         }
         Ok(counts)
@@ -461,6 +487,8 @@ impl Store for SledStore {
                         &[],
                     )
                     .map_err(io)?;
+                let pending = record.status == ClaimStatus::Pending;
+                tally(&self.pending_claims, false, pending);
                 Ok(None)
             }
             Some(existing) => Ok(Some(decode(&existing)?)),
@@ -491,12 +519,18 @@ impl Store for SledStore {
             encode(old)?,
             new_bytes,
         )?;
-        if swapped && new.is_none() {
+        if !swapped {
+            return Ok(false);
+        }
+        let pending =
+            |claim: Option<&ClaimRecord>| claim.is_some_and(|c| c.status == ClaimStatus::Pending);
+        tally(&self.pending_claims, pending(Some(old)), pending(new));
+        if new.is_none() {
             self.claims_by_time
                 .remove(time_key(old.claimed_at_ms, old.kind, &old.request_id))
                 .map_err(io)?;
         }
-        Ok(swapped)
+        Ok(true)
     }
 
     async fn claim_page(
@@ -545,8 +579,11 @@ impl Store for SledStore {
         if !swapped {
             self.approvals_by_time.remove(&time_key).map_err(io)?;
             self.approvals.remove(id).map_err(io)?;
+            return Ok(false);
         }
-        Ok(swapped)
+        let pending = record.status == ApprovalStatus::Pending;
+        tally(&self.pending_approvals, false, pending);
+        Ok(true)
     }
 
     async fn approval_current(
@@ -581,12 +618,20 @@ impl Store for SledStore {
         old: &ApprovalRecord,
         new: &ApprovalRecord,
     ) -> StoreResult<bool> {
-        Self::replace(
+        let swapped = Self::replace(
             &self.approvals,
             old.approval_id.as_bytes(),
             encode(old)?,
             Some(encode(new)?),
-        )
+        )?;
+        if swapped {
+            tally(
+                &self.pending_approvals,
+                old.status == ApprovalStatus::Pending,
+                new.status == ApprovalStatus::Pending,
+            );
+        }
+        Ok(swapped)
     }
 
     async fn approval_page(
@@ -827,5 +872,7 @@ mod tests {
         assert!(!store.remember_signature(&[7; 64], i64::MAX).await.unwrap());
         assert_eq!(store.counter_get("n").await.unwrap(), Some(1));
         assert_eq!(store.context_list().await.unwrap().len(), 1);
+        // The pending tally is counted again at open.
+        assert_eq!(store.live_counts(0).await.unwrap().pending_claims, 1);
     }
 }
