@@ -319,20 +319,75 @@ fn notify(gw: &Gateway, record: &ApprovalRecord) {
     let client = gw.notifier.client.clone();
     let approval_id = record.approval_id.clone();
     tokio::spawn(async move {
-        let mut pause = WEBHOOK_FIRST_PAUSE;
-        for attempt in 0..=WEBHOOK_RETRIES {
-            let sent = client.post(&url).json(&body).send().await;
-            let failure = match sent {
-                Ok(response) if response.status().is_success() => return,
-                Ok(response) => format!("answered {}", response.status()),
-                Err(e) => e.to_string(),
-            };
-            tracing::warn!(%approval_id, attempt, error = %failure, "approval webhook failed");
-            if attempt < WEBHOOK_RETRIES {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+        let send = || async {
+            match client.post(&url).json(&body).send().await {
+                Ok(response) if response.status().is_success() => Ok(()),
+                Ok(response) => Err(format!("answered {}", response.status())),
+                Err(e) => Err(e.to_string()),
             }
+        };
+        if deliver(&approval_id, send).await.is_err() {
+            tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_RETRIES} retries");
         }
-        tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_RETRIES} retries");
     });
+}
+
+/// Sends until one attempt succeeds or [`WEBHOOK_RETRIES`] retries have failed, pausing twice as long
+/// after each failure; returns how many attempts were made.
+async fn deliver<F, Fut>(approval_id: &str, mut send: F) -> Result<u32, u32>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut pause = WEBHOOK_FIRST_PAUSE;
+    for attempt in 0..=WEBHOOK_RETRIES {
+        let Err(failure) = send().await else {
+            return Ok(attempt + 1);
+        };
+        tracing::warn!(%approval_id, attempt, error = %failure, "approval webhook failed");
+        if attempt < WEBHOOK_RETRIES {
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+    Err(WEBHOOK_RETRIES + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// Sends that fail their first `failures` attempts, counting every attempt.
+    fn failing(
+        failures: u32,
+        attempts: &Cell<u32>,
+    ) -> impl FnMut() -> std::future::Ready<Result<(), String>> + '_ {
+        move || {
+            attempts.set(attempts.get() + 1);
+            std::future::ready(if attempts.get() > failures {
+                Ok(())
+            } else {
+                Err("answered 500".to_owned())
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_webhook_is_retried_five_times_with_growing_pauses_then_given_up() {
+        let attempts = Cell::new(0);
+        let started = tokio::time::Instant::now();
+        assert_eq!(deliver("a1", failing(u32::MAX, &attempts)).await, Err(6));
+        assert_eq!(attempts.get(), 6);
+        // 0.5 + 1 + 2 + 4 + 8 s between the six attempts, and no pause after the last.
+        assert_eq!(started.elapsed(), Duration::from_millis(15_500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivery_stops_at_the_first_success() {
+        let attempts = Cell::new(0);
+        assert_eq!(deliver("a1", failing(2, &attempts)).await, Ok(3));
+        assert_eq!(attempts.get(), 3);
+    }
 }
