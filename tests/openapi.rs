@@ -131,7 +131,14 @@ async fn sessions_are_listed_filtered_and_paged() {
     assert_eq!(list("?status=exhausted").await.0, ["s-d"]);
     assert_eq!(list("?status=active").await.0, ["s-b", "s-c"]);
     assert_eq!(list("?context=other").await.0, ["s-b"]);
+    assert_eq!(list("?agent_id=agent-1").await.0, ["s-b", "s-c"]);
+    // `agent` is the same filter's first name; given together, both must match.
     assert_eq!(list("?agent=agent-1").await.0, ["s-b", "s-c"]);
+    assert_eq!(
+        list("?agent_id=agent-1&agent=agent-1").await.0,
+        ["s-b", "s-c"]
+    );
+    assert!(list("?agent_id=agent-1&agent=other").await.0.is_empty());
     // Paging under a filter: the page is full of matches, and the cursor continues after them.
     let (ids, page) = list("?status=active&limit=1").await;
     assert_eq!(

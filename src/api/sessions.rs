@@ -132,7 +132,9 @@ struct SessionListQuery {
     status: Option<SessionStatus>,
     /// Only sessions on this security context.
     context: Option<String>,
-    /// Only sessions bound to this agent id.
+    /// Only sessions bound to this agent id (the name the claims listing uses).
+    agent_id: Option<String>,
+    /// The same filter under its first name; given with `agent_id`, both must match.
     agent: Option<String>,
     /// 1–1000, 100 by default.
     #[param(minimum = 1, maximum = 1000)]
@@ -154,7 +156,7 @@ pub async fn list(
     operator.require("seal.session.read")?;
     let params = query_params(
         raw.as_deref(),
-        &["status", "context", "agent", "limit", "cursor"],
+        &["status", "context", "agent_id", "agent", "limit", "cursor"],
     )?;
     let status = params
         .get("status")
@@ -168,12 +170,16 @@ pub async fn list(
         })
         .transpose()?;
     let limit = limit_param(&params, 100)?;
-    let (context, agent) = (params.get("context"), params.get("agent"));
+    let context = params.get("context");
+    let agents = [params.get("agent_id"), params.get("agent")];
     let now = clock::now_secs();
     // What the record alone decides; `active` and `exhausted` also need the call count, read below.
     let keep = |record: &SessionRecord| {
         context.is_none_or(|c| *c == record.security_context)
-            && agent.is_none_or(|a| record.agent_id.as_ref() == Some(a))
+            && agents
+                .iter()
+                .flatten()
+                .all(|a| record.agent_id.as_ref() == Some(*a))
             && status.is_none_or(|wanted| match (session::status(record, now, 0), wanted) {
                 // Neither revoked nor expired: the call count decides between active and exhausted.
                 (SessionStatus::Active | SessionStatus::Exhausted, SessionStatus::Active) => true,
