@@ -258,13 +258,17 @@ main() {
     done
 
     # Overload (issue 9): four times as many connections as the gateway admits calls at once. The calls it
-    # admits should go on at the speed of the claim: off row; the rest are shed at once with 5006.
+    # admits should go on at the speed of the claim: off row; the rest are shed at once with 5006. wrk
+    # resends a shed call at once; the second row's callers wait out Retry-After, as SPEC 11 asks.
     say "overload: $((4 * CONNECTIONS)) connections against max_concurrent_calls $CONNECTIONS, ${SECS}s"
     local main_url=$GW_URL
     SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$CONNECTIONS start_gateway capped-gateway "$WORK/gw/data-capped"
     envelopes bench-off $((4 * $(budget "$SECS"))) "$THREADS" "$LOAD/overload" "$SECS"
     ROW_PID=$GW_PID wrk_row overload "$THREADS" $((4 * CONNECTIONS)) "$SECS" "$GW_URL/v1/invoke" once "$LOAD/overload"
     rm -f "$LOAD/overload".*
+    say "overload again, callers honouring Retry-After, ${SECS}s"
+    record polite "$("$BIN" bench overload --dir "$WORK/gw" --gateway "$GW_URL" --context bench-off \
+        --sessions "$SESSIONS" --secs "$SECS" --concurrency $((4 * CONNECTIONS)))"
     GW_URL=$main_url
 
     # Issue 11: durable claims on PostgreSQL, one replica, then two behind nginx (round robin). Skipped when
@@ -377,6 +381,7 @@ print_table() {
     answered=$(awk -v n="${R[overload.requests]}" -v e="${R[overload.status_errors]}" -v us="${R[overload.duration_us]}" \
         'BEGIN { printf "%.0f", (n - e) / (us / 1e6) }')
     echo "- overload, $((4 * CONNECTIONS)) connections against \`max_concurrent_calls: $CONNECTIONS\` (\`claim: off\`): $(num "$answered") calls/s answered ($(ratio "$answered" "$(rps off)") × the \`claim: off\` row), $(num "${R[overload.status_errors]}") shed with 5006 at once, $(num "${R[overload.socket_errors]}") socket errors, all answers p50 $(ms "${R[overload.p50_us]}") p99 $(ms "${R[overload.p99_us]}"), RSS $(mib "${R[overload.rss_kib]}") after"
+    echo "- the same overload from callers that wait out \`Retry-After\`: $(num "${R[polite.admitted_rps]}") calls/s admitted ($(ratio "${R[polite.admitted_rps]}" "$(rps off)") × the \`claim: off\` row), $(num "${R[polite.shed]}") shed, admitted and shed p99 $(ms "${R[polite.p99_us]}")"
     echo "- RSS with $(num "$LIVE_SESSIONS") live sessions after $(num "${R[soak.requests]}") calls with durable claims (fresh gateway): $(mib "${R[soak.rss_kib]}") (${R[soak.non2xx]} errors; target < 50 MiB after 1,000,000)"
     echo "- errors: HTTP status ≥ 400 or no answer (neither server answers 1xx or 3xx)"
 }

@@ -1,7 +1,8 @@
 //! `sealgate bench …`: the parts of `scripts/bench.sh` that need the crate's own code or a precise clock.
 //! The script measures the release gateway against nginx with an external load generator (wrk); this module
 //! gives it the one-thread upstream, keys and configuration, sessions registered over the real API,
-//! pre-signed unique envelopes, an open-loop fixed-rate client, fsync timing and the many-sessions soak.
+//! pre-signed unique envelopes, an open-loop fixed-rate client, fsync timing, the many-sessions soak and an
+//! overload whose clients honour `Retry-After`.
 //! Every subcommand prints its result as one `key=value …` line on stdout for the script to read.
 
 use std::io::Write as _;
@@ -86,6 +87,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
     },
+    /// Closed loop for SECS with CONCURRENCY callers that each honour `Retry-After`: a caller shed with
+    /// 503 waits as long as it says before its next call (what SPEC 11 asks of clients, unlike wrk).
+    Overload {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        secs: u64,
+        #[arg(long, default_value_t = 128)]
+        concurrency: usize,
+    },
 }
 
 /// Where calls go and as whom.
@@ -133,7 +144,28 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
             target,
             calls,
             concurrency,
-        } => soak(&target, calls, concurrency).await,
+        } => {
+            let stop = Stop::After(calls);
+            let (samples, elapsed) = closed_loop(&target, stop, concurrency, false).await?;
+            println!("{}", summary(&samples, elapsed));
+            Ok(())
+        }
+        BenchCommand::Overload {
+            target,
+            secs,
+            concurrency,
+        } => {
+            let stop = Stop::At(Instant::now() + Duration::from_secs(secs));
+            let (samples, elapsed) = closed_loop(&target, stop, concurrency, true).await?;
+            let admitted = samples.iter().filter(|(status, _)| *status == 200).count();
+            let shed = samples.iter().filter(|(status, _)| *status == 503).count();
+            println!(
+                "admitted={admitted} admitted_rps={:.0} shed={shed} {}",
+                admitted as f64 / elapsed.as_secs_f64(),
+                summary(&samples, elapsed)
+            );
+            Ok(())
+        }
     }
 }
 
@@ -323,20 +355,34 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
 /// The outcome of one call: its HTTP status (0 when no answer came) and its latency in µs.
 type Sample = (u16, u64);
 
-async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> u16 {
-    match client
+/// What a call got: its HTTP status (0 when no answer came) and the seconds of its `Retry-After`.
+struct Answer {
+    status: u16,
+    retry_after_secs: Option<u64>,
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> Answer {
+    let sent = client
         .post(url)
         .header("content-type", "application/json")
         .body(body)
         .send()
-        .await
-    {
-        // Read the whole answer: a call is done when its last byte has arrived.
-        Ok(response) => {
-            let status = response.status().as_u16();
-            response.bytes().await.map_or(0, |_| status)
-        }
-        Err(_) => 0,
+        .await;
+    let Ok(response) = sent else {
+        return Answer {
+            status: 0,
+            retry_after_secs: None,
+        };
+    };
+    let status = response.status().as_u16();
+    let retry_after_secs = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok()?.parse().ok());
+    // Read the whole answer: a call is done when its last byte has arrived.
+    Answer {
+        status: response.bytes().await.map_or(0, |_| status),
+        retry_after_secs,
     }
 }
 
@@ -398,7 +444,7 @@ async fn fixed_rate(
             let Ok(Ok(slot)) = slot else { break };
             let (client, url) = (client.clone(), url.clone());
             calls.push(runtime.spawn(async move {
-                let status = post(&client, &url, body).await;
+                let status = post(&client, &url, body).await.status;
                 drop(slot);
                 (status, due.elapsed().as_micros() as u64)
             }));
@@ -440,39 +486,70 @@ fn fsync_times(dir: &Path, count: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// When a closed loop ends.
+enum Stop {
+    /// After this many calls in all.
+    After(u64),
+    /// At this instant (a caller waiting out a `Retry-After` stops waiting then too).
+    At(Instant),
+}
+
 /// Closed loop over many sessions, signing each call just before it is sent (a long soak outlasts the
-/// clock window that pre-signed envelopes have).
-async fn soak(target: &Target, calls: u64, concurrency: usize) -> Result<(), String> {
+/// clock window that pre-signed envelopes have). With `polite`, a caller whose call is shed sleeps what
+/// its `Retry-After` says (the sleep is not a sample). Returns the samples and the time the loop took.
+async fn closed_loop(
+    target: &Target,
+    stop: Stop,
+    concurrency: usize,
+    polite: bool,
+) -> Result<(Vec<Sample>, Duration), String> {
     let client = client()?;
     let sessions = Arc::new(register(&client, target).await?);
     let url: Arc<str> = format!("{}/v1/invoke", target.gateway).into();
     let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(stop);
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency.max(1))
         .map(|_| {
-            let (client, url, sessions, next) =
-                (client.clone(), url.clone(), sessions.clone(), next.clone());
+            let (client, url, sessions, next, stop) = (
+                client.clone(),
+                url.clone(),
+                sessions.clone(),
+                next.clone(),
+                stop.clone(),
+            );
             tokio::spawn(async move {
                 let mut samples = Vec::new();
                 loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= calls {
-                        return samples;
+                    match *stop {
+                        Stop::After(calls) if n >= calls => return samples,
+                        Stop::At(end) if Instant::now() >= end => return samples,
+                        _ => {}
                     }
                     let t = Instant::now();
                     let body = signed(&sessions, n, clock::now_secs());
-                    let status = post(&client, &url, Bytes::from(body)).await;
-                    samples.push((status, t.elapsed().as_micros() as u64));
+                    let answer = post(&client, &url, Bytes::from(body)).await;
+                    samples.push((answer.status, t.elapsed().as_micros() as u64));
+                    if let (true, 503, Some(secs)) =
+                        (polite, answer.status, answer.retry_after_secs)
+                    {
+                        let wake = Instant::now() + Duration::from_secs(secs);
+                        let wake = match *stop {
+                            Stop::At(end) => wake.min(end),
+                            Stop::After(_) => wake,
+                        };
+                        tokio::time::sleep_until(wake.into()).await;
+                    }
                 }
             })
         })
         .collect();
-    let mut samples = Vec::with_capacity(calls as usize);
+    let mut samples = Vec::new();
     for worker in workers {
         samples.extend(worker.await.map_err(|e| e.to_string())?);
     }
-    println!("{}", summary(&samples, started.elapsed()));
-    Ok(())
+    Ok((samples, started.elapsed()))
 }
 
 #[cfg(test)]
