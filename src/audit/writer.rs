@@ -246,6 +246,23 @@ impl Writer {
         Ok(Some((chained, recorded, new_head)))
     }
 
+    /// Stores `batch` chained after the head this writer believes in, by compare-and-set: `HeadMoved` when
+    /// another writer got there first. None when nothing was left to chain.
+    async fn append_racing(
+        &mut self,
+        batch: &mut Vec<Job>,
+        settlements: &[ClaimSettlement],
+    ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
+        let head = self.current_head().await?;
+        let (chained, recorded, new_head) = chain(batch, &head);
+        if chained.is_empty() {
+            return Ok(None);
+        }
+        self.backend.append(&head, &chained, settlements).await?;
+        metrics::counter!("sealgate_audit_batches_total").increment(1);
+        Ok(Some((chained, recorded, new_head)))
+    }
+
     /// Chains one batch, makes it durable, and answers its callers.
     async fn commit(&mut self, mut batch: Vec<Job>) {
         if let Some(replica) = &self.replica {
@@ -260,39 +277,20 @@ impl Writer {
             .collect();
         let mut attempts = 0;
         let (chained, recorded, new_head) = loop {
-            if self
+            let contended = self
                 .contended_until
-                .is_some_and(|until| Instant::now() < until)
-            {
-                match self.append_in_turn(&mut batch, &settlements).await {
-                    Ok(Some(written)) => break written,
-                    Ok(None) => return,
-                    Err(e) => {
-                        self.head = None;
-                        tracing::error!(target: "audit", error = %e, "audit store append failed");
-                        fail_all(batch, &AuditError::Store(e));
-                        return;
-                    }
-                }
-            }
-            let head = match self.current_head().await {
-                Ok(head) => head,
-                Err(e) => {
-                    fail_all(batch, &AuditError::Store(e));
-                    return;
-                }
+                .is_some_and(|until| Instant::now() < until);
+            let written = if contended {
+                self.append_in_turn(&mut batch, &settlements).await
+            } else {
+                self.append_racing(&mut batch, &settlements).await
             };
-            let (chained, recorded, new_head) = chain(&mut batch, &head);
-            if chained.is_empty() {
-                return;
-            }
-            match self.backend.append(&head, &chained, &settlements).await {
-                Ok(()) => {
-                    metrics::counter!("sealgate_audit_batches_total").increment(1);
-                    break (chained, recorded, new_head);
-                }
-                // Another replica appended since this task read the head: chain the batch again after
-                // the events it wrote. Each round trip lets at least one writer through, so this ends.
+            match written {
+                Ok(Some(written)) => break written,
+                Ok(None) => return,
+                // Another writer appended since this one read the head (a store whose turns are not
+                // exclusive can say so in either mode): chain the batch again after the events it wrote.
+                // Each round trip lets at least one writer through, so this ends.
                 Err(StoreError::HeadMoved) if attempts < MAX_HEAD_RETRIES => {
                     metrics::counter!("sealgate_audit_head_conflicts_total").increment(1);
                     attempts += 1;
