@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::policy::model::ContextSource;
 use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
 use crate::store::{PgStore, SledStore, Store, StoredContext};
@@ -50,7 +49,7 @@ impl Gateway {
                     .await
                     .map_err(|e| format!("store: {e}"))?,
             );
-            let gateway = Gateway::build_with_store(config, store.clone()).await?;
+            let (gateway, loaded) = Gateway::assemble(config, store.clone()).await?;
             // A session revoked through another replica leaves this one's cache within 1 s (SPEC 12).
             let weak = Arc::downgrade(&gateway);
             store.watch_sessions(move |session_id| match weak.upgrade() {
@@ -62,7 +61,7 @@ impl Gateway {
             });
             // Contexts put or deleted through another replica's API apply here within 2 s (SPEC 12).
             let weak = Arc::downgrade(&gateway);
-            let previous = std::sync::Mutex::new(None);
+            let previous = std::sync::Mutex::new(stored_specs(loaded));
             store.watch_contexts(move |polled| match weak.upgrade() {
                 Some(gateway) => {
                     let mut previous = previous.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,6 +89,15 @@ impl Gateway {
         config: Config,
         store: Arc<dyn Store>,
     ) -> Result<Arc<Gateway>, String> {
+        Ok(Gateway::assemble(config, store).await?.0)
+    }
+
+    /// Builds the gateway, and returns with it the store contexts that start-up read, which a
+    /// replica's context poll diffs its first answer against.
+    async fn assemble(
+        config: Config,
+        store: Arc<dyn Store>,
+    ) -> Result<(Arc<Gateway>, Vec<StoredContext>), String> {
         // Before anything registers a metric handle (the upstreams do).
         let metrics = crate::telemetry::install();
         let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
@@ -105,7 +113,7 @@ impl Gateway {
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
         let stored = store.context_list().await.map_err(|e| e.to_string())?;
-        for context in stored {
+        for context in &stored {
             let loaded = crate::policy::parse_context_json(&context.spec)
                 .map_err(|e| e.to_string())
                 .and_then(|ctx| contexts.put_store_context(ctx).map_err(|e| e.to_string()));
@@ -157,33 +165,30 @@ impl Gateway {
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();
-        Ok(gateway)
+        Ok((gateway, stored))
     }
 }
 
+fn stored_specs(contexts: Vec<StoredContext>) -> BTreeMap<String, Value> {
+    contexts.into_iter().map(|c| (c.name, c.spec)).collect()
+}
+
 /// Applies the store's API-managed contexts as polled: puts what is new or changed since the previous
-/// poll and removes what is gone. Diffing against the previous poll, not against the registry, keeps a
-/// poll that raced this replica's own API change from undoing it; the first poll puts everything and
-/// removes the store contexts that are no longer stored.
+/// poll and removes what is gone. The first poll is diffed against what start-up loaded. Diffing
+/// against the previous poll, never against the registry, keeps a poll that raced this replica's own
+/// API change (read before the change was stored, applied after it reached the registry) from
+/// undoing it.
 fn apply_polled_contexts(
     contexts: &ContextRegistry,
-    previous: &mut Option<BTreeMap<String, Value>>,
+    previous: &mut BTreeMap<String, Value>,
     polled: Vec<StoredContext>,
 ) {
-    let polled: BTreeMap<String, Value> = polled.into_iter().map(|c| (c.name, c.spec)).collect();
-    let gone: Vec<String> = match previous.as_ref() {
-        Some(previous) => previous
-            .keys()
-            .filter(|name| !polled.contains_key(*name))
-            .cloned()
-            .collect(),
-        None => contexts
-            .list()
-            .iter()
-            .filter(|c| c.source == ContextSource::Store && !polled.contains_key(c.name()))
-            .map(|c| c.name().to_owned())
-            .collect(),
-    };
+    let polled = stored_specs(polled);
+    let gone: Vec<String> = previous
+        .keys()
+        .filter(|name| !polled.contains_key(*name))
+        .cloned()
+        .collect();
     for name in gone {
         match contexts.remove_store_context(&name) {
             Ok(_) => tracing::info!(context = %name, "security context removed by another replica"),
@@ -195,7 +200,7 @@ fn apply_polled_contexts(
         }
     }
     for (name, spec) in &polled {
-        if previous.as_ref().and_then(|p| p.get(name)) == Some(spec) {
+        if previous.get(name) == Some(spec) {
             continue;
         }
         let applied = crate::policy::parse_context_json(spec)
@@ -208,7 +213,7 @@ fn apply_polled_contexts(
             }
         }
     }
-    *previous = Some(polled);
+    *previous = polled;
 }
 
 /// Hot reload: applied changes and refused files both leave an audit event.
@@ -340,4 +345,61 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutting down: draining calls in flight");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stored(name: &str, tool: &str) -> StoredContext {
+        StoredContext {
+            name: name.into(),
+            spec: json!({"name": name, "capabilities": [{"tool_pattern": tool}]}),
+        }
+    }
+
+    fn put(contexts: &ContextRegistry, context: &StoredContext) {
+        let parsed = crate::policy::parse_context_json(&context.spec).unwrap();
+        contexts.put_store_context(parsed).unwrap();
+    }
+
+    fn names(contexts: &ContextRegistry) -> Vec<String> {
+        let mut names: Vec<String> = contexts
+            .list()
+            .iter()
+            .map(|c| c.name().to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_poll_read_before_this_replicas_put_does_not_undo_it() {
+        let contexts = ContextRegistry::new();
+        let kept = stored("kept", "a.*");
+        put(&contexts, &kept);
+        let mut previous = stored_specs(vec![kept.clone()]);
+        // The poll read the store, then this replica's API stored and applied "fresh".
+        put(&contexts, &stored("fresh", "b.*"));
+        apply_polled_contexts(&contexts, &mut previous, vec![kept.clone()]);
+        assert_eq!(names(&contexts), ["fresh", "kept"]);
+        // The next poll sees it stored, and keeps it.
+        apply_polled_contexts(&contexts, &mut previous, vec![kept, stored("fresh", "b.*")]);
+        assert_eq!(names(&contexts), ["fresh", "kept"]);
+    }
+
+    #[test]
+    fn changes_from_another_replica_apply_and_removals_remove() {
+        let contexts = ContextRegistry::new();
+        let (a, b) = (stored("a", "a.*"), stored("b", "b.*"));
+        put(&contexts, &a);
+        put(&contexts, &b);
+        let mut previous = stored_specs(vec![a, b]);
+        let changed = stored("a", "changed.*");
+        apply_polled_contexts(&contexts, &mut previous, vec![changed, stored("c", "c.*")]);
+        assert_eq!(names(&contexts), ["a", "c"]);
+        let a = contexts.get("a").unwrap();
+        assert!(a.capabilities[0].pattern.matches("changed.x"));
+    }
 }
