@@ -16,8 +16,8 @@ use crate::store::{ApprovalRecord, ApprovalStatus, Store, StoreError, StoreResul
 /// How often the upkeep task looks for requests and grants whose time ran out (SPEC 13: within 60 s).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
-/// Webhook attempts after the first one fails (SPEC 13: at most 5), and the first pause between them.
-const WEBHOOK_RETRIES: u32 = 5;
+/// Webhook attempts in all, the first included (SPEC 13: at most 5 tries), and the first pause between them.
+const WEBHOOK_TRIES: u32 = 5;
 const WEBHOOK_FIRST_PAUSE: Duration = Duration::from_millis(500);
 
 /// The call that would run: who asked, for which tool, with what, under which context.
@@ -332,7 +332,7 @@ fn notify(gw: &Gateway, record: &ApprovalRecord) {
     });
 }
 
-/// Sends until one attempt succeeds or [`WEBHOOK_RETRIES`] retries have failed, pausing twice as long
+/// Sends until one attempt succeeds or [`WEBHOOK_TRIES`] attempts have failed, pausing twice as long
 /// after each failure; returns how many attempts were made.
 async fn deliver<F, Fut>(approval_id: &str, mut send: F) -> Result<u32, u32>
 where
@@ -340,17 +340,17 @@ where
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     let mut pause = WEBHOOK_FIRST_PAUSE;
-    for attempt in 0..=WEBHOOK_RETRIES {
+    for attempt in 1..=WEBHOOK_TRIES {
         let Err(failure) = send().await else {
-            return Ok(attempt + 1);
+            return Ok(attempt);
         };
         tracing::warn!(%approval_id, attempt, error = %failure, "approval webhook failed");
-        if attempt < WEBHOOK_RETRIES {
+        if attempt < WEBHOOK_TRIES {
             tokio::time::sleep(pause).await;
             pause *= 2;
         }
     }
-    Err(WEBHOOK_RETRIES + 1)
+    Err(WEBHOOK_TRIES)
 }
 
 #[cfg(test)]
@@ -375,13 +375,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_webhook_is_retried_five_times_with_growing_pauses_then_given_up() {
+    async fn the_webhook_is_tried_five_times_with_growing_pauses_then_given_up() {
         let attempts = Cell::new(0);
         let started = tokio::time::Instant::now();
-        assert_eq!(deliver("a1", failing(u32::MAX, &attempts)).await, Err(6));
-        assert_eq!(attempts.get(), 6);
-        // 0.5 + 1 + 2 + 4 + 8 s between the six attempts, and no pause after the last.
-        assert_eq!(started.elapsed(), Duration::from_millis(15_500));
+        assert_eq!(deliver("a1", failing(u32::MAX, &attempts)).await, Err(5));
+        assert_eq!(attempts.get(), 5);
+        // 0.5 + 1 + 2 + 4 s between the five attempts, and no pause after the last.
+        assert_eq!(started.elapsed(), Duration::from_millis(7_500));
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,7 +23,8 @@ pub struct Config {
     pub store: String,
     /// Names this process in every audit event it writes (SPEC 12 `replica`); default the host name.
     pub replica_id: String,
-    pub policies_dir: PathBuf,
+    /// None: the default `./policies`, made when missing (SPEC 11: `sealgate serve` alone starts).
+    pub policies_dir: Option<PathBuf>,
     pub limits: Limits,
     pub sessions: Sessions,
     pub agent_tokens: AgentTokenConfig,
@@ -105,7 +106,7 @@ impl Default for Config {
             data_dir: "./data".into(),
             store: "embedded".into(),
             replica_id: host_name(),
-            policies_dir: "./policies".into(),
+            policies_dir: None,
             limits: Limits::default(),
             sessions: Sessions::default(),
             agent_tokens: AgentTokenConfig::default(),
@@ -120,40 +121,52 @@ impl Default for Config {
     }
 }
 
-/// Every key that a `SEALGATE_*` variable may set (SPEC 11), as paths.
-const OVERRIDABLE: &[&str] = &[
-    "listen",
-    "data_dir",
-    "store",
-    "replica_id",
-    "policies_dir",
-    "limits.max_body_bytes",
-    "limits.max_clock_skew_secs",
-    "limits.header_read_timeout_secs",
-    "limits.body_read_timeout_secs",
-    "limits.max_concurrent_calls",
-    "limits.store_retry_secs",
-    "sessions.max_lifetime_secs",
-    "agent_tokens.issuer",
-    "agent_tokens.audience",
-    "agent_tokens.leeway_secs",
-    "agent_tokens.keys",
-    "agent_tokens.issuer_key",
-    "operator_auth.audience",
-    "operator_auth.issuer",
-    "operator_auth.keys",
-    "operator_auth.leeway_secs",
-    "upstreams",
-    "audit.file",
-    "audit.stdout",
-    "audit.include_payloads",
-    "audit.rotate_bytes",
-    "audit.unauthenticated_per_second",
-    "log.level",
-    "log.format",
-    "console.enabled",
-    "approvals.webhook_url",
-    "approvals.console_base_url",
+/// How a `SEALGATE_*` variable's text becomes the key's value.
+#[derive(Clone, Copy)]
+enum EnvValue {
+    /// Taken as written: `SEALGATE_REPLICA_ID=1` is the name "1", not a number.
+    Text,
+    /// Read as JSON (numbers, booleans, lists, mappings); text that is not JSON is taken as a string.
+    Json,
+}
+
+/// The policy folder when `policies_dir` is not set, relative to the configuration's folder.
+const DEFAULT_POLICIES_DIR: &str = "./policies";
+
+/// Every key that a `SEALGATE_*` variable may set (SPEC 11), as paths, with how its value is read.
+const OVERRIDABLE: &[(&str, EnvValue)] = &[
+    ("listen", EnvValue::Text),
+    ("data_dir", EnvValue::Text),
+    ("store", EnvValue::Text),
+    ("replica_id", EnvValue::Text),
+    ("policies_dir", EnvValue::Text),
+    ("limits.max_body_bytes", EnvValue::Json),
+    ("limits.max_clock_skew_secs", EnvValue::Json),
+    ("limits.header_read_timeout_secs", EnvValue::Json),
+    ("limits.body_read_timeout_secs", EnvValue::Json),
+    ("limits.max_concurrent_calls", EnvValue::Json),
+    ("limits.store_retry_secs", EnvValue::Json),
+    ("sessions.max_lifetime_secs", EnvValue::Json),
+    ("agent_tokens.issuer", EnvValue::Text),
+    ("agent_tokens.audience", EnvValue::Text),
+    ("agent_tokens.leeway_secs", EnvValue::Json),
+    ("agent_tokens.keys", EnvValue::Json),
+    ("agent_tokens.issuer_key", EnvValue::Text),
+    ("operator_auth.audience", EnvValue::Text),
+    ("operator_auth.issuer", EnvValue::Text),
+    ("operator_auth.keys", EnvValue::Json),
+    ("operator_auth.leeway_secs", EnvValue::Json),
+    ("upstreams", EnvValue::Json),
+    ("audit.file", EnvValue::Text),
+    ("audit.stdout", EnvValue::Json),
+    ("audit.include_payloads", EnvValue::Json),
+    ("audit.rotate_bytes", EnvValue::Json),
+    ("audit.unauthenticated_per_second", EnvValue::Json),
+    ("log.level", EnvValue::Text),
+    ("log.format", EnvValue::Text),
+    ("console.enabled", EnvValue::Json),
+    ("approvals.webhook_url", EnvValue::Text),
+    ("approvals.console_base_url", EnvValue::Text),
 ];
 
 impl Config {
@@ -292,10 +305,23 @@ impl Config {
         }
     }
 
-    /// The policy folder, which must exist: a misspelt `policies_dir` would otherwise pass for an
-    /// empty folder, and every call would be refused without a word about why.
+    /// The policy folder's path: `policies_dir`, else `./policies`, resolved.
+    pub fn policies_path(&self) -> PathBuf {
+        self.resolve(
+            self.policies_dir
+                .as_deref()
+                .unwrap_or(Path::new(DEFAULT_POLICIES_DIR)),
+        )
+    }
+
+    /// The policy folder. A configured one must exist: a misspelt `policies_dir` would otherwise pass
+    /// for an empty folder. The default one cannot be misspelt, and is made when missing.
     pub fn policies_folder(&self) -> Result<PathBuf, String> {
-        let dir = self.resolve(&self.policies_dir);
+        let dir = self.policies_path();
+        if self.policies_dir.is_none() {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("policies_dir: cannot create {}: {e}", dir.display()))?;
+        }
         match std::fs::metadata(&dir) {
             Ok(meta) if meta.is_dir() => Ok(dir),
             Ok(_) => Err(format!("policies_dir: {} is not a folder", dir.display())),
@@ -404,11 +430,16 @@ fn apply_overrides(
             .map(str::to_ascii_lowercase)
             .collect::<Vec<_>>()
             .join(".");
-        if !OVERRIDABLE.contains(&dotted.as_str()) {
+        let Some(&(_, kind)) = OVERRIDABLE.iter().find(|(key, _)| *key == dotted) else {
             tracing::warn!(variable = %name, "environment variable names no configuration key; ignored");
             continue;
-        }
-        let value = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()));
+        };
+        let value = match kind {
+            EnvValue::Text => Value::String(raw.clone()),
+            EnvValue::Json => {
+                serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()))
+            }
+        };
         let (parents, last) = match dotted.rsplit_once('.') {
             Some((parents, last)) => (parents.split('.').collect(), last),
             None => (Vec::new(), dotted.as_str()),
@@ -508,7 +539,7 @@ mod tests {
             ));
         for key in keys {
             assert!(
-                OVERRIDABLE.contains(&key.as_str()),
+                OVERRIDABLE.iter().any(|(k, _)| *k == key),
                 "{key} cannot be overridden"
             );
         }
@@ -557,6 +588,10 @@ mod tests {
         let config =
             Config::from_yaml("", Path::new(""), &env(&[("SEALGATE_REPLICA_ID", "b")])).unwrap();
         assert_eq!(config.replica_id, "b");
+        // Text keys take the variable as written, even when it reads as a JSON number.
+        let numbered = env(&[("SEALGATE_REPLICA_ID", "1"), ("SEALGATE_LISTEN", "7")]);
+        let config = Config::from_yaml("", Path::new(""), &numbered).unwrap();
+        assert_eq!((config.replica_id.as_str(), config.listen.as_str()), ("1", "7"));
         assert!(Config::from_yaml("replica_id: \"\"", Path::new(""), &[]).is_err());
     }
 
@@ -722,5 +757,16 @@ mod tests {
         assert!(!missing.exists());
         std::fs::create_dir(&missing).unwrap();
         assert_eq!(config.policies_folder().unwrap(), missing);
+    }
+
+    #[test]
+    fn the_default_policy_folder_is_made_when_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::from_yaml("", dir.path(), &[]).unwrap();
+        let made = dir.path().join("policies");
+        assert_eq!(config.policies_path(), made);
+        assert!(!made.exists());
+        assert_eq!(config.policies_folder().unwrap(), made);
+        assert!(made.is_dir());
     }
 }

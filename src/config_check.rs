@@ -39,7 +39,7 @@ pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
         found.push(format!(
             "policies_dir: no security context is loaded ({} holds none): until one is added \
              there or through the API, no session can be registered and /readyz answers 503",
-            config.resolve(&config.policies_dir).display()
+            config.policies_path().display()
         ));
     }
     found
@@ -117,8 +117,16 @@ fn check(config: &Config) -> Report {
             ));
         }
     }
-    let contexts = match config.policies_folder() {
-        Ok(dir) => match ContextRegistry::load(&dir) {
+    // The default folder is made at start-up; a check only reads, and finds no contexts there.
+    let default_missing = config.policies_dir.is_none() && !config.policies_path().exists();
+    let folder = if default_missing {
+        Ok(None)
+    } else {
+        config.policies_folder().map(Some)
+    };
+    let contexts = match folder {
+        Ok(None) => Some(0),
+        Ok(Some(dir)) => match ContextRegistry::load(&dir) {
             Ok(registry) => Some(registry.list().len()),
             Err(e) => {
                 problems.push(format!("policies_dir: {e}"));

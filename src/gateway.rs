@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
+use crate::store::postgres::CONTEXT_POLL;
 use crate::store::{PgStore, SledStore, Store, StoredContext};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
@@ -27,6 +28,9 @@ pub struct Gateway {
     /// `/v1/invoke` calls in progress; none left → 5006 at once (SPEC 11 r2 admission control).
     pub call_slots: Arc<tokio::sync::Semaphore>,
     pub contexts: Arc<ContextRegistry>,
+    /// One turn for each change to the store's contexts (an API write, or a replica's poll), held from
+    /// the store until the registry has it, so that two changes cannot apply in the opposite order.
+    pub context_writes: tokio::sync::Mutex<()>,
     pub agent_tokens: AgentTokenVerifier,
     pub operators: OperatorVerifier,
     pub minter: Option<TokenMinter>,
@@ -52,24 +56,18 @@ impl Gateway {
             let (gateway, loaded) = Gateway::assemble(config, store.clone()).await?;
             // A session revoked through another replica leaves this one's cache within 1 s (SPEC 12).
             let weak = Arc::downgrade(&gateway);
-            store.watch_sessions(move |session_id| match weak.upgrade() {
-                Some(gateway) => {
-                    gateway.sessions.invalidate(session_id);
-                    true
-                }
-                None => false,
-            });
+            store
+                .watch_sessions(move |session_id| match weak.upgrade() {
+                    Some(gateway) => {
+                        gateway.sessions.invalidate(session_id);
+                        true
+                    }
+                    None => false,
+                })
+                .await
+                .map_err(|e| format!("store: {e}"))?;
             // Contexts put or deleted through another replica's API apply here within 2 s (SPEC 12).
-            let weak = Arc::downgrade(&gateway);
-            let previous = std::sync::Mutex::new(stored_specs(loaded));
-            store.watch_contexts(move |polled| match weak.upgrade() {
-                Some(gateway) => {
-                    let mut previous = previous.lock().unwrap_or_else(|p| p.into_inner());
-                    apply_polled_contexts(&gateway.contexts, &mut previous, polled);
-                    true
-                }
-                None => false,
-            });
+            spawn_context_poll(&gateway, store, loaded);
             return Ok(gateway);
         }
         let data_dir = config.resolve(&config.data_dir);
@@ -155,6 +153,7 @@ impl Gateway {
             store,
             sessions: SessionCache::default(),
             contexts,
+            context_writes: tokio::sync::Mutex::new(()),
             agent_tokens,
             operators,
             minter,
@@ -169,15 +168,41 @@ impl Gateway {
     }
 }
 
+/// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed. Each
+/// poll reads and applies in one turn of [`Gateway::context_writes`], so that it never interleaves with
+/// this replica's own API changes.
+fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: Vec<StoredContext>) {
+    let gateway = Arc::downgrade(gateway);
+    tokio::spawn(async move {
+        let mut previous = stored_specs(loaded);
+        let mut seen = None;
+        let mut tick = tokio::time::interval(CONTEXT_POLL);
+        loop {
+            tick.tick().await;
+            let Some(gateway) = gateway.upgrade() else {
+                return;
+            };
+            let _turn = gateway.context_writes.lock().await;
+            match store.contexts_if_changed(seen).await {
+                Ok(None) => {}
+                Ok(Some((version, polled))) => {
+                    apply_polled_contexts(&gateway.contexts, &mut previous, polled);
+                    seen = Some(version);
+                }
+                // Polled again at the next tick; the calls themselves fail closed meanwhile.
+                Err(e) => tracing::warn!(error = %e, "could not poll the stored security contexts"),
+            }
+        }
+    });
+}
+
 fn stored_specs(contexts: Vec<StoredContext>) -> BTreeMap<String, Value> {
     contexts.into_iter().map(|c| (c.name, c.spec)).collect()
 }
 
 /// Applies the store's API-managed contexts as polled: puts what is new or changed since the previous
-/// poll and removes what is gone. The first poll is diffed against what start-up loaded. Diffing
-/// against the previous poll, never against the registry, keeps a poll that raced this replica's own
-/// API change (read before the change was stored, applied after it reached the registry) from
-/// undoing it.
+/// poll and removes what is gone. The first poll is diffed against what start-up loaded, and every poll
+/// against the one before, never against the registry, which also holds this replica's own changes.
 fn apply_polled_contexts(
     contexts: &ContextRegistry,
     previous: &mut BTreeMap<String, Value>,

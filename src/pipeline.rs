@@ -81,6 +81,8 @@ struct CallFacts {
     /// Check 8's replay record, not yet written: the call's first store write carries it (admission, in
     /// the same statement or transaction), or the refusal that ends the call first.
     replay_record: Option<SeenSignature>,
+    /// Some of the call may have reached the tool: its refusal event is then retried (SPEC 3 r2).
+    forwarded: bool,
 }
 
 impl CallFacts {
@@ -331,6 +333,10 @@ async fn run(
         .upstreams
         .call(&tool, &id, &arguments, capability.max_response_size)
         .await;
+    facts.forwarded = !matches!(
+        answer,
+        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
+    );
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
@@ -906,9 +912,15 @@ async fn record_refusal(
     if kind != EventType::ToolCallFailed {
         event = event.decision(Verdict::Deny);
     }
-    match gw.audit.record(event).await {
+    if !facts.forwarded {
+        return match gw.audit.record(event).await {
+            Ok(_) => refusal.error,
+            Err(e) => ApiError::store(e),
+        };
+    }
+    match retry_after_forward(gw, || gw.audit.record(event.clone())).await {
         Ok(_) => refusal.error,
-        Err(e) => ApiError::store(e),
+        Err(e) => forwarded_but_unrecorded(e).error,
     }
 }
 

@@ -37,6 +37,7 @@ async fn happy_path_forwards_once_with_a_receipt_and_credentials() {
     // The tool saw its own name and the gateway's credential, never the agent's token.
     let seen = tool.last_request.lock().unwrap().clone().unwrap();
     assert_eq!(seen["params"]["name"], "write");
+    assert_eq!(seen["id"], 7, "SPEC 8: the request goes as is, with the caller's id");
     assert_eq!(
         tool.last_auth.lock().unwrap().as_deref(),
         Some("Bearer tool-secret")
@@ -416,6 +417,11 @@ async fn sessions_api_with_its_auth() {
     let mut other = body.clone();
     other["security_context"] = json!("other");
     assert_eq!(gw.register(Some(&creator), other).await.0, 409);
+    // A context that does not exist: still the taken id's 409, not the unknown context's 422.
+    let mut unknown = body.clone();
+    unknown["security_context"] = json!("nope");
+    let (status, answer) = gw.register(Some(&creator), unknown).await;
+    assert_eq!((status, code(&answer)), (409, 6004), "{answer}");
     // Validation: 422 for an unknown context, a bad key, a past or too distant expiry; 400 for non-JSON.
     for (field, value) in [
         ("security_context", json!("nope")),
@@ -693,7 +699,7 @@ async fn mutated_envelopes_never_get_a_5xx() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_calls_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (mut gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-drain").await;
     let envelope = sealgate::envelope::sign_envelope(
         &key,
@@ -709,7 +715,7 @@ async fn sigterm_drains_calls_in_flight() {
             response.json::<serde_json::Value>().await.unwrap(),
         )
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tool.until_held().await;
     let pid = gw.child.id().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &pid])

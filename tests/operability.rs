@@ -1,5 +1,5 @@
-//! What an operator meets before the first call, through the real binary: readiness that means ready,
-//! a policy folder that must exist, `serve --check`, stdio commands and `cwd` resolved against the
+//! What an operator meets before the first call, through the real binary: a bare `sealgate serve`,
+//! readiness that means ready, a configured policy folder that must exist, `serve --check`, stdio commands and `cwd` resolved against the
 //! configuration's folder, and configuration errors that name the key and the line.
 
 mod common;
@@ -88,6 +88,26 @@ async fn a_misspelt_policies_dir_is_refused_at_start_and_not_created() {
     );
     assert!(!misspelt.exists(), "the folder must not be created");
     assert!(!output.contains("sealgate ready"), "{output}");
+}
+
+#[tokio::test]
+async fn bare_serve_starts_in_an_empty_folder_and_makes_its_policy_folder() {
+    // SPEC 11: every key has a default, so `sealgate serve` alone starts on the embedded store.
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sealgate"));
+    command
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("SEALGATE_LISTEN", "127.0.0.1:0")
+        .env("SEALGATE_LOG__LEVEL", "warn")
+        .stderr(std::process::Stdio::inherit());
+    let (mut child, base) = common::launch_command(command);
+    let health = reqwest::get(format!("{base}/healthz")).await.map(|r| r.status());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(health.unwrap(), 200);
+    assert!(dir.path().join("policies").is_dir(), "the default policy folder is made");
+    assert!(dir.path().join("data").is_dir(), "the embedded store is in ./data");
 }
 
 #[tokio::test]

@@ -1,10 +1,12 @@
 //! Fail closed when the store cannot be reached (SPEC section 3): the gateway runs on a store that can be
-//! switched off, and a call that would otherwise be forwarded gets 5005 while the tool is never called.
+//! switched off, and a call that would otherwise be forwarded gets 5005 while the tool is never called;
+//! once a call has reached the tool, its outcome's writes are retried before 5005 `forwarded` (r2).
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
@@ -18,7 +20,7 @@ use serde_json::{json, Value};
 /// The embedded store behind a switch: when `down`, every operation fails as an unreachable store would.
 struct SwitchableStore {
     inner: SledStore,
-    down: AtomicBool,
+    down: Arc<AtomicBool>,
 }
 
 impl SwitchableStore {
@@ -187,89 +189,180 @@ impl Store for SwitchableStore {
     }
 }
 
-#[tokio::test]
-async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let (tool, tool_base) = common::start_tool().await;
-    let keys = common::Keys::new();
-    let config_path = common::write_config(dir.path(), &keys, &tool_base, "", "");
-    let config = sealgate::config::Config::from_yaml(
-        &std::fs::read_to_string(&config_path).unwrap(),
-        dir.path(),
-        &[("TEST_TOOL_CREDENTIAL".into(), "Bearer tool-secret".into())],
-    )
-    .unwrap();
-    let store = Arc::new(SwitchableStore {
-        inner: SledStore::open(&dir.path().join("data")).unwrap(),
-        down: AtomicBool::new(false),
-    });
-    let gateway = sealgate::gateway::Gateway::build_with_store(config, store.clone())
-        .await
-        .unwrap();
+/// A gateway on a switchable store, with one session on `context` and its signing material.
+struct Rig {
+    gateway: Arc<sealgate::gateway::Gateway>,
+    down: Arc<AtomicBool>,
+    tool: Arc<common::Tool>,
+    key: ed25519_dalek::SigningKey,
+    token: String,
+    _dir: tempfile::TempDir,
+}
 
-    let key = sealgate::envelope::generate_signing_key().unwrap();
-    store
-        .session_insert(&SessionRecord {
-            session_id: "exec-store".into(),
-            public_key: Some(sealgate::session::encode_key(
-                &key.verifying_key().to_bytes(),
-            )),
-            security_context: "test".into(),
-            expires_at: sealgate::clock::now_secs() + 600,
-            agent_id: None,
-            workload_id: None,
-            allowed_tool_patterns: vec!["*".into()],
-            max_calls: None,
-            security_token: None,
-            created_at_ms: 0,
-            revoked_at_ms: None,
-        })
-        .await
+impl Rig {
+    /// `extra_upstreams` and `policy` (a context file's text, or "") are added to the test configuration.
+    async fn start(down: Arc<AtomicBool>, extra_upstreams: &str, policy: &str, context: &str) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let (tool, tool_base) = common::start_tool().await;
+        let keys = common::Keys::new();
+        let config_path = common::write_config(
+            dir.path(),
+            &keys,
+            &tool_base,
+            extra_upstreams,
+            "limits: { store_retry_secs: 1 }",
+        );
+        if !policy.is_empty() {
+            std::fs::write(dir.path().join("policies/extra.yaml"), policy).unwrap();
+        }
+        let config = sealgate::config::Config::from_yaml(
+            &std::fs::read_to_string(&config_path).unwrap(),
+            dir.path(),
+            &[("TEST_TOOL_CREDENTIAL".into(), "Bearer tool-secret".into())],
+        )
         .unwrap();
-    let token = keys.agent_token("exec-store");
-    let call = |id: u64| {
+        let store = Arc::new(SwitchableStore {
+            inner: SledStore::open(&dir.path().join("data")).unwrap(),
+            down: down.clone(),
+        });
+        let gateway = sealgate::gateway::Gateway::build_with_store(config, store.clone())
+            .await
+            .unwrap();
+        let key = sealgate::envelope::generate_signing_key().unwrap();
+        store
+            .session_insert(&SessionRecord {
+                session_id: "exec-store".into(),
+                public_key: Some(sealgate::session::encode_key(
+                    &key.verifying_key().to_bytes(),
+                )),
+                security_context: context.into(),
+                expires_at: sealgate::clock::now_secs() + 600,
+                agent_id: None,
+                workload_id: None,
+                allowed_tool_patterns: vec!["*".into()],
+                max_calls: None,
+                security_token: None,
+                created_at_ms: 0,
+                revoked_at_ms: None,
+            })
+            .await
+            .unwrap();
+        let token = keys.agent_token_from(&keys.agent_claims("exec-store", context));
+        Rig {
+            gateway,
+            down,
+            tool,
+            key,
+            token,
+            _dir: dir,
+        }
+    }
+
+    /// Sends one call through the pipeline; returns the HTTP status and the body it would answer.
+    async fn call(&self, id: u64, tool: &str) -> (StatusCode, Value) {
         let envelope = sealgate::envelope::sign_envelope(
-            &key,
-            common::tool_call(
-                id,
-                "tool.write",
-                json!({"path": format!("/workspace/{id}")}),
-            ),
-            &token,
+            &self.key,
+            common::tool_call(id, tool, json!({"path": format!("/workspace/{id}")})),
+            &self.token,
             sealgate::clock::now_secs(),
         );
-        serde_json::to_vec(&envelope).unwrap()
-    };
-    let answer = |outcome: Outcome| async move {
-        match outcome {
+        let body = serde_json::to_vec(&envelope).unwrap();
+        match sealgate::pipeline::invoke(&self.gateway, &body, None).await {
             Outcome::Success { payload, .. } => (StatusCode::OK, payload),
             Outcome::Refused { error, .. } => (error.code.status(), error.body()),
         }
-    };
+    }
 
-    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(1), None).await).await;
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_store_refuses_with_5005_and_forwards_nothing() {
+    let rig = Rig::start(Arc::default(), "", "", "test").await;
+    let (status, body) = rig.call(1, "tool.write").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(tool.count(), 1);
+    assert_eq!(rig.tool.count(), 1);
 
-    store.down.store(true, Ordering::SeqCst);
-    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(2), None).await).await;
+    rig.set_down(true);
+    let (status, body) = rig.call(2, "tool.write").await;
     assert_eq!(
         (status, body["error"]["code"].as_u64()),
         (StatusCode::SERVICE_UNAVAILABLE, Some(5005)),
         "{body}"
     );
     assert_eq!(
-        tool.count(),
+        rig.tool.count(),
         1,
         "nothing is forwarded while the store is down"
     );
 
-    store.down.store(false, Ordering::SeqCst);
-    let (status, body) = answer(sealgate::pipeline::invoke(&gateway, &call(3), None).await).await;
+    rig.set_down(false);
+    let (status, body) = rig.call(3, "tool.write").await;
     assert_eq!(
         status,
         StatusCode::OK,
         "the gateway recovers with its store: {body}"
     );
-    assert_eq!(tool.count(), 2);
+    assert_eq!(rig.tool.count(), 2);
+}
+
+/// An upstream that switches the store off as a call reaches it (and on again after `outage`, when
+/// given), then answers with something that is not JSON-RPC: a refusal (5003) after a forward.
+async fn start_store_cutting_tool(down: Arc<AtomicBool>, outage: Option<Duration>) -> String {
+    let app = axum::Router::new().route(
+        "/rpc",
+        axum::routing::post(move || {
+            let down = down.clone();
+            async move {
+                down.store(true, Ordering::SeqCst);
+                if let Some(outage) = outage {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(outage).await;
+                        down.store(false, Ordering::SeqCst);
+                    });
+                }
+                "not JSON-RPC"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("  cut: {{ http: {{ url: \"http://{addr}/rpc\" }} }}")
+}
+
+const CUT_POLICY: &str = "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\", claim: off }\n";
+
+#[tokio::test]
+async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {
+    let down = Arc::new(AtomicBool::new(false));
+    let upstream = start_store_cutting_tool(down.clone(), Some(Duration::from_millis(150))).await;
+    let rig = Rig::start(down, &upstream, CUT_POLICY, "cut").await;
+    let (status, body) = rig.call(1, "cut.write").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (StatusCode::BAD_GATEWAY, Some(5003)),
+        "the event was retried until the store came back: {body}"
+    );
+    let trail = rig.gateway.store.events_newest_first(None, 10).await.unwrap();
+    assert!(
+        trail.iter().any(|e| e["type"] == "ToolCallFailed" && e["code"] == 5003),
+        "{trail:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_after_the_forward_that_cannot_be_recorded_says_it_was_forwarded() {
+    let down = Arc::new(AtomicBool::new(false));
+    let upstream = start_store_cutting_tool(down.clone(), None).await;
+    let rig = Rig::start(down, &upstream, CUT_POLICY, "cut").await;
+    let (status, body) = rig.call(1, "cut.write").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(5005)),
+        "{body}"
+    );
+    assert_eq!(body["error"]["details"]["forwarded"], true, "{body}");
 }

@@ -67,6 +67,7 @@ fn claim_event(
 ) -> AuditEvent {
     let mut event = AuditEvent::new(kind)
         .request_id(&record.request_id)
+        .action(&record.action)
         .tool(&record.action)
         .sub(&record.agent_id)
         .claim(outcome)

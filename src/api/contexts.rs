@@ -113,6 +113,7 @@ pub async fn put(
     operator.require("seal.context.write")?;
     let spec: Value = json_body(&body)?;
     let (spec, context) = parse_spec(&name, spec)?;
+    let _turn = gw.context_writes.lock().await;
     let existed = match gw.contexts.get(&name) {
         Some(current) => {
             if let Some(conflict) = file_backed(&current) {
@@ -172,6 +173,7 @@ pub async fn delete(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     operator.require("seal.context.write")?;
+    let _turn = gw.context_writes.lock().await;
     let current = find(&gw, &name)?;
     if let Some(conflict) = file_backed(&current) {
         return Err(conflict);
@@ -185,7 +187,7 @@ pub async fn delete(
         .await
         .map_err(ApiError::store)?;
     match removed {
-        // On PostgreSQL the change poll may apply this very delete first: the context is gone either way.
+        // Gone already is gone.
         Ok(_) | Err(RegistryError::NotFound(_)) => {}
         Err(conflict) => return Err(ApiError::new(Code::Conflict, conflict.to_string())),
     }

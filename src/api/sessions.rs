@@ -32,6 +32,15 @@ pub async fn create(
     let new = request
         .validate(now, gw.config.sessions.max_lifetime_secs)
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    // SPEC 5: a different registration under a taken id is 409 whatever its context names.
+    let existing = gw
+        .store
+        .session_get(&new.session_id)
+        .await
+        .map_err(ApiError::store)?;
+    if let Some(existing) = existing {
+        return repeat_or_conflict(&new, &existing);
+    }
     if gw.contexts.get(&new.security_context).is_none() {
         return Err(ApiError::new(
             Code::InvalidRequest,
@@ -40,14 +49,6 @@ pub async fn create(
                 new.security_context
             ),
         ));
-    }
-    let existing = gw
-        .store
-        .session_get(&new.session_id)
-        .await
-        .map_err(ApiError::store)?;
-    if let Some(existing) = existing {
-        return repeat_or_conflict(&new, &existing);
     }
     let token = match &gw.minter {
         Some(minter) => Some(
@@ -270,6 +271,9 @@ pub async fn revoke(
             .map_err(ApiError::store)?
             .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session {id:?}")))?;
         if let Some(at) = record.revoked_at_ms {
+            // Revoked elsewhere (another replica, or a racing call) perhaps before this replica heard:
+            // whoever answers "revoked" enforces it from now on.
+            gw.sessions.invalidate(&id);
             return Ok(revoked_body(&id, at));
         }
         let now_ms = clock::now_millis();

@@ -230,6 +230,7 @@ pub struct AuditEvent {
     request_id: Option<String>,
     claim: Option<String>,
     action_ref: Option<String>,
+    action: Option<String>,
     approval_id: Option<String>,
     duration_ms: Option<u64>,
     actor: Option<String>,
@@ -274,6 +275,7 @@ impl AuditEvent {
             request_id: None,
             claim: None,
             action_ref: None,
+            action: None,
             approval_id: None,
             duration_ms: None,
             actor: None,
@@ -314,6 +316,8 @@ impl AuditEvent {
         claim,
         /// The receipt's action_ref.
         action_ref,
+        /// A claim's action (SPEC 7.4): the one given to `/claim`, or the tool of an invoke claim.
+        action,
         /// The approval request the event is about (SPEC 13).
         approval_id,
         /// The operator's `sub` for control-API events.
@@ -436,6 +440,7 @@ impl AuditEvent {
             ("request_id", self.request_id),
             ("claim", self.claim),
             ("action_ref", self.action_ref),
+            ("action", self.action),
             ("approval_id", self.approval_id),
             ("actor", self.actor),
             ("detail", self.detail),

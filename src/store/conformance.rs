@@ -118,7 +118,7 @@ pub(crate) async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_fir
 }
 
 /// A live session fixed by its id, context and agent.
-fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRecord {
+pub(crate) fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRecord {
     SessionRecord {
         session_id: id.into(),
         public_key: Some("k".into()),

@@ -157,11 +157,21 @@ impl PgStore {
     /// Calls `changed` with the id of every session that any replica changes (revokes), within
     /// [`SESSION_NOTICE`] of the change, for as long as `changed` returns true. LISTEN/NOTIFY brings the
     /// change at once; after a lost connection, the changes made meanwhile are read from the table.
-    pub fn watch_sessions(&self, changed: impl Fn(&str) -> bool + Send + Sync + 'static) {
+    pub async fn watch_sessions(
+        &self,
+        changed: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> StoreResult<()> {
         let config = self.config.clone();
+        // Server time (ms) up to which every change has been seen. Read before this replica caches any
+        // session, so that the first connection catches up on revocations made while it was connecting.
+        let mut seen_until: i64 = self
+            .conn()
+            .await?
+            .query_one_prepared(SERVER_NOW_MS, &[])
+            .await
+            .map_err(db)?
+            .get(0);
         tokio::spawn(async move {
-            // Server time (ms) up to which every change has been seen; None before the first connection.
-            let mut seen_until: Option<i64> = None;
             loop {
                 match listen(&config, &mut seen_until, &changed).await {
                     Ok(Listening::Stopped) => return,
@@ -171,42 +181,12 @@ impl PgStore {
                 tokio::time::sleep(SESSION_NOTICE / 4).await;
             }
         });
-    }
-
-    /// Calls `changed` with every API-managed context whenever any replica changed them, polling the
-    /// change counter every [`CONTEXT_POLL`], for as long as `changed` returns true. The first poll
-    /// always calls it, so that a change made while the gateway was starting is not missed.
-    pub fn watch_contexts(
-        self: &std::sync::Arc<Self>,
-        changed: impl Fn(Vec<StoredContext>) -> bool + Send + Sync + 'static,
-    ) {
-        let store = std::sync::Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut seen: Option<i64> = None;
-            let mut tick = tokio::time::interval(CONTEXT_POLL);
-            loop {
-                tick.tick().await;
-                let Some(store) = store.upgrade() else { return };
-                match store.contexts_if_changed(seen).await {
-                    Ok(None) => {}
-                    Ok(Some((version, contexts))) => {
-                        if !changed(contexts) {
-                            return;
-                        }
-                        seen = Some(version);
-                    }
-                    // Polled again at the next tick; the calls themselves fail closed meanwhile.
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not poll the stored security contexts")
-                    }
-                }
-            }
-        });
+        Ok(())
     }
 
     /// The change counter and the contexts, when the counter differs from `seen`. The counter is read
     /// first: a change made between the two reads moves it again, so the next poll reads once more.
-    async fn contexts_if_changed(
+    pub async fn contexts_if_changed(
         &self,
         seen: Option<i64>,
     ) -> StoreResult<Option<(i64, Vec<StoredContext>)>> {
@@ -427,9 +407,12 @@ enum Listening {
 }
 
 /// One connection's worth of listening for session changes; see [`PgStore::watch_sessions`].
+/// The database server's clock, in ms since the epoch: the one clock that every replica's writes share.
+const SERVER_NOW_MS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
 async fn listen(
     config: &tokio_postgres::Config,
-    seen_until: &mut Option<i64>,
+    seen_until: &mut i64,
     changed: &(impl Fn(&str) -> bool + Send + Sync),
 ) -> Result<Listening, tokio_postgres::Error> {
     let (client, mut connection) = config.connect(NoTls).await?;
@@ -447,24 +430,21 @@ async fn listen(
         }
     });
     client.batch_execute("LISTEN sealgate_sessions").await?;
-    let server_now = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-    let mut checkpoint: i64 = client.query_one(server_now, &[]).await?.get(0);
-    if let Some(since) = *seen_until {
-        // Changes committed while no listener was connected; a second of slack covers commits whose
-        // timestamp was taken just before the connection was lost.
-        let rows = client
-            .query(
-                "SELECT session_id FROM sessions WHERE changed_at_ms >= $1",
-                &[&(since - 1_000)],
-            )
-            .await?;
-        for row in rows {
-            if !changed(row.get(0)) {
-                return Ok(Listening::Stopped);
-            }
+    let mut checkpoint: i64 = client.query_one(SERVER_NOW_MS, &[]).await?.get(0);
+    // Changes committed while no listener was connected; a second of slack covers commits whose
+    // timestamp was taken just before the connection was lost.
+    let rows = client
+        .query(
+            "SELECT session_id FROM sessions WHERE changed_at_ms >= $1",
+            &[&(*seen_until - 1_000)],
+        )
+        .await?;
+    for row in rows {
+        if !changed(row.get(0)) {
+            return Ok(Listening::Stopped);
         }
     }
-    *seen_until = Some(checkpoint);
+    *seen_until = checkpoint;
     let mut heartbeat = tokio::time::interval(SESSION_NOTICE / 2);
     loop {
         tokio::select! {
@@ -479,8 +459,8 @@ async fn listen(
             _ = heartbeat.tick() => {
                 // A dead connection shows here within half the notice bound; the time read is the new
                 // point up to which every change has been delivered.
-                let reached: i64 = client.query_one(server_now, &[]).await?.get(0);
-                *seen_until = Some(checkpoint);
+                let reached: i64 = client.query_one(SERVER_NOW_MS, &[]).await?.get(0);
+                *seen_until = checkpoint;
                 checkpoint = reached;
             }
         }
@@ -1206,6 +1186,28 @@ mod tests {
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;
+    }
+
+    #[tokio::test]
+    async fn a_revocation_made_while_the_listener_connects_is_caught_up() {
+        let db = TestDatabase::create().await;
+        let store = PgStore::connect(&db.url).await.unwrap();
+        let live = conformance::session("s-1", "ctx", None);
+        assert!(store.session_insert(&live).await.unwrap().is_none());
+        let (heard, mut notices) = tokio::sync::mpsc::unbounded_channel();
+        store
+            .watch_sessions(move |id| heard.send(id.to_owned()).is_ok())
+            .await
+            .unwrap();
+        // At once: almost always before the listener's own connection is up, so no NOTIFY reaches it;
+        // its first connection must read the change from the table.
+        let revoked = SessionRecord {
+            revoked_at_ms: Some(2),
+            ..live.clone()
+        };
+        assert!(store.session_replace(&live, &revoked).await.unwrap());
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(5), notices.recv()).await;
+        assert_eq!(heard.unwrap().as_deref(), Some("s-1"));
     }
 
     #[tokio::test]

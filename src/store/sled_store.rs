@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::de::DeserializeOwned;
@@ -46,29 +46,27 @@ pub struct SledStore {
     durability: Arc<Durability>,
     /// PENDING claims and approval requests, counted once at open and kept by every write that changes
     /// a status, so that `/metrics` reads two numbers instead of every claim ever taken.
-    pending_claims: AtomicU64,
-    pending_approvals: AtomicU64,
+    pending_claims: AtomicI64,
+    pending_approvals: AtomicI64,
 }
 
 /// Moves a pending tally by what a write did: +1 when a record became pending, −1 when one stopped
-/// being pending.
-fn tally(count: &AtomicU64, was_pending: bool, is_pending: bool) {
-    match (was_pending, is_pending) {
-        (false, true) => {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        (true, false) => {
-            // Saturating: a miscount must not wrap the gauge to 2^64.
-            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
-        }
-        _ => {}
-    }
+/// being pending. Signed, so that racing writes may land in either order (a settle's −1 before its
+/// claim's +1) and still sum right.
+fn tally(count: &AtomicI64, was_pending: bool, is_pending: bool) {
+    count.fetch_add(
+        i64::from(is_pending) - i64::from(was_pending),
+        Ordering::Relaxed,
+    );
+}
+
+/// A tally as a gauge reads it: a race can leave it below zero only for a moment.
+fn tallied(count: &AtomicI64) -> u64 {
+    u64::try_from(count.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// How many records in `tree` have the status `pending`; only that field is decoded.
-fn count_status<S: DeserializeOwned + PartialEq>(tree: &Tree, pending: S) -> StoreResult<u64> {
+fn count_status<S: DeserializeOwned + PartialEq>(tree: &Tree, pending: S) -> StoreResult<i64> {
     #[derive(serde::Deserialize)]
     struct State<S> {
         status: S,
@@ -193,8 +191,8 @@ impl SledStore {
         let claims = tree("claims")?;
         let approvals = tree("approvals")?;
         Ok(SledStore {
-            pending_claims: AtomicU64::new(count_status(&claims, ClaimStatus::Pending)?),
-            pending_approvals: AtomicU64::new(count_status(&approvals, ApprovalStatus::Pending)?),
+            pending_claims: AtomicI64::new(count_status(&claims, ClaimStatus::Pending)?),
+            pending_approvals: AtomicI64::new(count_status(&approvals, ApprovalStatus::Pending)?),
             sessions: tree("sessions")?,
             counters: tree("counters")?,
             seen: tree("seen_signatures")?,
@@ -379,8 +377,8 @@ impl Store for SledStore {
             revoked_at_ms: Option<i64>,
         }
         let mut counts = LiveCounts {
-            pending_claims: self.pending_claims.load(Ordering::Relaxed),
-            pending_approvals: self.pending_approvals.load(Ordering::Relaxed),
+            pending_claims: tallied(&self.pending_claims),
+            pending_approvals: tallied(&self.pending_approvals),
             ..LiveCounts::default()
         };
         for entry in self.sessions.iter() {

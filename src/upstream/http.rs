@@ -59,7 +59,7 @@ pub(crate) struct HttpUpstream {
     headers: HeaderMap,
     timeout: Duration,
     client: reqwest::Client,
-    /// Our own JSON-RPC ids, so that an answer can be matched to its request.
+    /// JSON-RPC ids for the gateway's own requests (`tools/list`); a tool call keeps the caller's.
     next_id: AtomicU64,
 }
 
@@ -74,23 +74,27 @@ impl HttpUpstream {
         })
     }
 
-    /// Calls `tool` (the tool's own name) and returns its answer; the cap applies to the HTTP body
-    /// as received.
+    /// Calls `tool` (the tool's own name) under the caller's JSON-RPC id, as the agent sent it (SPEC 8:
+    /// the request is POSTed as is), and returns its answer; the cap applies to the HTTP body as received.
     pub(crate) async fn call(
         &self,
         tool: &str,
+        caller_id: &Value,
         arguments: &Map<String, Value>,
         cap: u64,
     ) -> Result<ToolAnswer, UpstreamError> {
         let params = json!({"name": tool, "arguments": arguments});
-        let (status_ok, body, id) = self.exchange("tools/call", Some(params), cap).await?;
-        parse_http_answer(&body, &id, status_ok)
+        let (status_ok, body) = self
+            .exchange(caller_id, "tools/call", Some(params), cap)
+            .await?;
+        parse_http_answer(&body, caller_id, status_ok)
     }
 
     /// `tools/list` on a plain JSON-RPC endpoint: many do not implement it, so anything other than
     /// a valid result with a `tools` array means "no tools" rather than a failure.
     pub(crate) async fn list_tools(&self, cap: u64) -> Result<Vec<Value>, UpstreamError> {
-        let (status_ok, body, id) = self.exchange("tools/list", None, cap).await?;
+        let id = Value::from(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (status_ok, body) = self.exchange(&id, "tools/list", None, cap).await?;
         match parse_http_answer(&body, &id, status_ok) {
             Ok(ToolAnswer::Result(Value::Object(mut result))) => match result.remove("tools") {
                 Some(Value::Array(tools)) => Ok(tools),
@@ -103,11 +107,11 @@ impl HttpUpstream {
     /// One POST, bounded by the upstream's timeout from the first byte to the last.
     async fn exchange(
         &self,
+        id: &Value,
         method: &str,
         params: Option<Value>,
         cap: u64,
-    ) -> Result<(bool, Vec<u8>, Value), UpstreamError> {
-        let id = Value::from(self.next_id.fetch_add(1, Ordering::Relaxed));
+    ) -> Result<(bool, Vec<u8>), UpstreamError> {
         let mut request = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if let (Some(params), Value::Object(request)) = (params, &mut request) {
             request.insert("params".into(), params);
@@ -132,8 +136,7 @@ impl HttpUpstream {
             Ok((status.is_success(), body))
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok((status_ok, body))) => Ok((status_ok, body, id)),
-            Ok(Err(e)) => Err(e),
+            Ok(answer) => answer,
             Err(_) => Err(UpstreamError::Timeout(format!(
                 "no complete answer within {} ms",
                 self.timeout.as_millis()

@@ -174,7 +174,7 @@ impl Upstreams {
         let cap = effective_cap(max_response_bytes);
         let started = std::time::Instant::now();
         let answer = match &upstream.client {
-            Client::Http(client) => client.call(own_name, arguments, cap).await,
+            Client::Http(client) => client.call(own_name, caller_id, arguments, cap).await,
             Client::Mcp(client) => client.call(own_name, arguments, cap).await,
         };
         // Indexes telemetry::UPSTREAM_OUTCOMES.

@@ -58,6 +58,8 @@ pub struct Tool {
     pub ops: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// When each call reached the tool (Unix microseconds), to order it against the gateway's syncs.
     pub received_at_us: std::sync::Mutex<Vec<u64>>,
+    /// Calls that reached `/second` (each is held there for a second): a test waits for this, not a sleep.
+    pub held: AtomicU64,
 }
 
 /// Wall-clock Unix microseconds: the clock that strace's `-ttt` timestamps use.
@@ -68,6 +70,14 @@ pub fn now_us() -> u64 {
 }
 
 impl Tool {
+    /// Waits until a call is held at `/second`, so that it is surely in flight.
+    pub async fn until_held(&self) {
+        until(Duration::from_secs(10), "a call held at /second", || async {
+            self.held.load(Ordering::SeqCst) > 0
+        })
+        .await;
+    }
+
     pub fn count(&self) -> u64 {
         self.executions.load(Ordering::SeqCst)
     }
@@ -110,7 +120,11 @@ async fn tool_slow(
 }
 
 /// Answers after one second: long enough to be in flight when the gateway is told to stop.
-async fn tool_second(axum::Json(request): axum::Json<Value>) -> axum::Json<Value> {
+async fn tool_second(
+    axum::extract::State(tool): axum::extract::State<Arc<Tool>>,
+    axum::Json(request): axum::Json<Value>,
+) -> axum::Json<Value> {
+    tool.held.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(1)).await;
     axum::Json(
         json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "late"}]}}),
