@@ -327,7 +327,7 @@ fn notify(gw: &Gateway, record: &ApprovalRecord) {
             }
         };
         if deliver(&approval_id, send).await.is_err() {
-            tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_RETRIES} retries");
+            tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_TRIES} tries");
         }
     });
 }

@@ -591,7 +591,10 @@ mod tests {
         // Text keys take the variable as written, even when it reads as a JSON number.
         let numbered = env(&[("SEALGATE_REPLICA_ID", "1"), ("SEALGATE_LISTEN", "7")]);
         let config = Config::from_yaml("", Path::new(""), &numbered).unwrap();
-        assert_eq!((config.replica_id.as_str(), config.listen.as_str()), ("1", "7"));
+        assert_eq!(
+            (config.replica_id.as_str(), config.listen.as_str()),
+            ("1", "7")
+        );
         assert!(Config::from_yaml("replica_id: \"\"", Path::new(""), &[]).is_err());
     }
 

@@ -37,7 +37,10 @@ async fn happy_path_forwards_once_with_a_receipt_and_credentials() {
     // The tool saw its own name and the gateway's credential, never the agent's token.
     let seen = tool.last_request.lock().unwrap().clone().unwrap();
     assert_eq!(seen["params"]["name"], "write");
-    assert_eq!(seen["id"], 7, "SPEC 8: the request goes as is, with the caller's id");
+    assert_eq!(
+        seen["id"], 7,
+        "SPEC 8: the request goes as is, with the caller's id"
+    );
     assert_eq!(
         tool.last_auth.lock().unwrap().as_deref(),
         Some("Bearer tool-secret")

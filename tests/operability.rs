@@ -102,12 +102,20 @@ async fn bare_serve_starts_in_an_empty_folder_and_makes_its_policy_folder() {
         .env("SEALGATE_LOG__LEVEL", "warn")
         .stderr(std::process::Stdio::inherit());
     let (mut child, base) = common::launch_command(command);
-    let health = reqwest::get(format!("{base}/healthz")).await.map(|r| r.status());
+    let health = reqwest::get(format!("{base}/healthz"))
+        .await
+        .map(|r| r.status());
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(health.unwrap(), 200);
-    assert!(dir.path().join("policies").is_dir(), "the default policy folder is made");
-    assert!(dir.path().join("data").is_dir(), "the embedded store is in ./data");
+    assert!(
+        dir.path().join("policies").is_dir(),
+        "the default policy folder is made"
+    );
+    assert!(
+        dir.path().join("data").is_dir(),
+        "the embedded store is in ./data"
+    );
 }
 
 #[tokio::test]

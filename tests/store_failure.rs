@@ -201,7 +201,12 @@ struct Rig {
 
 impl Rig {
     /// `extra_upstreams` and `policy` (a context file's text, or "") are added to the test configuration.
-    async fn start(down: Arc<AtomicBool>, extra_upstreams: &str, policy: &str, context: &str) -> Rig {
+    async fn start(
+        down: Arc<AtomicBool>,
+        extra_upstreams: &str,
+        policy: &str,
+        context: &str,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let (tool, tool_base) = common::start_tool().await;
         let keys = common::Keys::new();
@@ -346,9 +351,16 @@ async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {
         (StatusCode::BAD_GATEWAY, Some(5003)),
         "the event was retried until the store came back: {body}"
     );
-    let trail = rig.gateway.store.events_newest_first(None, 10).await.unwrap();
+    let trail = rig
+        .gateway
+        .store
+        .events_newest_first(None, 10)
+        .await
+        .unwrap();
     assert!(
-        trail.iter().any(|e| e["type"] == "ToolCallFailed" && e["code"] == 5003),
+        trail
+            .iter()
+            .any(|e| e["type"] == "ToolCallFailed" && e["code"] == 5003),
         "{trail:?}"
     );
 }

@@ -72,9 +72,11 @@ pub fn now_us() -> u64 {
 impl Tool {
     /// Waits until a call is held at `/second`, so that it is surely in flight.
     pub async fn until_held(&self) {
-        until(Duration::from_secs(10), "a call held at /second", || async {
-            self.held.load(Ordering::SeqCst) > 0
-        })
+        until(
+            Duration::from_secs(10),
+            "a call held at /second",
+            || async { self.held.load(Ordering::SeqCst) > 0 },
+        )
         .await;
     }
 
