@@ -75,6 +75,7 @@ enum Client {
 }
 
 struct CachedTools {
+    /// When the fetch that returned this list began.
     fetched_at: Instant,
     tools: Arc<Vec<Value>>,
 }
@@ -233,6 +234,7 @@ impl Upstream {
                 }
             }
         }
+        let started = Instant::now();
         let fetched = match &self.client {
             Client::Http(client) => client.list_tools(HARD_MAX_RESPONSE_BYTES).await,
             Client::Mcp(client) => client.list_tools().await,
@@ -241,10 +243,13 @@ impl Upstream {
             Ok(tools) => {
                 let tools = Arc::new(self.route_names(tools));
                 if let Ok(mut cache) = self.tools.lock() {
-                    *cache = Some(CachedTools {
-                        fetched_at: Instant::now(),
-                        tools: tools.clone(),
-                    });
+                    // A slower fetch begun earlier must not replace the list of one begun after it.
+                    if cache.as_ref().is_none_or(|cached| cached.fetched_at <= started) {
+                        *cache = Some(CachedTools {
+                            fetched_at: started,
+                            tools: tools.clone(),
+                        });
+                    }
                 }
                 tools
             }
