@@ -34,6 +34,31 @@ pub fn parse_rfc3339_secs(text: &str) -> Option<i64> {
         .map(|t| t.timestamp())
 }
 
+/// Which way a time with a fraction of a second is rounded: toward the stricter reading of the rule it
+/// feeds (an expiry earlier, a start later).
+#[derive(Clone, Copy)]
+pub enum Round {
+    Down,
+    Up,
+}
+
+/// Unix seconds written as a JSON number, perhaps with a fraction (RFC 7519's NumericDate), as whole
+/// seconds; None when it is not finite or lies beyond ±10^15 s.
+pub fn whole_seconds(number: &serde_json::Number, round: Round) -> Option<i64> {
+    if let Some(whole) = number.as_i64() {
+        return Some(whole);
+    }
+    let seconds = number
+        .as_f64()
+        .filter(|s| s.is_finite() && s.abs() < 1e15)?;
+    let rounded = match round {
+        Round::Down => seconds.floor(),
+        Round::Up => seconds.ceil(),
+    };
+    // Within ±10^15, so the conversion is exact.
+    Some(rounded as i64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,7 +47,7 @@ pub struct CreateSessionRequest {
     pub budget: Option<Value>,
 }
 
-/// An RFC 3339 string or whole Unix seconds.
+/// An RFC 3339 string or Unix seconds (a fraction is dropped).
 fn instant_schema() -> utoipa::openapi::schema::Schema {
     use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
     OneOfBuilder::new()
@@ -117,9 +117,9 @@ impl CreateSessionRequest {
         let expires_at = match &self.expires_at {
             Some(Value::String(text)) => clock::parse_rfc3339_secs(text)
                 .ok_or_else(|| format!("expires_at {text:?} is not an RFC 3339 instant"))?,
-            Some(Value::Number(n)) => n
-                .as_i64()
-                .ok_or_else(|| "expires_at must be whole Unix seconds".to_string())?,
+            // A fraction is dropped: the session ends no later than asked.
+            Some(Value::Number(n)) => clock::whole_seconds(n, clock::Round::Down)
+                .ok_or_else(|| "expires_at is not Unix seconds within range".to_string())?,
             Some(_) => return Err("expires_at must be an RFC 3339 string or Unix seconds".into()),
             None => return Err("expires_at is required".into()),
         };
@@ -448,6 +448,13 @@ mod tests {
         let aliased = request(json!({"execution_id": "exec-1", "public_key_b64": KEY,
             "security_context_name": "demo", "expires_at": "2033-05-18T03:33:20Z"}));
         assert_eq!(aliased.validate(1_999_999_000, 86_400).unwrap(), s);
+        // Unix seconds with a fraction, as `time.time() + 3600` writes them: the fraction is dropped.
+        let mut fractional = valid();
+        fractional["expires_at"] = json!(2_000_000_000.75);
+        assert_eq!(
+            request(fractional).validate(1_999_999_000, 86_400).unwrap(),
+            s
+        );
     }
 
     #[test]
@@ -458,6 +465,7 @@ mod tests {
             ("expires_at", json!(1_000)),
             ("expires_at", json!(2_100_000_000i64)),
             ("expires_at", json!("tomorrow")),
+            ("expires_at", json!(1e300)),
             ("allowed_tool_patterns", json!(["fs*"])),
             ("budget", json!({"max_calls": -1})),
             ("budget", json!({"max_cals": 1})),

@@ -183,6 +183,19 @@ async fn every_envelope_fault_gets_its_own_code() {
     let env =
         sealgate::envelope::sign_envelope(&key, tool_call(4, "tool.off", json!({})), &expired, now);
     assert_eq!(code(&gw.post(&env).await.1), 1003);
+    // Times with a fraction (RFC 7519 allows them, `time.time()` writes them) are read, not refused:
+    // this call passes the token checks and meets the deny list.
+    let mut claims = gw.keys.agent_claims("exec-faults", "test");
+    claims["iat"] = json!(now as f64 + 0.25);
+    claims["exp"] = json!(now as f64 + 600.5);
+    let fractional = gw.keys.agent_token_from(&claims);
+    let env = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(40, "tool.forbidden", json!({})),
+        &fractional,
+        now,
+    );
+    assert_eq!(code(&gw.post(&env).await.1), 2001);
     let (stranger, _) = sealgate::token::ed25519_keypair_pem().unwrap();
     let forged = sealgate::token::sign_eddsa_for_tests_and_cli(
         &stranger,

@@ -15,6 +15,7 @@ use super::jwt::MAX_TOKEN_BYTES;
 use super::keys::{KeyConfig, KeySet};
 use super::mint::TokenMinter;
 use super::TokenError;
+use crate::clock::Round;
 
 /// Leeway beyond this is refused as a configuration mistake: it would all but switch expiry off.
 pub(crate) const MAX_LEEWAY_SECS: u64 = 600;
@@ -139,9 +140,9 @@ impl AgentTokenVerifier {
             exec_id: required_string(claims, "exec_id")?,
             wid: optional_string(claims, "wid")?,
             jti: required_string(claims, "jti")?,
-            iat: required_seconds(claims, "iat")?,
-            exp: required_seconds(claims, "exp")?,
-            nbf: optional_seconds(claims, "nbf")?,
+            iat: required_seconds(claims, "iat", Round::Down)?,
+            exp: required_seconds(claims, "exp", Round::Down)?,
+            nbf: optional_seconds(claims, "nbf", Round::Up)?,
         })
     }
 

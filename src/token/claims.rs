@@ -3,6 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::TokenError;
+use crate::clock::{whole_seconds, Round};
 
 /// A required, non-empty string claim.
 pub(crate) fn required_string(
@@ -31,13 +32,18 @@ pub(crate) fn optional_string(
     }
 }
 
-/// A required NumericDate, as whole seconds (fractions are refused rather than rounded).
-pub(crate) fn required_seconds(claims: &Map<String, Value>, name: &str) -> Result<i64, TokenError> {
+/// A required NumericDate as whole seconds; a fraction (RFC 7519 allows one) is rounded toward the
+/// stricter reading: `Round::Down` for `exp` and `iat`, `Round::Up` for `nbf`.
+pub(crate) fn required_seconds(
+    claims: &Map<String, Value>,
+    name: &str,
+    round: Round,
+) -> Result<i64, TokenError> {
     match claims.get(name) {
         None => Err(invalid(format!("token has no `{name}` claim"))),
-        Some(Value::Number(number)) => number.as_i64().ok_or_else(|| {
+        Some(Value::Number(number)) => whole_seconds(number, round).ok_or_else(|| {
             invalid(format!(
-                "token claim `{name}` is not a whole number of seconds within range"
+                "token claim `{name}` is not a number of seconds within range"
             ))
         }),
         Some(_) => Err(invalid(format!("token claim `{name}` is not a number"))),
@@ -47,9 +53,10 @@ pub(crate) fn required_seconds(claims: &Map<String, Value>, name: &str) -> Resul
 pub(crate) fn optional_seconds(
     claims: &Map<String, Value>,
     name: &str,
+    round: Round,
 ) -> Result<Option<i64>, TokenError> {
     if claims.contains_key(name) {
-        required_seconds(claims, name).map(Some)
+        required_seconds(claims, name, round).map(Some)
     } else {
         Ok(None)
     }
@@ -197,14 +204,16 @@ mod tests {
     }
 
     #[test]
-    fn seconds_must_be_whole_numbers() {
-        let claims = object(json!({"a": 5, "b": 5.5, "c": "5", "d": 1e30}));
-        assert_eq!(required_seconds(&claims, "a"), Ok(5));
-        assert!(required_seconds(&claims, "b").is_err());
-        assert!(required_seconds(&claims, "c").is_err());
-        assert!(required_seconds(&claims, "d").is_err());
-        assert!(required_seconds(&claims, "missing").is_err());
-        assert_eq!(optional_seconds(&claims, "missing"), Ok(None));
+    fn seconds_are_numbers_and_fractions_round_toward_the_stricter_reading() {
+        let claims = object(json!({"a": 5, "b": 5.5, "c": "5", "d": 1e30, "e": u64::MAX}));
+        assert_eq!(required_seconds(&claims, "a", Round::Down), Ok(5));
+        assert_eq!(required_seconds(&claims, "b", Round::Down), Ok(5));
+        assert_eq!(required_seconds(&claims, "b", Round::Up), Ok(6));
+        assert!(required_seconds(&claims, "c", Round::Down).is_err());
+        assert!(required_seconds(&claims, "d", Round::Down).is_err());
+        assert!(required_seconds(&claims, "e", Round::Down).is_err());
+        assert!(required_seconds(&claims, "missing", Round::Down).is_err());
+        assert_eq!(optional_seconds(&claims, "missing", Round::Up), Ok(None));
     }
 
     #[test]

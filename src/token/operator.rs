@@ -13,6 +13,7 @@ use super::claims::{
 };
 use super::keys::{KeyConfig, KeySet};
 use super::TokenError;
+use crate::clock::Round;
 
 /// The scope names of SPEC section 4.
 pub mod scopes {
@@ -128,8 +129,8 @@ impl OperatorVerifier {
         // The audience is what keeps an agent token (signed by the same key, perhaps) out of the control API.
         check_audience(claims, &self.audience)?;
         let sub = required_string(claims, "sub")?;
-        let exp = required_seconds(claims, "exp")?;
-        let nbf = optional_seconds(claims, "nbf")?;
+        let exp = required_seconds(claims, "exp", Round::Down)?;
+        let nbf = optional_seconds(claims, "nbf", Round::Up)?;
         let scopes = match claims.get("scope") {
             None => Vec::new(),
             Some(Value::String(list)) => list

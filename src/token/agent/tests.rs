@@ -321,7 +321,7 @@ fn required_claims_must_have_the_right_types() {
         ("wid", json!(null)),
         ("jti", json!({"x": 1})),
         ("iat", json!("1000")),
-        ("exp", json!(2000.5)),
+        ("exp", json!(1e300)),
         ("nbf", json!(true)),
     ];
     for (name, value) in cases {
@@ -333,6 +333,14 @@ fn required_claims_must_have_the_right_types() {
             "{name}={value}: {message}"
         );
     }
+    // A fraction (RFC 7519's NumericDate allows one) is read; expiry rounds down, not-before up.
+    let mut claims = agent_claims(2_000);
+    claims["exp"] = json!(NOW as f64 + 1.5);
+    claims["nbf"] = json!(NOW as f64 - 0.5);
+    let verified = verifier
+        .verify(&sign_ed(&private_pem, claims), NOW)
+        .unwrap();
+    assert_eq!((verified.exp, verified.nbf), (NOW + 1, Some(NOW)));
 }
 
 // ---- SPEC order: check 3 before check 4 --------------------------------------------------------------
