@@ -124,6 +124,17 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-pay").await;
+    // Evaluate says the policy allows it, and that a person must grant it first.
+    let (status, evaluated) = gw
+        .admin(
+            Method::POST,
+            "/v1/security-contexts/test/evaluate",
+            Some(json!({"tool": "pay.send", "arguments": payment(500)})),
+        )
+        .await;
+    assert_eq!(status, 200, "{evaluated}");
+    assert_eq!(evaluated["decision"], "allow");
+    assert_eq!(evaluated["approval"]["required"], true, "{evaluated}");
 
     let first = requested(&call(&gw, &key, &token, "pay.send", payment(500)).await);
     assert_eq!(tool.count(), 0, "the tool ran before anyone approved");

@@ -189,6 +189,16 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         .await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["source"]["kind"], "store");
+    // What GET (or PUT) answers can be sent back as it is: `version` and `source` are the gateway's own.
+    let (status, again) = gw
+        .operator(
+            Method::PUT,
+            "/v1/security-contexts/api",
+            Some(&writer),
+            Some(created.clone()),
+        )
+        .await;
+    assert_eq!((status, &again), (200, &created));
     let (status, bad) = gw
         .operator(
             Method::PUT,

@@ -69,7 +69,9 @@ fn file_backed(context: &SecurityContext) -> Option<ApiError> {
 }
 
 /// A context as PUT takes it (and as an evaluate request's draft): an object whose `name`, when given,
-/// equals the path's; checked as a policy file is. Returns the spec with its name and the context.
+/// equals the path's; checked as a policy file is. `version` and `source`, which the gateway adds to
+/// what it answers, are dropped, so that a context read can be sent back as it is. Returns the spec
+/// with its name and the context.
 fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), ApiError> {
     let obj = spec.as_object_mut().ok_or_else(|| {
         ApiError::new(
@@ -77,6 +79,8 @@ fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), A
             "the body must be a security context object",
         )
     })?;
+    obj.remove("version");
+    obj.remove("source");
     match obj.get("name") {
         None => {
             obj.insert("name".into(), json!(name));

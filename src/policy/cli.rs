@@ -25,7 +25,12 @@ pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Va
     let any = [Pattern::parse("*").expect("`*` is a valid pattern")];
     let mut answer = match decide(Some(context), &any, tool, arguments) {
         Decision::Allow { capability, rule } => {
-            json!({"decision": "allow", "rule": rule, "capability": capability})
+            let mut allow = json!({"decision": "allow", "rule": rule, "capability": capability});
+            // Allowed, but only with a person's grant: the call itself gets 4003 until then (SPEC 13).
+            if let Some(expires_secs) = context.capabilities[capability].approval_secs {
+                allow["approval"] = json!({"required": true, "expires_secs": expires_secs});
+            }
+            allow
         }
         Decision::Deny {
             code,
