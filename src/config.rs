@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::audit::AuditConfig;
 use crate::logging::LogConfig;
-use crate::policy::model::FieldPath;
+use crate::policy::model::{FieldPath, FieldSegment};
 use crate::policy::PolicyError;
 use crate::token::{AgentTokenConfig, OperatorAuthConfig};
 use crate::upstream::UpstreamConfig;
@@ -219,9 +219,21 @@ impl Config {
         origins.from_env = apply_overrides(&mut tree, env)?;
         resolve_env_values(&mut tree, env, FieldPath::root(), &mut origins.from_env)
             .map_err(|(path, message)| origins.error(path, message))?;
-        let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
-            origins.error(crate::policy::load::field_path_from(e.path()), e.inner())
-        })?;
+        let mut config: Config = loop {
+            // Configurations are small: a clone per attempt costs nothing worth saving.
+            let error = match serde_path_to_error::deserialize(tree.clone()) {
+                Ok(config) => break config,
+                Err(error) => error,
+            };
+            let path = crate::policy::load::field_path_from(error.path());
+            let from_env_value = origins
+                .from_env
+                .iter()
+                .any(|(set, origin)| *set == path && matches!(origin, EnvOrigin::Value(_)));
+            if !(from_env_value && read_as_json(&mut tree, &path)) {
+                return Err(origins.error(path, error.inner()));
+            }
+        };
         config.base_dir = if base_dir.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
@@ -430,7 +442,13 @@ fn apply_overrides(
             .map(str::to_ascii_lowercase)
             .collect::<Vec<_>>()
             .join(".");
-        let Some(&(_, kind)) = OVERRIDABLE.iter().find(|(key, _)| *key == dotted) else {
+        let kind = OVERRIDABLE
+            .iter()
+            .find(|(key, _)| *key == dotted)
+            .map(|&(_, kind)| kind)
+            // `SEALGATE_UPSTREAMS__ECHO`: one upstream, as JSON.
+            .or_else(|| names_one_upstream(&dotted).then_some(EnvValue::Json));
+        let Some(kind) = kind else {
             tracing::warn!(variable = %name, "environment variable names no configuration key; ignored");
             continue;
         };
@@ -465,6 +483,38 @@ fn apply_overrides(
         set.push((key_path(&dotted), EnvOrigin::Override(name.clone())));
     }
     Ok(set)
+}
+
+/// An `env:NAME` value is text; where its key takes a number, a boolean or a list, the text is read as
+/// JSON instead. Returns whether the value at `path` changed (so a second attempt can differ).
+fn read_as_json(tree: &mut Value, path: &FieldPath) -> bool {
+    let mut node = tree;
+    for segment in &path.0 {
+        let next = match (segment, node) {
+            (FieldSegment::Key(key), Value::Object(map)) => map.get_mut(key),
+            (FieldSegment::Index(index), Value::Array(items)) => items.get_mut(*index),
+            _ => None,
+        };
+        let Some(next) = next else { return false };
+        node = next;
+    }
+    let Value::String(text) = node else {
+        return false;
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(parsed) if !parsed.is_string() => {
+            *node = parsed;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// `upstreams.NAME`: one upstream's whole entry.
+fn names_one_upstream(dotted: &str) -> bool {
+    dotted
+        .strip_prefix("upstreams.")
+        .is_some_and(|name| !name.is_empty() && !name.contains('.'))
 }
 
 /// Replaces every string `env:NAME` by the variable's value; a missing variable is an error (fail closed).
@@ -623,6 +673,45 @@ mod tests {
             config.resolve(Path::new("data")),
             PathBuf::from("/etc/sealgate/data")
         );
+        let one = env(&[(
+            "SEALGATE_UPSTREAMS__ADDED",
+            r#"{"http": {"url": "http://127.0.0.1:9/rpc"}}"#,
+        )]);
+        let file = "upstreams:\n  kept: { http: { url: \"http://127.0.0.1:8/rpc\" } }\n";
+        let config = Config::from_yaml(file, Path::new(""), &one).unwrap();
+        let names: Vec<&String> = config.upstreams.keys().collect();
+        assert_eq!(names, ["added", "kept"]);
+    }
+
+    #[test]
+    fn env_values_fill_numbers_and_booleans_and_stay_text_where_text_is_asked() {
+        let yaml = "limits: { max_clock_skew_secs: \"env:SKEW\" }\n\
+                    audit: { include_payloads: \"env:PAYLOADS\" }\n\
+                    replica_id: \"env:REPLICA\"\n\
+                    upstreams:\n  a: { http: { url: \"http://127.0.0.1:9/rpc\" }, timeout_ms: \"env:T\", headers: { X-N: \"env:N\" } }\n";
+        let vars = env(&[
+            ("SKEW", "5"),
+            ("PAYLOADS", "true"),
+            ("REPLICA", "7"),
+            ("T", "250"),
+            ("N", "42"),
+        ]);
+        let config = Config::from_yaml(yaml, Path::new(""), &vars).unwrap();
+        assert_eq!(config.limits.max_clock_skew_secs, 5);
+        assert!(config.audit.include_payloads);
+        assert_eq!(config.replica_id, "7");
+        assert_eq!(config.upstreams["a"].timeout_ms, 250);
+        assert_eq!(config.upstreams["a"].headers["X-N"], "42");
+        // Text that is no number stays an error that names the variable.
+        let vars = env(&[
+            ("SKEW", "soon"),
+            ("PAYLOADS", "true"),
+            ("REPLICA", "7"),
+            ("T", "1"),
+            ("N", "1"),
+        ]);
+        let err = Config::from_yaml(yaml, Path::new(""), &vars).unwrap_err();
+        assert!(err.contains("SKEW"), "{err}");
     }
 
     #[test]
