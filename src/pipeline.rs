@@ -232,14 +232,21 @@ async fn run(
         envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
     let context = gw.contexts.get(&session.record.security_context);
     facts.context_version = context.as_ref().map(|c| c.version.clone());
-    let (id, tool, arguments, idempotency_key) = match call {
+    let (id, tool, arguments, idempotency_key, meta) = match call {
         Call::ToolsList { id } => return list_tools(gw, env, facts, context, &session, id).await,
         Call::ToolsCall {
             id,
             tool,
             arguments,
             idempotency_key,
-        } => (id, tool.as_str().to_string(), arguments, idempotency_key),
+            meta,
+        } => (
+            id,
+            tool.as_str().to_string(),
+            arguments,
+            idempotency_key,
+            meta,
+        ),
     };
     facts.tool = Some(tool.clone());
     let (context, index, rule) = decide(context, &session, &tool, &arguments)?; // SPEC 6.3
@@ -331,7 +338,13 @@ async fn run(
     }
     let answer = gw
         .upstreams
-        .call(&tool, &id, &arguments, capability.max_response_size)
+        .call(
+            &tool,
+            &id,
+            &arguments,
+            meta.as_ref(),
+            capability.max_response_size,
+        )
         .await;
     facts.forwarded = !matches!(
         answer,

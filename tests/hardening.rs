@@ -104,6 +104,9 @@ async fn a_reused_idempotency_key_never_returns_another_calls_answer() {
         )
         .await;
     assert_eq!(status, 200, "{first}");
+    // The tool gets `_meta` as sent (SPEC 8: as is), so it can de-duplicate by the key too.
+    let seen = tool.last_request.lock().unwrap().clone().unwrap();
+    assert_eq!(seen["params"]["_meta"]["idempotency_key"], "k", "{seen}");
     let (status, reused) = gw
         .call(
             &key,

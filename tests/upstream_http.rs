@@ -95,7 +95,13 @@ async fn answer_comes_back_with_the_callers_id_and_credentials_are_sent() {
     }));
     let caller_id = json!("agent-call-42");
     let response = upstreams
-        .call("echo.say", &caller_id, &args(json!({"text": "hi"})), None)
+        .call(
+            "echo.say",
+            &caller_id,
+            &args(json!({"text": "hi"})),
+            None,
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -106,7 +112,7 @@ async fn answer_comes_back_with_the_callers_id_and_credentials_are_sent() {
     );
     // A name without a dot is both the upstream and the tool.
     let response = upstreams
-        .call("echo", &json!(7), &Map::new(), Some(10_000))
+        .call("echo", &json!(7), &Map::new(), None, Some(10_000))
         .await
         .unwrap();
     assert_eq!(response["id"], json!(7));
@@ -136,13 +142,13 @@ async fn an_answer_that_is_not_json_rpc_is_a_bad_response() {
         "proxy": {"http": {"url": format!("{base}/bad-gateway")}},
     }));
     let err = upstreams
-        .call("garbled.x", &json!(1), &Map::new(), None)
+        .call("garbled.x", &json!(1), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, UpstreamError::BadResponse(_)), "{err:?}");
     assert_eq!(err.code(), 5003);
     let err = upstreams
-        .call("proxy.x", &json!(1), &Map::new(), None)
+        .call("proxy.x", &json!(1), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, UpstreamError::BadResponse(_)), "{err:?}");
@@ -153,7 +159,7 @@ async fn a_json_rpc_error_is_an_answer_even_with_an_error_status() {
     let base = start_server().await;
     let upstreams = upstreams(json!({"failing": {"http": {"url": format!("{base}/tool-error")}}}));
     let response = upstreams
-        .call("failing.x", &json!({"n": 1}), &Map::new(), None)
+        .call("failing.x", &json!({"n": 1}), &Map::new(), None, None)
         .await
         .unwrap();
     assert_eq!(
@@ -170,7 +176,7 @@ async fn a_streaming_answer_over_the_cap_is_too_large() {
     );
     let started = Instant::now();
     let err = upstreams
-        .call("big.x", &json!(1), &Map::new(), Some(100_000))
+        .call("big.x", &json!(1), &Map::new(), None, Some(100_000))
         .await
         .unwrap_err();
     assert!(
@@ -189,7 +195,7 @@ async fn a_slow_answer_times_out() {
         upstreams(json!({"slow": {"http": {"url": format!("{base}/slow")}, "timeout_ms": 300}}));
     let started = Instant::now();
     let err = upstreams
-        .call("slow.x", &json!(1), &Map::new(), None)
+        .call("slow.x", &json!(1), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, UpstreamError::Timeout(_)), "{err:?}");
@@ -206,7 +212,7 @@ async fn a_closed_port_is_unavailable() {
         json!({"gone": {"http": {"url": format!("http://127.0.0.1:{port}/rpc")}, "timeout_ms": 2000}}),
     );
     let err = upstreams
-        .call("gone.x", &json!(1), &Map::new(), None)
+        .call("gone.x", &json!(1), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, UpstreamError::Unavailable(_)), "{err:?}");

@@ -101,6 +101,7 @@ async fn filesystem_server_over_stdio() {
             &json!(1),
             &args(json!({"path": file, "content": "written through sealgate"})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -118,6 +119,7 @@ async fn filesystem_server_over_stdio() {
             &json!("read-1"),
             &args(json!({"path": file})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -134,6 +136,7 @@ async fn filesystem_server_over_stdio() {
             &json!(2),
             &args(json!({"path": "/etc/hostname"})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -145,6 +148,7 @@ async fn filesystem_server_over_stdio() {
             "fs.read_text_file",
             &json!(3),
             &args(json!({"path": file})),
+            None,
             Some(10),
         )
         .await
@@ -182,6 +186,7 @@ async fn filesystem_server_over_stdio() {
             &json!(4),
             &args(json!({"path": file})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -207,6 +212,7 @@ async fn filesystem_server_over_stdio() {
             &json!(5),
             &args(json!({"path": file})),
             None,
+            None,
         )
         .await
         .unwrap_err();
@@ -220,14 +226,14 @@ async fn a_stdio_tool_that_cannot_start_is_unavailable() {
         "ghost": {"mcp": {"command": "/nonexistent/sealgate-test-tool"}, "timeout_ms": 2000}
     }));
     let err = upstreams
-        .call("ghost.x", &json!(1), &Map::new(), None)
+        .call("ghost.x", &json!(1), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, UpstreamError::Unavailable(_)), "{err:?}");
     // Straight after a failed start the next attempt waits (backoff) and is refused at once.
     let started = Instant::now();
     let err = upstreams
-        .call("ghost.x", &json!(2), &Map::new(), None)
+        .call("ghost.x", &json!(2), &Map::new(), None, None)
         .await
         .unwrap_err();
     assert!(
@@ -257,6 +263,7 @@ async fn everything_server_over_streamable_http() {
             &json!("e1"),
             &args(json!({"message": "hello"})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -269,6 +276,7 @@ async fn everything_server_over_streamable_http() {
             "every.echo",
             &json!("e2"),
             &args(json!({"message": 5})),
+            None,
             None,
         )
         .await
@@ -294,6 +302,7 @@ async fn everything_server_over_streamable_http() {
             &json!("t"),
             &args(json!({"duration": 10, "steps": 5})),
             None,
+            None,
         )
         .await
         .unwrap_err();
@@ -309,6 +318,7 @@ async fn everything_server_over_streamable_http() {
             &json!("e3"),
             &args(json!({"message": "still here"})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -323,6 +333,7 @@ async fn everything_server_over_streamable_http() {
             &json!("e4"),
             &args(json!({"message": "after restart"})),
             None,
+            None,
         )
         .await
         .unwrap();
@@ -336,6 +347,7 @@ async fn everything_server_over_streamable_http() {
             "every.echo",
             &json!("e5"),
             &args(json!({"message": "anyone?"})),
+            None,
             None,
         )
         .await
@@ -358,7 +370,7 @@ async fn a_stdio_tool_sees_only_its_configured_environment_and_dies_with_the_gat
                   "timeout_ms": 20000}
     }));
     let response = upstreams
-        .call("every.get-env", &json!(1), &Map::new(), None)
+        .call("every.get-env", &json!(1), &Map::new(), None, None)
         .await
         .unwrap();
     let env: Value = serde_json::from_str(first_text(&response)).unwrap();

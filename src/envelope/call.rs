@@ -95,6 +95,8 @@ pub enum Call {
         arguments: Map<String, Value>,
         /// `params._meta.idempotency_key`, 1–256 bytes.
         idempotency_key: Option<String>,
+        /// `params._meta` as sent (the key and any MCP keys), forwarded with the call.
+        meta: Option<Map<String, Value>>,
     },
     ToolsList {
         id: Value,
@@ -236,11 +238,13 @@ fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, String> {
         }
     };
     let idempotency_key = idempotency_key(params)?;
+    let meta = params.get("_meta").and_then(Value::as_object).cloned();
     Ok(Call::ToolsCall {
         id,
         tool,
         arguments,
         idempotency_key,
+        meta,
     })
 }
 
@@ -358,6 +362,7 @@ mod tests {
             tool,
             arguments,
             idempotency_key,
+            meta,
             ..
         } = call
         else {
@@ -366,6 +371,10 @@ mod tests {
         assert_eq!(tool.as_str(), "fs.read_file");
         assert_eq!(Value::Object(arguments), json!({"path": "/workspace/a"}));
         assert_eq!(idempotency_key.as_deref(), Some("k-1"));
+        assert_eq!(
+            meta.map(Value::Object),
+            Some(json!({"idempotency_key": "k-1", "progressToken": 3}))
+        );
     }
 
     #[test]
@@ -379,7 +388,8 @@ mod tests {
                 id: json!("x"),
                 tool: ToolName::parse("echo").unwrap(),
                 arguments: Map::new(),
-                idempotency_key: None
+                idempotency_key: None,
+                meta: None,
             }
         );
     }

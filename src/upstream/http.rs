@@ -74,16 +74,21 @@ impl HttpUpstream {
         })
     }
 
-    /// Calls `tool` (the tool's own name) under the caller's JSON-RPC id, as the agent sent it (SPEC 8:
-    /// the request is POSTed as is), and returns its answer; the cap applies to the HTTP body as received.
+    /// Calls `tool` (the tool's own name) with the caller's JSON-RPC id and `_meta`, as the agent sent
+    /// them (SPEC 8: the request is POSTed as is), and returns its answer; the cap applies to the HTTP
+    /// body as received.
     pub(crate) async fn call(
         &self,
         tool: &str,
         caller_id: &Value,
         arguments: &Map<String, Value>,
+        meta: Option<&Map<String, Value>>,
         cap: u64,
     ) -> Result<ToolAnswer, UpstreamError> {
-        let params = json!({"name": tool, "arguments": arguments});
+        let mut params = json!({"name": tool, "arguments": arguments});
+        if let (Some(meta), Value::Object(params)) = (meta, &mut params) {
+            params.insert("_meta".into(), Value::Object(meta.clone()));
+        }
         let (status_ok, body) = self
             .exchange(caller_id, "tools/call", Some(params), cap)
             .await?;

@@ -165,6 +165,7 @@ impl Upstreams {
         tool: &str,
         caller_id: &Value,
         arguments: &Map<String, Value>,
+        meta: Option<&Map<String, Value>>,
         max_response_bytes: Option<u64>,
     ) -> Result<Value, UpstreamError> {
         let (upstream_name, own_name) = split_tool_name(tool);
@@ -175,7 +176,7 @@ impl Upstreams {
         let cap = effective_cap(max_response_bytes);
         let started = std::time::Instant::now();
         let answer = match &upstream.client {
-            Client::Http(client) => client.call(own_name, caller_id, arguments, cap).await,
+            Client::Http(client) => client.call(own_name, caller_id, arguments, meta, cap).await,
             Client::Mcp(client) => client.call(own_name, arguments, cap).await,
         };
         // Indexes telemetry::UPSTREAM_OUTCOMES.
@@ -244,7 +245,10 @@ impl Upstream {
                 let tools = Arc::new(self.route_names(tools));
                 if let Ok(mut cache) = self.tools.lock() {
                     // A slower fetch begun earlier must not replace the list of one begun after it.
-                    if cache.as_ref().is_none_or(|cached| cached.fetched_at <= started) {
+                    if cache
+                        .as_ref()
+                        .is_none_or(|cached| cached.fetched_at <= started)
+                    {
                         *cache = Some(CachedTools {
                             fetched_at: started,
                             tools: tools.clone(),
@@ -353,7 +357,7 @@ mod tests {
         let upstreams = Upstreams::new(&BTreeMap::new()).unwrap();
         is_send_sync(&upstreams);
         let arguments = Map::new();
-        let call = upstreams.call("x.y", &Value::Null, &arguments, None);
+        let call = upstreams.call("x.y", &Value::Null, &arguments, None, None);
         is_send(&call);
         let list = upstreams.list_tools();
         is_send(&list);
@@ -365,7 +369,7 @@ mod tests {
     async fn unknown_tool_has_no_route() {
         let upstreams = Upstreams::new(&BTreeMap::new()).unwrap();
         let err = upstreams
-            .call("nowhere.tool", &json!(1), &Map::new(), None)
+            .call("nowhere.tool", &json!(1), &Map::new(), None, None)
             .await
             .unwrap_err();
         assert!(matches!(err, UpstreamError::NoRoute));
