@@ -232,21 +232,14 @@ async fn run(
         envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
     let context = gw.contexts.get(&session.record.security_context);
     facts.context_version = context.as_ref().map(|c| c.version.clone());
-    let (id, tool, arguments, idempotency_key, meta) = match call {
+    let (id, tool, arguments, idempotency_key) = match call {
         Call::ToolsList { id } => return list_tools(gw, env, facts, context, &session, id).await,
         Call::ToolsCall {
             id,
             tool,
             arguments,
             idempotency_key,
-            meta,
-        } => (
-            id,
-            tool.as_str().to_string(),
-            arguments,
-            idempotency_key,
-            meta,
-        ),
+        } => (id, tool.as_str().to_string(), arguments, idempotency_key),
     };
     facts.tool = Some(tool.clone());
     let (context, index, rule) = decide(context, &session, &tool, &arguments)?; // SPEC 6.3
@@ -342,7 +335,7 @@ async fn run(
             &tool,
             &id,
             &arguments,
-            meta.as_ref(),
+            idempotency_key.as_deref(),
             capability.max_response_size,
         )
         .await;
@@ -829,7 +822,7 @@ fn upstream_refusal(err: &UpstreamError) -> Refused {
         UpstreamError::BadResponse(_) => Code::UpstreamBadResponse,
         UpstreamError::TooLarge { .. } => Code::ResponseTooLarge,
     };
-    refuse(code, err.to_string())
+    refuse(code, err.for_agent())
 }
 
 /// A COMMITTED claim: the stored answer with this caller's id, held to today's response cap.

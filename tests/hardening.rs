@@ -96,17 +96,18 @@ async fn a_reused_idempotency_key_never_returns_another_calls_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let (key, token) = gw.session("exec-reuse").await;
-    let (status, first) = gw
-        .call(
-            &key,
-            &token,
-            keyed_call(1, "tool.read", json!({"path": "/workspace/secret"}), "k"),
-        )
-        .await;
+    let mut keyed = keyed_call(1, "tool.read", json!({"path": "/workspace/secret"}), "k");
+    keyed["params"]["_meta"]["smuggled"] = json!({"path": "/etc/shadow"});
+    let (status, first) = gw.call(&key, &token, keyed).await;
     assert_eq!(status, 200, "{first}");
-    // The tool gets `_meta` as sent (SPEC 8: as is), so it can de-duplicate by the key too.
+    // The tool gets the key, so it can de-duplicate too, and nothing else of `_meta`, which no
+    // policy check reads.
     let seen = tool.last_request.lock().unwrap().clone().unwrap();
-    assert_eq!(seen["params"]["_meta"]["idempotency_key"], "k", "{seen}");
+    assert_eq!(
+        seen["params"]["_meta"],
+        json!({"idempotency_key": "k"}),
+        "{seen}"
+    );
     let (status, reused) = gw
         .call(
             &key,
@@ -256,6 +257,16 @@ async fn slow_request_heads_and_bodies_get_408() {
     .unwrap();
     assert!(body.starts_with("HTTP/1.1 408"), "{body}");
     assert!(body.contains("\"code\":1000"), "{body}");
+    // Sending nothing, or a single byte, holds a connection no longer than a slow head does.
+    for request in [&b""[..], b"P"] {
+        let started = std::time::Instant::now();
+        let answer = exchange(request).join().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{request:?} held the connection for {:?}: {answer}",
+            started.elapsed()
+        );
+    }
 }
 
 #[tokio::test]
@@ -460,4 +471,28 @@ async fn the_export_streams_the_chain_that_audit_verify_accepts() {
     assert_eq!(first["seq"], 3);
     let (status, _) = export("?from_seq=x").await;
     assert_eq!(status, 422);
+}
+
+#[tokio::test]
+async fn upstream_failures_name_no_upstream_address_or_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1; the query holds a credential, as some APIs take one.
+    let upstream = "  leaky: { http: { url: \"http://127.0.0.1:1/rpc?api_key=SECRET-IN-URL\" } }";
+    let (gw, _tool) = Gateway::start_with(dir.path(), upstream, "").await;
+    let (key, _) = gw
+        .session_with("exec-leak", json!({"security_context": "other"}))
+        .await;
+    let token = gw
+        .keys
+        .agent_token_from(&gw.keys.agent_claims("exec-leak", "other"));
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "leaky.read", json!({})))
+        .await;
+    assert_eq!((status, code(&body)), (502, 5001), "{body}");
+    let failed = audit_events(&gw, "type=ToolCallFailed").await;
+    assert_eq!(failed.len(), 1);
+    for text in [body.to_string(), failed[0].to_string()] {
+        assert!(!text.contains("SECRET-IN-URL"), "{text}");
+        assert!(!text.contains("127.0.0.1:1"), "{text}");
+    }
 }

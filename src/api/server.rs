@@ -1,5 +1,5 @@
-//! The connection loop: HTTP/1.1 and HTTP/2 through hyper, with the read timeouts of SPEC 11 r2 and a
-//! graceful drain. A client that sends part of a request head and then nothing must not hold a
+//! The connection loop: HTTP/1.1 through hyper, with the read timeouts of SPEC 11 r2 and a graceful
+//! drain. A client that sends nothing, or part of a request head and then nothing, must not hold a
 //! connection and a task forever: after `header_read_timeout_secs` it gets 408 and the connection closes.
 //! (Body timeouts are applied where bodies are read, in `invoke.rs` and `ControlBody`.)
 
@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -26,9 +26,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // HTTP/1.1 alone: hyper-util's auto builder first reads up to 24 bytes, with no timer, to tell
+    // HTTP/2's preface apart, so a client that sent nothing, or "P", held its connection for ever.
+    // hyper's own head timer runs from the moment a head is awaited.
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
     tokio::pin!(shutdown);
@@ -60,14 +62,11 @@ pub async fn serve(
             request.extensions_mut().insert(ConnectInfo(client));
             app.clone().oneshot(request)
         });
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                let timed_out = error
-                    .downcast_ref::<hyper::Error>()
-                    .is_some_and(hyper::Error::is_timeout);
-                if timed_out {
+                if error.is_timeout() {
                     request_timeout(spare).await;
                 }
             }

@@ -95,8 +95,6 @@ pub enum Call {
         arguments: Map<String, Value>,
         /// `params._meta.idempotency_key`, 1–256 bytes.
         idempotency_key: Option<String>,
-        /// `params._meta` as sent (the key and any MCP keys), forwarded with the call.
-        meta: Option<Map<String, Value>>,
     },
     ToolsList {
         id: Value,
@@ -238,13 +236,11 @@ fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, String> {
         }
     };
     let idempotency_key = idempotency_key(params)?;
-    let meta = params.get("_meta").and_then(Value::as_object).cloned();
     Ok(Call::ToolsCall {
         id,
         tool,
         arguments,
         idempotency_key,
-        meta,
     })
 }
 
@@ -362,7 +358,6 @@ mod tests {
             tool,
             arguments,
             idempotency_key,
-            meta,
             ..
         } = call
         else {
@@ -371,10 +366,6 @@ mod tests {
         assert_eq!(tool.as_str(), "fs.read_file");
         assert_eq!(Value::Object(arguments), json!({"path": "/workspace/a"}));
         assert_eq!(idempotency_key.as_deref(), Some("k-1"));
-        assert_eq!(
-            meta.map(Value::Object),
-            Some(json!({"idempotency_key": "k-1", "progressToken": 3}))
-        );
     }
 
     #[test]
@@ -388,8 +379,7 @@ mod tests {
                 id: json!("x"),
                 tool: ToolName::parse("echo").unwrap(),
                 arguments: Map::new(),
-                idempotency_key: None,
-                meta: None,
+                idempotency_key: None
             }
         );
     }

@@ -23,6 +23,9 @@ const OPERATORS: &[char] = &[';', '|', '&', '>', '<', '(', ')', '\n'];
 
 /// Characters that start an expansion: refused outside single quotes.
 const EXPANSIONS: &[char] = &['$', '`'];
+/// Characters that, unquoted, make a shell expand a word into paths (tilde and brace expansion):
+/// harmless to the command check, refused under a `path_allowlist`.
+const PATH_EXPANSIONS: &[char] = &['~', '{'];
 
 /// A compiled command rule: which base commands may run and, for some, which subcommands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +128,8 @@ impl CommandRule {
             }
         };
         let mut words = Vec::new();
+        // Words a shell would expand into paths ([`ShellWord::expands`]).
+        let mut expanding = Vec::new();
         // Whether a `#` has begun a word so far: joined into one shell text, a comment in the command
         // or in one element runs on into the next elements.
         let mut after_comment = false;
@@ -133,12 +138,13 @@ impl CommandRule {
             Some(Value::String(text)) => {
                 let split = split_shell_text(text, &mut after_comment)
                     .map_err(|problem| format!("argument \"command\": {problem}"))?;
-                words.extend(
-                    split
-                        .into_iter()
-                        .enumerate()
-                        .map(|(index, word)| (WordAt::CommandText(index + 1), Cow::Owned(word))),
-                );
+                for (index, word) in split.into_iter().enumerate() {
+                    let at = WordAt::CommandText(index + 1);
+                    if word.expands {
+                        expanding.push(at);
+                    }
+                    words.push((at, Cow::Owned(word.text)));
+                }
             }
             Some(Value::Array(items)) => {
                 for (index, item) in items.iter().enumerate() {
@@ -169,17 +175,19 @@ impl CommandRule {
             if shell_text {
                 let split = split_shell_text(word, &mut after_comment)
                     .map_err(|problem| format!("argument \"args\"[{index}]: {problem}"))?;
-                split_args.extend(
-                    split.into_iter().enumerate().map(|(number, word)| {
-                        (WordAt::ArgsText(index, number + 1), Cow::Owned(word))
-                    }),
-                );
+                for (number, word) in split.into_iter().enumerate() {
+                    let at = WordAt::ArgsText(index, number + 1);
+                    if word.expands {
+                        expanding.push(at);
+                    }
+                    split_args.push((at, Cow::Owned(word.text)));
+                }
             }
             words.push((WordAt::Args(index), Cow::Borrowed(word)));
         }
         self.check_words(&words)?;
         words.extend(split_args);
-        Ok(CommandWords { words })
+        Ok(CommandWords { words, expanding })
     }
 
     /// `words`: the command's words followed by `args`, as the program would receive them.
@@ -238,20 +246,28 @@ impl fmt::Display for WordAt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandWords<'a> {
     words: Vec<(WordAt, Cow<'a, str>)>,
+    /// The words of shell text that hold an unquoted `~` or `{`.
+    expanding: Vec<WordAt>,
 }
 
 impl CommandWords<'_> {
     /// The capability's `path_allowlist` over the command (SPEC 6.3 r2, code 2002): every word that is
-    /// an absolute path, and the value of every `-option=VALUE` word whose value is an absolute path.
-    /// A single dash counts too, as in `-o=/etc/x`, which some programs read as an option.
+    /// an absolute path, and the value of every option word whose value is an absolute path, written
+    /// `--option=VALUE`, `-o=VALUE` or attached as in `-C/etc`. Shell text that a shell would expand
+    /// into paths (an unquoted `~` or `{`) is refused, since its paths cannot be checked here.
     pub fn check_paths(&self, paths: &PathRule) -> Result<(), String> {
+        if let Some(at) = self.expanding.first() {
+            return Err(format!(
+                "{at} holds an unquoted '~' or '{{', which a shell expands into paths that \
+                 path_allowlist cannot check; quote it"
+            ));
+        }
         for (at, word) in &self.words {
             if word.starts_with('/') {
                 paths
                     .check_value(word)
                     .map_err(|problem| format!("{at} (a path) {problem}"))?;
-            } else if let Some((_, value)) = word.strip_prefix('-').and_then(|o| o.split_once('='))
-            {
+            } else if let Some(value) = option_value(word) {
                 if value.starts_with('/') {
                     paths
                         .check_value(value)
@@ -261,6 +277,15 @@ impl CommandWords<'_> {
         }
         Ok(())
     }
+}
+
+/// The value of an option word: after `-NAME=` or `--NAME=`, or attached to the option's name as in
+/// `-C/etc` or `-I../x` (the name being letters, digits and dashes).
+fn option_value(word: &str) -> Option<&str> {
+    let named = word.strip_prefix('-')?.trim_start_matches('-');
+    let value_at = named.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))?;
+    let rest = &named[value_at..];
+    Some(rest.strip_prefix('=').unwrap_or(rest))
 }
 
 /// An argv element from a JSON array: must be a string without NUL. The problem reads after the
@@ -309,10 +334,10 @@ enum Quoting {
 ///
 /// `after_comment` carries that state in and out, for texts that a tool may join into one.
 /// Problems name the word (counted from 1), never its text.
-fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>, String> {
-    let mut words = Vec::new();
+fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWord>, String> {
+    let mut words: Vec<ShellWord> = Vec::new();
     // The word being read, once something (even an empty pair of quotes) has begun it.
-    let mut current: Option<String> = None;
+    let mut current: Option<ShellWord> = None;
     let mut quoting = Quoting::None;
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -330,11 +355,11 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>,
             Quoting::None => match c {
                 ' ' | '\t' => words.extend(current.take()),
                 '\'' => {
-                    current.get_or_insert_with(String::new);
+                    current.get_or_insert_with(ShellWord::default);
                     quoting = Quoting::Single;
                 }
                 '"' => {
-                    current.get_or_insert_with(String::new);
+                    current.get_or_insert_with(ShellWord::default);
                     quoting = Quoting::Double;
                 }
                 '\\' => match chars.next() {
@@ -343,7 +368,10 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>,
                     Some(escaped) if is_unquoted_hazard(escaped) => {
                         return refuse("is shell syntax outside quotes, even escaped")
                     }
-                    Some(escaped) => current.get_or_insert_with(String::new).push(escaped),
+                    Some(escaped) => current
+                        .get_or_insert_with(ShellWord::default)
+                        .text
+                        .push(escaped),
                 },
                 hazard if is_unquoted_hazard(hazard) => {
                     return refuse("is shell syntax outside quotes")
@@ -352,12 +380,17 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>,
                     if other == '#' && current.is_none() {
                         *after_comment = true;
                     }
-                    current.get_or_insert_with(String::new).push(other);
+                    let word = current.get_or_insert_with(ShellWord::default);
+                    word.expands |= PATH_EXPANSIONS.contains(&other);
+                    word.text.push(other);
                 }
             },
             Quoting::Single => match c {
                 '\'' => quoting = Quoting::None,
-                other => current.get_or_insert_with(String::new).push(other),
+                other => current
+                    .get_or_insert_with(ShellWord::default)
+                    .text
+                    .push(other),
             },
             Quoting::Double => match c {
                 '"' => quoting = Quoting::None,
@@ -375,16 +408,20 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>,
                     Some('\n') if *after_comment => return refuse(comment_newline),
                     // Backslash-newline joins the lines.
                     Some('\n') => {}
-                    Some(escaped @ ('"' | '\\')) => {
-                        current.get_or_insert_with(String::new).push(escaped)
-                    }
+                    Some(escaped @ ('"' | '\\')) => current
+                        .get_or_insert_with(ShellWord::default)
+                        .text
+                        .push(escaped),
                     Some(escaped) => {
-                        let word = current.get_or_insert_with(String::new);
+                        let word = &mut current.get_or_insert_with(ShellWord::default).text;
                         word.push('\\');
                         word.push(escaped);
                     }
                 },
-                other => current.get_or_insert_with(String::new).push(other),
+                other => current
+                    .get_or_insert_with(ShellWord::default)
+                    .text
+                    .push(other),
             },
         }
     }
@@ -395,6 +432,15 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<String>,
         }
         Quoting::Single | Quoting::Double => Err("quotes do not close".to_string()),
     }
+}
+
+/// One word of shell text, as the program would receive it when the shell expands nothing.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ShellWord {
+    text: String,
+    /// Holds an unquoted `~` or `{`: a shell's tilde or brace expansion could turn it into a path
+    /// (`~/.ssh`, `{/etc/shadow,a}`) that the path check never sees.
+    expands: bool,
 }
 
 fn is_unquoted_hazard(c: char) -> bool {
@@ -435,6 +481,7 @@ mod tests {
 
     fn split(text: &str) -> Result<Vec<String>, String> {
         split_shell_text(text, &mut false)
+            .map(|words| words.into_iter().map(|word| word.text).collect())
     }
 
     fn command_allowed(command: &str) -> bool {
@@ -719,6 +766,11 @@ mod tests {
             json!({ "command": "git diff --stat", "args": ["/workspace/a"] }),
             json!({ "command": ["git", "diff", "--output=/workspace/../workspace/x"] }),
             json!({ "command": "git log", "args": ["x=/etc"] }),
+            // Quoted, or with no shell to read them, `~` and `{` are plain characters.
+            json!({ "command": "ls '~' \"{/etc,a}\"" }),
+            json!({ "command": ["ls", "~root", "{/etc,a}"] }),
+            json!({ "command": "git log -n3 -I../relative" }),
+            json!({ "command": "git diff -C/workspace/x" }),
         ];
         for call in allowed {
             assert_eq!(with_paths(call.clone()), Ok(()), "{call}");
@@ -737,6 +789,15 @@ mod tests {
             json!({ "command": "git", "args": ["diff", "x --output=/etc/x"] }),
             json!({ "command": "git", "args": ["diff", "x '/etc/x'"] }),
             json!({ "command": "git", "args": ["diff", "/work\"space\"/x"] }),
+            // A shell expands these into paths outside the allowlist.
+            json!({ "command": "git diff --no-index ~/.ssh/id_ed25519 a" }),
+            json!({ "command": "ls -la ~root/.ssh" }),
+            json!({ "command": "git diff --no-index {/etc/shadow,/workspace/a}" }),
+            json!({ "command": "git diff --output=~/x" }),
+            json!({ "command": "git", "args": ["diff", "~/x"] }),
+            // An option's value attached to its name.
+            json!({ "command": "git diff -O/etc/order" }),
+            json!({ "command": "git diff --stat -C/etc" }),
         ];
         for call in refused {
             assert_eq!(

@@ -74,20 +74,21 @@ impl HttpUpstream {
         })
     }
 
-    /// Calls `tool` (the tool's own name) with the caller's JSON-RPC id and `_meta`, as the agent sent
-    /// them (SPEC 8: the request is POSTed as is), and returns its answer; the cap applies to the HTTP
-    /// body as received.
+    /// Calls `tool` (the tool's own name) with the caller's JSON-RPC id and idempotency key, as the
+    /// agent sent them (SPEC 8: the request is POSTed as is), and returns its answer; the cap applies
+    /// to the HTTP body as received. Of `params._meta` only the key goes on: it is bound to the call by
+    /// its claim, while anything else there would reach the tool unchecked by the policy.
     pub(crate) async fn call(
         &self,
         tool: &str,
         caller_id: &Value,
         arguments: &Map<String, Value>,
-        meta: Option<&Map<String, Value>>,
+        idempotency_key: Option<&str>,
         cap: u64,
     ) -> Result<ToolAnswer, UpstreamError> {
         let mut params = json!({"name": tool, "arguments": arguments});
-        if let (Some(meta), Value::Object(params)) = (meta, &mut params) {
-            params.insert("_meta".into(), Value::Object(meta.clone()));
+        if let Some(key) = idempotency_key {
+            params["_meta"] = json!({ "idempotency_key": key });
         }
         let (status_ok, body) = self
             .exchange(caller_id, "tools/call", Some(params), cap)

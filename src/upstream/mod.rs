@@ -67,6 +67,21 @@ impl UpstreamError {
             UpstreamError::TooLarge { .. } => 2007,
         }
     }
+
+    /// What the agent (and the audit event) is told. Transport details stay in the operator's log:
+    /// they can name internal addresses, and a URL's query can hold a credential (SPEC 8).
+    pub fn for_agent(&self) -> String {
+        match self {
+            UpstreamError::NoRoute | UpstreamError::TooLarge { .. } => self.to_string(),
+            UpstreamError::Unavailable(_) => {
+                "the tool's server could not be reached; nothing was sent".to_owned()
+            }
+            UpstreamError::Timeout(_) => "the tool gave no complete answer in time".to_owned(),
+            UpstreamError::BadResponse(_) => {
+                "the tool answered with something that is not a JSON-RPC response".to_owned()
+            }
+        }
+    }
 }
 
 enum Client {
@@ -165,7 +180,7 @@ impl Upstreams {
         tool: &str,
         caller_id: &Value,
         arguments: &Map<String, Value>,
-        meta: Option<&Map<String, Value>>,
+        idempotency_key: Option<&str>,
         max_response_bytes: Option<u64>,
     ) -> Result<Value, UpstreamError> {
         let (upstream_name, own_name) = split_tool_name(tool);
@@ -176,7 +191,11 @@ impl Upstreams {
         let cap = effective_cap(max_response_bytes);
         let started = std::time::Instant::now();
         let answer = match &upstream.client {
-            Client::Http(client) => client.call(own_name, caller_id, arguments, meta, cap).await,
+            Client::Http(client) => {
+                client
+                    .call(own_name, caller_id, arguments, idempotency_key, cap)
+                    .await
+            }
             Client::Mcp(client) => client.call(own_name, arguments, cap).await,
         };
         // Indexes telemetry::UPSTREAM_OUTCOMES.
