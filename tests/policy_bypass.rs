@@ -182,6 +182,8 @@ pub const ROWS: &[Row] = &[
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "ls -la ~root/.ssh"}"#, Deny(2002), "a shell expands ~user too"),
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --no-index {/etc/shadow,/workspace/a}"}"#, Deny(2002), "brace expansion makes /etc/shadow a word"),
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff -O/etc/order"}"#, Deny(2002), "an option value attached to the option's letter"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "ls ../../etc"}"#, Deny(2002), "a relative path climbing out of the working directory"),
+    row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git log HEAD..main"}"#, Allow, "a revision range is no path"),
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "ls '~' \"{/etc,a}\""}"#, Allow, "quoted ~ and braces are plain text"),
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff /workspace/../etc/passwd"}"#, Deny(2002), "r2: dot-dot escape in a command word"),
     row(Commands, GIT_IN_WORKSPACE, r#"{"command": "git diff --output=/workspace/../../x"}"#, Deny(2002), "r2: option value climbing above /"),

@@ -253,8 +253,9 @@ pub struct CommandWords<'a> {
 impl CommandWords<'_> {
     /// The capability's `path_allowlist` over the command (SPEC 6.3 r2, code 2002): every word that is
     /// an absolute path, and the value of every option word whose value is an absolute path, written
-    /// `--option=VALUE`, `-o=VALUE` or attached as in `-C/etc`. Shell text that a shell would expand
-    /// into paths (an unquoted `~` or `{`) is refused, since its paths cannot be checked here.
+    /// `--option=VALUE`, `-o=VALUE` or attached as in `-C/etc`. A relative path that climbs with `..`,
+    /// and shell text that a shell would expand into paths (an unquoted `~` or `{`), are refused, since
+    /// where they lead cannot be checked here.
     pub fn check_paths(&self, paths: &PathRule) -> Result<(), String> {
         if let Some(at) = self.expanding.first() {
             return Err(format!(
@@ -267,24 +268,34 @@ impl CommandWords<'_> {
                 paths
                     .check_value(word)
                     .map_err(|problem| format!("{at} (a path) {problem}"))?;
-            } else if let Some(value) = option_value(word) {
-                if value.starts_with('/') {
-                    paths
-                        .check_value(value)
-                        .map_err(|problem| format!("{at} (an option value) {problem}"))?;
-                }
+                continue;
+            }
+            let value = option_value(word);
+            if let Some(value) = value.filter(|value| value.starts_with('/')) {
+                paths
+                    .check_value(value)
+                    .map_err(|problem| format!("{at} (an option value) {problem}"))?;
+            } else if value.unwrap_or(word).split('/').any(|part| part == "..") {
+                // A relative path starts from the tool's working directory, which this check does
+                // not know: climbing out of it could leave the allowlist (`ls ../../etc`).
+                return Err(format!(
+                    "{at} climbs with '..' from a working directory that path_allowlist cannot see"
+                ));
             }
         }
         Ok(())
     }
 }
 
-/// The value of an option word: after `-NAME=` or `--NAME=`, or attached to the option's name as in
-/// `-C/etc` or `-I../x` (the name being letters, digits and dashes).
+/// The value of an option word: after `--NAME=` or `-NAME=`, or attached to a short option's letters
+/// as in `-C/etc` or `-I../x` (any run of letters before it might end in one that takes a value).
 fn option_value(word: &str) -> Option<&str> {
-    let named = word.strip_prefix('-')?.trim_start_matches('-');
-    let value_at = named.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))?;
-    let rest = &named[value_at..];
+    if let Some(long) = word.strip_prefix("--") {
+        return long.split_once('=').map(|(_, value)| value);
+    }
+    let letters = word.strip_prefix('-')?;
+    let value_at = letters.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))?;
+    let rest = &letters[value_at..];
     Some(rest.strip_prefix('=').unwrap_or(rest))
 }
 
@@ -769,7 +780,9 @@ mod tests {
             // Quoted, or with no shell to read them, `~` and `{` are plain characters.
             json!({ "command": "ls '~' \"{/etc,a}\"" }),
             json!({ "command": ["ls", "~root", "{/etc,a}"] }),
-            json!({ "command": "git log -n3 -I../relative" }),
+            json!({ "command": "git log -n3 --format=a/b" }),
+            json!({ "command": "git log HEAD..main" }),
+            json!({ "command": "git diff a/b" }),
             json!({ "command": "git diff -C/workspace/x" }),
         ];
         for call in allowed {
@@ -795,6 +808,12 @@ mod tests {
             json!({ "command": "git diff --no-index {/etc/shadow,/workspace/a}" }),
             json!({ "command": "git diff --output=~/x" }),
             json!({ "command": "git", "args": ["diff", "~/x"] }),
+            // Relative paths that climb out of the working directory.
+            json!({ "command": "ls ../../etc" }),
+            json!({ "command": "git diff --no-index a/../../../etc/shadow b" }),
+            json!({ "command": "git diff --output=../x" }),
+            json!({ "command": "git diff -I../x" }),
+            json!({ "command": ["ls", ".."] }),
             // An option's value attached to its name.
             json!({ "command": "git diff -O/etc/order" }),
             json!({ "command": "git diff --stat -C/etc" }),
