@@ -110,13 +110,7 @@ async fn session_on(
         )
         .await;
     assert!(status == 200 || status == 201, "{body}");
-    let (key, _) = gw
-        .session_with(session, json!({"security_context": context}))
-        .await;
-    let token = gw
-        .keys
-        .agent_token_from(&gw.keys.agent_claims(session, context));
-    (key, token)
+    gw.session_in(session, context).await
 }
 
 #[tokio::test]

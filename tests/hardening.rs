@@ -479,12 +479,7 @@ async fn upstream_failures_name_no_upstream_address_or_credential() {
     // Nothing listens on port 1; the query holds a credential, as some APIs take one.
     let upstream = "  leaky: { http: { url: \"http://127.0.0.1:1/rpc?api_key=SECRET-IN-URL\" } }";
     let (gw, _tool) = Gateway::start_with(dir.path(), upstream, "").await;
-    let (key, _) = gw
-        .session_with("exec-leak", json!({"security_context": "other"}))
-        .await;
-    let token = gw
-        .keys
-        .agent_token_from(&gw.keys.agent_claims("exec-leak", "other"));
+    let (key, token) = gw.session_in("exec-leak", "other").await;
     let (status, body) = gw
         .call(&key, &token, tool_call(1, "leaky.read", json!({})))
         .await;

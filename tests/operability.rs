@@ -249,12 +249,7 @@ async fn a_relative_stdio_command_and_cwd_resolve_against_the_config_folder() {
     let upstream =
         r#"  pwd: { mcp: { command: "./tools/pwd-mcp.sh", cwd: work }, timeout_ms: 5000 }"#;
     let (gw, _tool) = Gateway::start_with(dir.path(), upstream, "").await;
-    let (key, _) = gw
-        .session_with("exec-pwd", json!({"security_context": "other"}))
-        .await;
-    let token = gw
-        .keys
-        .agent_token_from(&gw.keys.agent_claims("exec-pwd", "other"));
+    let (key, token) = gw.session_in("exec-pwd", "other").await;
 
     let (status, body) = gw
         .call(&key, &token, tool_call(1, "pwd.pwd", json!({})))

@@ -218,12 +218,7 @@ async fn a_context_put_or_deleted_on_one_replica_applies_on_the_other_within_2_s
         .await;
     assert_eq!(status, 201, "{body}");
     // The session needs the context where it is registered: A has it at once.
-    let (key, _) = a
-        .session_with("exec-ctx", json!({"security_context": "api-ctx"}))
-        .await;
-    let token = a
-        .keys
-        .agent_token_from(&a.keys.agent_claims("exec-ctx", "api-ctx"));
+    let (key, token) = a.session_in("exec-ctx", "api-ctx").await;
     let id = std::sync::atomic::AtomicU64::new(0);
     let call_b = || async {
         let n = id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

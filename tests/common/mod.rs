@@ -544,6 +544,17 @@ impl Gateway {
         self.session_with(id, json!({})).await
     }
 
+    /// Registers a session on `context`; returns the agent's signing key and a token for that context.
+    pub async fn session_in(&self, id: &str, context: &str) -> (SigningKey, String) {
+        let (key, _) = self
+            .session_with(id, json!({ "security_context": context }))
+            .await;
+        let token = self
+            .keys
+            .agent_token_from(&self.keys.agent_claims(id, context));
+        (key, token)
+    }
+
     pub async fn session_with(&self, id: &str, extra: Value) -> (SigningKey, String) {
         let key = sealgate::envelope::generate_signing_key().unwrap();
         let mut body = json!({"session_id": id, "public_key": sealgate::envelope::public_key_b64(&key.verifying_key()),
