@@ -298,13 +298,15 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let spec = json!({"capabilities": [
-        {"tool_pattern": "pay.*", "claim": "off", "approval": {"required": true, "expires_secs": 1}}
+        {"tool_pattern": "pay.*", "claim": "off", "approval": {"required": true, "expires_secs": 3}}
     ]});
+    // 3 s: short enough to wait out, long enough for the steps that must land before an expiry (a
+    // grant after its request, a refusal after its denial) on a busy machine.
     let (key, token) = session_on(&gw, "quick", spec, "exec-quick").await;
 
     // A request nobody decides expires; reading it notices.
     let stale = requested(&call(&gw, &key, &token, "pay.send", payment(1)).await);
-    until(Duration::from_secs(5), "the request expires", || async {
+    until(Duration::from_secs(10), "the request expires", || async {
         approval(&gw, &stale).await["status"] == "expired"
     })
     .await;
@@ -339,7 +341,7 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     assert_eq!(status, 200, "{body}");
     let (status, body) = call(&gw, &key, &token, "pay.send", payment(1)).await;
     assert_eq!((status, code(&body)), (403, 4004), "{body}");
-    until(Duration::from_secs(5), "the denial runs out", || async {
+    until(Duration::from_secs(10), "the denial runs out", || async {
         let (status, body) = call(&gw, &key, &token, "pay.send", payment(1)).await;
         status == 403 && code(&body) == 4003
     })
