@@ -101,10 +101,10 @@ async fn catch_up_file(
     sink: &mut FileSink,
     head: &ChainHead,
 ) -> Result<(), String> {
-    let Some(file_last) = sink.last_seq() else {
+    let Some(file_last) = sink.highest_seq() else {
         return Ok(());
     };
-    refuse_file_ahead(sink, head)?;
+    refuse_file_ahead(sink, head.seq)?;
     if file_last == head.seq {
         return Ok(());
     }
@@ -127,16 +127,17 @@ async fn catch_up_file(
     sink.write_batch(&missing, &lines)
 }
 
-/// A file that ends beyond the store's chain means the store lost durable events; starting would reuse
-/// their sequence numbers and fork the chain, so start-up is refused (whole chain or per-replica log).
-fn refuse_file_ahead(sink: &FileSink, head: &ChainHead) -> Result<(), String> {
-    match sink.last_seq() {
-        Some(file_last) if file_last > head.seq => Err(format!(
-            "audit file {} ends at seq {file_last} but the store's chain ends at seq {}: the store lost \
-             events that the file holds; refusing to start rather than fork the chain (move the file aside \
-             to continue)",
+/// A file that ends beyond the store's chain (`store_seq`, 0 for an empty store) means the store lost
+/// durable events, or is not this file's store; starting would reuse their sequence numbers and fork the
+/// chain, so start-up is refused (whole chain or per-replica log). Rotated files count too.
+fn refuse_file_ahead(sink: &FileSink, store_seq: u64) -> Result<(), String> {
+    match sink.highest_seq() {
+        Some(file_last) if file_last > store_seq => Err(format!(
+            "audit file {} (with its rotated files) ends at seq {file_last} but the store's chain ends at \
+             seq {store_seq}: the store lost events that the files hold, or is another store; refusing to \
+             start rather than fork the chain (restore the store, or move the audit files aside to start a \
+             new chain)",
             sink.path().display(),
-            head.seq
         )),
         _ => Ok(()),
     }
@@ -248,12 +249,11 @@ impl AuditLog {
         let file = match &cfg.file {
             Some(path) => {
                 let mut sink = FileSink::open(path.clone(), cfg.rotate_bytes)?;
-                if let Some(head) = &head {
-                    if shared {
-                        refuse_file_ahead(&sink, head)?;
-                    } else {
+                match &head {
+                    Some(head) if !shared => {
                         catch_up_file(backend.as_ref(), &mut sink, head).await?;
                     }
+                    _ => refuse_file_ahead(&sink, head.as_ref().map_or(0, |head| head.seq))?,
                 }
                 if shared {
                     sink = sink.per_replica_log();

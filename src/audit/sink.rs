@@ -92,6 +92,40 @@ impl FileSink {
         }
     }
 
+    /// The highest seq any file of this sink ends at: the live file's last event, or the last seq that
+    /// a rotated file's name records (`audit.jsonl.FIRST-LAST`). A live file that was just rotated, or
+    /// that ends on a torn line, still leaves the chain's end in its rotated siblings.
+    pub(crate) fn highest_seq(&self) -> Option<u64> {
+        let prefix = format!("{}.", self.file_name());
+        let rotated = self
+            .path
+            .parent()
+            .map(|dir| {
+                if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                }
+            })
+            .and_then(|dir| fs::read_dir(dir).ok())
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                let range = name.strip_prefix(&prefix)?;
+                let (_, last) = range.split('.').next()?.split_once('-')?;
+                last.parse::<u64>().ok()
+            });
+        rotated.chain(self.last_seq()).max()
+    }
+
+    fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "audit.jsonl".to_owned())
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
@@ -199,11 +233,7 @@ impl FileSink {
         if self.size == 0 && self.tail == Tail::Empty {
             return Ok(());
         }
-        let file_name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "audit.jsonl".to_owned());
+        let file_name = self.file_name();
         let suffix = match &self.tail {
             Tail::Linked {
                 first_seq,

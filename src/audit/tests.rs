@@ -628,6 +628,55 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
         refused.err()
     );
     assert_eq!(read_lines(&path).len(), 11, "the file is left as it was");
+    // A store that holds nothing (a lost or replaced data folder) would restart the chain at seq 1.
+    let all = backend.events();
+    backend.replace_events(Vec::new());
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
+    let message = refused.err().unwrap_or_default();
+    assert!(
+        message.contains("ends at seq 11") && message.contains("seq 0"),
+        "{message}"
+    );
+    backend.replace_events(all.clone());
+}
+
+#[tokio::test]
+async fn rotated_files_count_when_the_live_file_is_empty() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        panic!("no tempdir")
+    };
+    let path = dir.path().join("audit.jsonl");
+    let backend = Arc::new(MemoryBackend::new());
+    let first = memory_log(&backend, &file_cfg(&path)).await;
+    for n in 0..4 {
+        record_ok(&first, authorized(n)).await;
+    }
+    first.shutdown().await;
+    // As a rotation leaves it: the chain's end is in the rotated file's name, the live file is empty.
+    std::fs::rename(&path, dir.path().join("audit.jsonl.1-4")).unwrap();
+    std::fs::write(&path, "").unwrap();
+
+    // Events the store took while the file was off are caught up into the live file, from seq 5.
+    let without_file = memory_log(&backend, &AuditConfig::default()).await;
+    for n in 4..6 {
+        record_ok(&without_file, authorized(n)).await;
+    }
+    without_file.shutdown().await;
+    let caught_up = memory_log(&backend, &file_cfg(&path)).await;
+    caught_up.shutdown().await;
+    assert_eq!(
+        verify_lines(&read_lines(&path)).map(|r| (r.first_seq, r.last_seq)),
+        Ok((5, 6))
+    );
+
+    // A store behind the rotated file is refused even with the live file empty.
+    std::fs::write(&path, "").unwrap();
+    backend.replace_events(backend.events()[..3].to_vec());
+    let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
+    let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
+    let message = refused.err().unwrap_or_default();
+    assert!(message.contains("ends at seq 4"), "{message}");
 }
 
 /// A file-backed store whose `sync` waits for a gate, and notes what the file sink held at that moment.
