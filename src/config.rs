@@ -126,7 +126,8 @@ impl Default for Config {
 enum EnvValue {
     /// Taken as written: `SEALGATE_REPLICA_ID=1` is the name "1", not a number.
     Text,
-    /// Read as JSON (numbers, booleans, lists, mappings); text that is not JSON is taken as a string.
+    /// Read as JSON (numbers, booleans, lists, mappings); a scalar that is not JSON is taken as text,
+    /// for the typed reading to refuse by name.
     Json,
 }
 
@@ -257,6 +258,11 @@ impl Config {
         if self.limits.max_body_bytes == 0 {
             return fail("limits.max_body_bytes", "must be at least 1");
         }
+        match (self.audit.rotate_bytes, &self.audit.file) {
+            (Some(0), _) => return fail("audit.rotate_bytes", "must be at least 1"),
+            (Some(_), None) => return fail("audit.rotate_bytes", "is set but audit.file is not"),
+            _ => {}
+        }
         if self.limits.max_clock_skew_secs < 0 {
             return fail("limits.max_clock_skew_secs", "must not be negative");
         }
@@ -286,10 +292,8 @@ impl Config {
             if let Some(url) = url {
                 let scheme = url::Url::parse(url).map(|u| u.scheme().to_owned());
                 if !matches!(scheme.as_deref(), Ok("http" | "https")) {
-                    return Err((
-                        key,
-                        format!("must be an http:// or https:// URL, not {url:?}"),
-                    ));
+                    // Not the value: a webhook URL is often itself the credential.
+                    return Err((key, "must be an http:// or https:// URL".to_owned()));
                 }
             }
         }
@@ -299,10 +303,8 @@ impl Config {
         {
             return Err((
                 "store",
-                format!(
-                    "must be \"embedded\" or a postgres:// URL, not {:?}",
-                    self.store
-                ),
+                // Not the value: a URL may hold a password.
+                "must be \"embedded\" or a postgres:// URL".to_owned(),
             ));
         }
         Ok(())
@@ -454,9 +456,18 @@ fn apply_overrides(
         };
         let value = match kind {
             EnvValue::Text => Value::String(raw.clone()),
-            EnvValue::Json => {
-                serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()))
-            }
+            EnvValue::Json => match serde_json::from_str(raw) {
+                Ok(value) => value,
+                // A broken list or mapping may hold a secret (a key's `secret`): name the position,
+                // never the text.
+                Err(e) if raw.trim_start().starts_with(['[', '{']) => {
+                    return Err(format!(
+                        "environment variable {name}: {dotted}: not valid JSON: {e}"
+                    ));
+                }
+                // A scalar such as "1MB": the typed reading names what was expected.
+                Err(_) => Value::String(raw.clone()),
+            },
         };
         let (parents, last) = match dotted.rsplit_once('.') {
             Some((parents, last)) => (parents.split('.').collect(), last),
@@ -725,6 +736,13 @@ mod tests {
             .contains("NOPE"));
         assert!(Config::from_yaml("store: mysql://x", Path::new(""), &[]).is_err());
         assert!(Config::from_yaml("- a list", Path::new(""), &[]).is_err());
+        for yaml in [
+            "audit: { rotate_bytes: 100 }",
+            "audit: { file: a.jsonl, rotate_bytes: 0 }",
+        ] {
+            let refused = Config::from_yaml(yaml, Path::new(""), &[]).unwrap_err();
+            assert!(refused.contains("audit.rotate_bytes"), "{refused}");
+        }
     }
     fn parse_err(text: &str, env_pairs: &[(&str, &str)]) -> String {
         let file = Path::new("conf/sealgate.yaml");
@@ -776,8 +794,28 @@ mod tests {
         let refused = parse_err("approvals:\n  webhook_url: ftp://x\n", &[]);
         assert_eq!(
             refused,
-            "conf/sealgate.yaml:2: approvals.webhook_url: must be an http:// or https:// URL, not \"ftp://x\""
+            "conf/sealgate.yaml:2: approvals.webhook_url: must be an http:// or https:// URL"
         );
+        // Values that may hold a credential are never quoted back.
+        for (yaml, secret) in [
+            ("store: \"mysql://u:TopSecret@h/db\"\n", "TopSecret"),
+            (
+                "approvals: { webhook_url: \"ftp://hooks/TopSecret\" }\n",
+                "TopSecret",
+            ),
+        ] {
+            let refused = parse_err(yaml, &[]);
+            assert!(!refused.contains(secret), "{refused}");
+        }
+        let refused = parse_err(
+            "",
+            &[(
+                "SEALGATE_AGENT_TOKENS__KEYS",
+                r#"[{"alg":"HS256","secret":"TopSecret",}]"#,
+            )],
+        );
+        assert!(!refused.contains("TopSecret"), "{refused}");
+        assert!(refused.contains("SEALGATE_AGENT_TOKENS__KEYS"), "{refused}");
     }
 
     #[test]

@@ -115,6 +115,11 @@ fn check(config: &Config) -> Report {
                 "audit.file: the folder of {} does not exist",
                 file.display()
             ));
+        } else if file.exists() && !file.is_file() {
+            problems.push(format!(
+                "audit.file: {} is not a regular file",
+                file.display()
+            ));
         }
     }
     // The default folder is made at start-up; a check only reads, and finds no contexts there.

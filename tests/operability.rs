@@ -216,6 +216,26 @@ async fn serve_check_lists_every_problem_and_passes_a_good_configuration() {
     );
 }
 
+#[test]
+fn serve_check_refuses_an_audit_file_that_is_a_folder_and_names_stray_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    std::fs::create_dir(dir.path().join("trail")).unwrap();
+    let config = dir.path().join("sealgate.yaml");
+    std::fs::write(&config, "policies_dir: empty\naudit: { file: trail }\n").unwrap();
+    // A misspelt variable (a section, not a key) is named, not silently dropped.
+    let (status, output) = run_cli_with_env(
+        &["serve", "--check", "--config", config.to_str().unwrap()],
+        &[("SEALGATE_AGENT_TOKENS", "{}")],
+    );
+    assert_eq!(status, 1, "{output}");
+    assert!(
+        output.contains("audit.file") && output.contains("not a regular file"),
+        "{output}"
+    );
+    assert!(output.contains("SEALGATE_AGENT_TOKENS"), "{output}");
+}
+
 /// A stdio MCP server in a few lines of sh: it answers `pwd` with its working directory.
 const PWD_SERVER: &str = r#"#!/bin/sh
 while IFS= read -r line; do

@@ -251,13 +251,17 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
     })
 }
 
+/// Problems name the URL's part, never the URL: its query or userinfo may hold a credential.
 fn parse_url(raw: &str) -> Result<Url, String> {
-    let url = Url::parse(raw).map_err(|e| format!("`{raw}` is not a valid URL: {e}"))?;
+    let url = Url::parse(raw).map_err(|e| format!("not a valid URL: {e}"))?;
     if url.scheme() != "http" && url.scheme() != "https" {
-        return Err(format!("`{raw}` must be an http:// or https:// URL"));
+        return Err(format!(
+            "the URL's scheme is {:?}; it must be http or https",
+            url.scheme()
+        ));
     }
     if url.host_str().is_none() {
-        return Err(format!("`{raw}` has no host"));
+        return Err("the URL has no host".to_owned());
     }
     // Credentials in the URL would be sent as Basic auth and show up in logs; they belong in
     // `headers` with an `env:` value.
@@ -317,6 +321,18 @@ fn build_headers(raw: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_problems_never_quote_the_url() {
+        for raw in [
+            "htp://h/rpc?key=TopSecret",
+            "http://user:TopSecret@h/",
+            "TopSecret",
+        ] {
+            let problem = parse_url(raw).unwrap_err();
+            assert!(!problem.contains("TopSecret"), "{problem}");
+        }
+    }
 
     fn parse(yaml_json: serde_json::Value) -> Result<UpstreamConfig, serde_json::Error> {
         serde_json::from_value(yaml_json)
