@@ -47,9 +47,9 @@ pub enum BenchCommand {
     Envelopes {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         count: u64,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
         files: u64,
         #[arg(long)]
         out: PathBuf,
@@ -63,28 +63,28 @@ pub enum BenchCommand {
         #[command(flatten)]
         target: Target,
         /// Calls per second.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         rate: u64,
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         secs: u64,
         /// Calls in flight at most.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = at_least_one)]
         connections: usize,
     },
     /// Time COUNT fdatasync calls, each after a small append, in DIR.
     Fsync {
         #[arg(long)]
         dir: PathBuf,
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = at_least_one)]
         count: usize,
     },
     /// Make CALLS calls spread over all the registered sessions (for the memory reading).
     Soak {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         calls: u64,
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = at_least_one)]
         concurrency: usize,
     },
     /// Closed loop for SECS with CONCURRENCY callers that each honour `Retry-After`: a caller shed with
@@ -92,9 +92,9 @@ pub enum BenchCommand {
     Overload {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         secs: u64,
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = at_least_one)]
         concurrency: usize,
     },
 }
@@ -112,8 +112,17 @@ pub struct Target {
     #[arg(long)]
     context: String,
     /// Sessions to register; calls go round-robin over them.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     sessions: usize,
+}
+
+/// A count that must be at least 1: none would divide by zero or wait for ever.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 pub async fn run(command: BenchCommand) -> Result<(), String> {

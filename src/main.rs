@@ -125,8 +125,9 @@ enum AuditCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `serve` starts its log from the configuration, once it has read it.
-    if !matches!(cli.command, Command::Serve { .. }) {
+    // `serve` starts its log from the configuration, once it has read it; `serve --check` only reads
+    // the configuration, and its warnings (a SEALGATE_* variable that names no key) go to stderr.
+    if !matches!(cli.command, Command::Serve { check: false, .. }) {
         if let Err(message) = sealgate::logging::start_for_command() {
             eprintln!("sealgate: {message}");
             return ExitCode::FAILURE;
@@ -165,8 +166,9 @@ fn arg_text(value: &str) -> Result<String, String> {
 fn signed_envelope(args: &SignArgs) -> Result<serde_json::Value, String> {
     let key = sealgate::envelope::signing_key_from_text(&arg_text(&args.key)?)?;
     let token = arg_text(&args.token)?;
-    let payload: serde_json::Value = serde_json::from_str(&arg_text(&args.payload)?)
-        .map_err(|e| format!("--payload is not JSON: {e}"))?;
+    // Read as the gateway will: a duplicate key is refused, not resolved to its last value.
+    let payload = sealgate::strict_json::parse_strict_json(arg_text(&args.payload)?.as_bytes())
+        .map_err(|e| format!("--payload: {e}"))?;
     let timestamp = args.timestamp.unwrap_or_else(sealgate::clock::now_secs);
     Ok(sealgate::envelope::sign_envelope(
         &key, payload, &token, timestamp,

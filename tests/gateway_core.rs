@@ -633,6 +633,20 @@ async fn cli_keygen_sign_and_invoke_against_the_real_gateway() {
     let envelope: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let (status, body) = gw.post(&envelope).await;
     assert_eq!(status, 200, "{body}");
+    // A payload the gateway would refuse for a duplicate key is refused here too, not signed.
+    let (status, out) = cli(vec![
+        "sign".into(),
+        "--key".into(),
+        keys["private_key"].as_str().unwrap().into(),
+        "--token".into(),
+        token.clone(),
+        "--payload".into(),
+        r#"{"jsonrpc": "2.0", "id": 1, "id": 2}"#.into(),
+    ])
+    .await
+    .unwrap();
+    assert_ne!(status, 0, "{out}");
+    assert!(out.contains("duplicate key"), "{out}");
 
     // `invoke` signs and posts; a second identical payload is a new envelope (new timestamp or not,
     // it is refused only if the signature repeats), so use another id.

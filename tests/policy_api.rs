@@ -493,4 +493,51 @@ fn policy_cli_checks_and_explains() {
         repo_policies,
     ]);
     assert!(out.starts_with("allow"), "{out}");
+    // Arguments are read as the gateway reads a payload: a duplicate key is refused, not resolved.
+    let (status, out) = run_cli(&[
+        "policy",
+        "explain",
+        "--context",
+        "agent-runtime",
+        "--tool",
+        "fs.read_file",
+        "--args",
+        r#"{"path": "/etc/passwd", "path": "/workspace/a"}"#,
+        "--policies",
+        repo_policies,
+    ]);
+    assert_eq!(status, 1, "{out}");
+    assert!(out.contains("duplicate key"), "{out}");
+
+    // A policy file that is a link to nothing is a broken file, not an absent one.
+    let linked = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/nonexistent/gone.yaml", linked.path().join("gone.yaml")).unwrap();
+    let (status, out) = run_cli(&["policy", "check", linked.path().to_str().unwrap()]);
+    assert_eq!(status, 1, "{out}");
+    assert!(out.contains("gone.yaml"), "{out}");
+}
+
+#[test]
+fn bench_counts_of_zero_are_refused_before_anything_runs() {
+    let (status, out) = run_cli(&[
+        "bench",
+        "rate",
+        "--dir",
+        "/nonexistent",
+        "--gateway",
+        "http://127.0.0.1:1",
+        "--context",
+        "bench-off",
+        "--sessions",
+        "0",
+        "--rate",
+        "1",
+        "--secs",
+        "1",
+    ]);
+    assert_eq!(status, 2, "{out}");
+    assert!(
+        out.contains("--sessions") && out.contains("at least 1"),
+        "{out}"
+    );
 }

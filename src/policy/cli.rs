@@ -71,13 +71,19 @@ pub fn run(command: PolicyCommand) -> ExitCode {
             args,
             policies,
         } => {
-            let arguments: Map<String, Value> = match serde_json::from_str(&args) {
-                Ok(Value::Object(map)) => map,
-                _ => {
-                    eprintln!("--args must be a JSON object");
-                    return ExitCode::FAILURE;
-                }
-            };
+            // Read as the gateway reads a payload: a duplicate key is refused, not resolved.
+            let arguments: Map<String, Value> =
+                match crate::strict_json::parse_strict_json(args.as_bytes()) {
+                    Ok(Value::Object(map)) => map,
+                    Ok(_) => {
+                        eprintln!("--args must be a JSON object");
+                        return ExitCode::FAILURE;
+                    }
+                    Err(e) => {
+                        eprintln!("--args: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
             if let Err(e) = crate::envelope::ToolName::parse(&tool) {
                 eprintln!("--tool: {e}");
                 return ExitCode::FAILURE;

@@ -219,9 +219,13 @@ pub(crate) fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
             continue;
         }
         let path = entry.path();
-        // A file that vanished between listing and stat is simply no longer there.
-        if std::fs::metadata(&path).is_ok_and(|meta| meta.is_file()) {
-            files.push(path);
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => files.push(path),
+            // A link whose target is missing is a policy file that cannot be read: the reader names
+            // it, so that `policy check` fails and start-up refuses rather than skip it unseen.
+            Err(_) if std::fs::symlink_metadata(&path).is_ok() => files.push(path),
+            // A file that vanished between listing and stat is simply no longer there.
+            _ => {}
         }
     }
     files.sort();
