@@ -617,34 +617,31 @@ async fn cli_keygen_sign_and_invoke_against_the_real_gateway() {
     let token = gw.keys.agent_token("exec-cli");
     let payload = tool_call(1, "tool.off", json!({"from": "cli"})).to_string();
 
+    let sign = |key: &str, payload: &str| {
+        let args = [
+            "sign",
+            "--key",
+            key,
+            "--token",
+            &token,
+            "--payload",
+            payload,
+        ];
+        cli(args.iter().map(|a| a.to_string()).collect())
+    };
     // `sign` prints an envelope the gateway accepts, with the PEM form of the key too.
-    let (status, out) = cli(vec![
-        "sign".into(),
-        "--key".into(),
-        keys["private_key_pem"].as_str().unwrap().into(),
-        "--token".into(),
-        token.clone(),
-        "--payload".into(),
-        payload.clone(),
-    ])
-    .await
-    .unwrap();
+    let (status, out) = sign(keys["private_key_pem"].as_str().unwrap(), &payload)
+        .await
+        .unwrap();
     assert_eq!(status, 0, "{out}");
     let envelope: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let (status, body) = gw.post(&envelope).await;
     assert_eq!(status, 200, "{body}");
     // A payload the gateway would refuse for a duplicate key is refused here too, not signed.
-    let (status, out) = cli(vec![
-        "sign".into(),
-        "--key".into(),
-        keys["private_key"].as_str().unwrap().into(),
-        "--token".into(),
-        token.clone(),
-        "--payload".into(),
-        r#"{"jsonrpc": "2.0", "id": 1, "id": 2}"#.into(),
-    ])
-    .await
-    .unwrap();
+    let duplicate = r#"{"jsonrpc": "2.0", "id": 1, "id": 2}"#;
+    let (status, out) = sign(keys["private_key"].as_str().unwrap(), duplicate)
+        .await
+        .unwrap();
     assert_ne!(status, 0, "{out}");
     assert!(out.contains("duplicate key"), "{out}");
 

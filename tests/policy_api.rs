@@ -452,60 +452,36 @@ fn policy_cli_checks_and_explains() {
         "{out}"
     );
 
-    let (status, out) = run_cli(&[
-        "policy",
-        "explain",
-        "--context",
-        "agent-runtime",
-        "--tool",
-        "fs.read_file",
-        "--args",
-        r#"{"path": "/workspace/../etc/passwd"}"#,
-        "--policies",
-        repo_policies,
-    ]);
+    // `policy explain` against the shipped `agent-runtime` context: (exit status, output).
+    let explain = |tool: &str, args: &str| {
+        run_cli(&[
+            "policy",
+            "explain",
+            "--context",
+            "agent-runtime",
+            "--tool",
+            tool,
+            "--args",
+            args,
+            "--policies",
+            repo_policies,
+        ])
+    };
+    let (status, out) = explain("fs.read_file", r#"{"path": "/workspace/../etc/passwd"}"#);
     assert_eq!(status, 0, "{out}");
     assert!(
         out.contains("2002") && out.contains("capability") && out.contains("fs.*"),
         "{out}"
     );
-    let (_, out) = run_cli(&[
-        "policy",
-        "explain",
-        "--context",
-        "agent-runtime",
-        "--tool",
-        "fs.delete",
-        "--policies",
-        repo_policies,
-    ]);
+    let (_, out) = explain("fs.delete", "{}");
     assert!(out.contains("2001") && out.contains("deny_list"), "{out}");
-    let (_, out) = run_cli(&[
-        "policy",
-        "explain",
-        "--context",
-        "agent-runtime",
-        "--tool",
-        "cmd.run",
-        "--args",
-        r#"{"command": "git status"}"#,
-        "--policies",
-        repo_policies,
-    ]);
+    let (_, out) = explain("cmd.run", r#"{"command": "git status"}"#);
     assert!(out.starts_with("allow"), "{out}");
     // Arguments are read as the gateway reads a payload: a duplicate key is refused, not resolved.
-    let (status, out) = run_cli(&[
-        "policy",
-        "explain",
-        "--context",
-        "agent-runtime",
-        "--tool",
+    let (status, out) = explain(
         "fs.read_file",
-        "--args",
         r#"{"path": "/etc/passwd", "path": "/workspace/a"}"#,
-        "--policies",
-        repo_policies,
-    ]);
+    );
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("duplicate key"), "{out}");
 

@@ -578,18 +578,24 @@ async fn rotated_files_each_verify_and_join_up() {
     assert_eq!(verify_lines(&all_lines).map(|r| r.events), Ok(25));
 }
 
-#[tokio::test]
-async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
+/// A memory store and, in a temporary folder, `audit.jsonl` holding the same four events.
+async fn four_events_in_a_file() -> (tempfile::TempDir, Arc<MemoryBackend>) {
     let Some(dir) = tempfile::tempdir().ok() else {
         panic!("no tempdir")
     };
-    let path = dir.path().join("audit.jsonl");
     let backend = Arc::new(MemoryBackend::new());
-    let first = memory_log(&backend, &file_cfg(&path)).await;
+    let first = memory_log(&backend, &file_cfg(&dir.path().join("audit.jsonl"))).await;
     for n in 0..4 {
         record_ok(&first, authorized(n)).await;
     }
     first.shutdown().await;
+    (dir, backend)
+}
+
+#[tokio::test]
+async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
+    let (dir, backend) = four_events_in_a_file().await;
+    let path = dir.path().join("audit.jsonl");
     let second = memory_log(&backend, &file_cfg(&path)).await;
     for n in 4..8 {
         record_ok(&second, authorized(n)).await;
@@ -629,7 +635,6 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
     );
     assert_eq!(read_lines(&path).len(), 11, "the file is left as it was");
     // A store that holds nothing (a lost or replaced data folder) would restart the chain at seq 1.
-    let all = backend.events();
     backend.replace_events(Vec::new());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
@@ -638,21 +643,12 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
         message.contains("ends at seq 11") && message.contains("seq 0"),
         "{message}"
     );
-    backend.replace_events(all.clone());
 }
 
 #[tokio::test]
 async fn rotated_files_count_when_the_live_file_is_empty() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        panic!("no tempdir")
-    };
+    let (dir, backend) = four_events_in_a_file().await;
     let path = dir.path().join("audit.jsonl");
-    let backend = Arc::new(MemoryBackend::new());
-    let first = memory_log(&backend, &file_cfg(&path)).await;
-    for n in 0..4 {
-        record_ok(&first, authorized(n)).await;
-    }
-    first.shutdown().await;
     // As a rotation leaves it: the chain's end is in the rotated file's name, the live file is empty.
     std::fs::rename(&path, dir.path().join("audit.jsonl.1-4")).unwrap();
     std::fs::write(&path, "").unwrap();
