@@ -924,6 +924,12 @@ async fn record_refusal(
             Err(e) => ApiError::store(e),
         };
     }
+    if code == Code::StoreUnavailable {
+        // The store was already retried for `store_retry_secs` after the forward: one more try, and
+        // the answer stays the 5005 that says the call was forwarded.
+        let _ = gw.audit.record(event).await;
+        return refusal.error;
+    }
     match retry_after_forward(gw, || gw.audit.record(event.clone())).await {
         Ok(_) => refusal.error,
         Err(e) => forwarded_but_unrecorded(e).error,

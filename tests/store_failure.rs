@@ -338,20 +338,26 @@ async fn start_store_cutting_tool(down: Arc<AtomicBool>, outage: Option<Duration
     format!("  cut: {{ http: {{ url: \"http://{addr}/rpc\" }} }}")
 }
 
-/// One call to a tool whose arrival switches the store off (for `outage`, or for good).
-async fn call_that_cuts_the_store(outage: Option<Duration>) -> (Rig, StatusCode, Value) {
+/// One call to a tool whose arrival switches the store off (for `outage`, or for good), under `policy`
+/// (a context named `cut`).
+async fn call_that_cuts_the_store(
+    outage: Option<Duration>,
+    policy: &str,
+) -> (Rig, StatusCode, Value) {
     let down = Arc::new(AtomicBool::new(false));
     let upstream = start_store_cutting_tool(down.clone(), outage).await;
-    let rig = Rig::start(down, &upstream, CUT_POLICY, "cut").await;
+    let rig = Rig::start(down, &upstream, policy, "cut").await;
     let (status, body) = rig.call(1, "cut.write").await;
     (rig, status, body)
 }
 
 const CUT_POLICY: &str = "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\", claim: off }\n";
+const CLAIMED_CUT_POLICY: &str = "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\" }\n";
 
 #[tokio::test]
 async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {
-    let (rig, status, body) = call_that_cuts_the_store(Some(Duration::from_millis(150))).await;
+    let (rig, status, body) =
+        call_that_cuts_the_store(Some(Duration::from_millis(150)), CUT_POLICY).await;
     assert_eq!(
         (status, body["error"]["code"].as_u64()),
         (StatusCode::BAD_GATEWAY, Some(5003)),
@@ -373,11 +379,17 @@ async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {
 
 #[tokio::test]
 async fn a_refusal_after_the_forward_that_cannot_be_recorded_says_it_was_forwarded() {
-    let (_rig, status, body) = call_that_cuts_the_store(None).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_u64()),
-        (StatusCode::SERVICE_UNAVAILABLE, Some(5005)),
-        "{body}"
-    );
-    assert_eq!(body["error"]["details"]["forwarded"], true, "{body}");
+    // Without a claim the refusal's event is what fails; with one, settling the claim fails first.
+    for policy in [CUT_POLICY, CLAIMED_CUT_POLICY] {
+        let (_rig, status, body) = call_that_cuts_the_store(None, policy).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_u64()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(5005)),
+            "{policy}: {body}"
+        );
+        assert_eq!(
+            body["error"]["details"]["forwarded"], true,
+            "{policy}: {body}"
+        );
+    }
 }
