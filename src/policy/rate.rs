@@ -70,6 +70,12 @@ impl SlidingWindow {
         encode(&times)
     }
 
+    /// Whether no stored admission lies inside the window at `now_ms`: the state can then be forgotten.
+    pub fn is_empty_at(&self, state: &[u8], now_ms: i64) -> bool {
+        let horizon = now_ms.saturating_sub(self.per_ms);
+        self.decode(state).iter().all(|&time| time <= horizon)
+    }
+
     /// The stored times, ascending, at most `calls` of them (the latest: a lowered limit keeps the
     /// most recent admissions). A trailing partial entry, which only a damaged store could hold, is
     /// dropped so that the next admission writes a well-formed state again.

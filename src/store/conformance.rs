@@ -84,6 +84,7 @@ pub(crate) async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_fir
             .map(|c| format!("{}:{}", c.kind.as_str(), c.request_id))
             .collect::<Vec<_>>()
     };
+    store.sync().await.unwrap();
     let (page, more) = store.claim_page(None, 2, &|_| true).await.unwrap();
     assert_eq!(
         (ids(&page), more),
@@ -147,6 +148,7 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
             .map(|s| s.session_id.clone())
             .collect::<Vec<_>>()
     };
+    store.sync().await.unwrap();
     let (page, more) = store.session_page(None, 2, &|_| true).await.unwrap();
     assert_eq!((ids(&page), more), (vec!["B".into(), "a".into()], true));
     let (page, more) = store.session_page(Some("a"), 2, &|_| true).await.unwrap();
@@ -177,6 +179,7 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
         .claim_replace(&pending, Some(&committed))
         .await
         .unwrap());
+    store.sync().await.unwrap();
     assert_eq!(
         store.live_counts(9).await.unwrap(),
         LiveCounts {
@@ -189,6 +192,7 @@ pub(crate) async fn session_pages_run_in_id_order_and_live_counts_count(store: &
     // A released claim is no longer pending; a lost compare-and-set changes no count.
     assert!(!store.claim_replace(&pending, None).await.unwrap());
     assert!(store.claim_replace(&first, None).await.unwrap());
+    store.sync().await.unwrap();
     assert_eq!(store.live_counts(9).await.unwrap().pending_claims, 0);
 }
 
@@ -542,6 +546,7 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
         .await
         .unwrap());
 
+    store.sync().await.unwrap();
     let (page, more) = store.approval_page(None, 2, &|_| true).await.unwrap();
     let ids: Vec<&str> = page.iter().map(|a| a.approval_id.as_str()).collect();
     assert_eq!((ids, more), (vec!["a3", "a4"], true));

@@ -3,6 +3,9 @@
 //! chain. Every operation that decides something is atomic by contract (insert-if-absent,
 //! compare-and-set), never by a process-local lock, so that several replicas can share one store.
 //!
+//! Listings, counts and event reads (`*_page`, `live_counts`, `events_*`) may see only what was synced;
+//! lookups (`*_get`, `approval_current`, `counter_get`) and every decision see every write before them.
+//!
 //! Writes are not durable when they return: durability comes from [`crate::audit::AuditBackend::sync`],
 //! the one barrier per phase. Every phase of a call ends in an audit event whose group commit syncs the
 //! store first, so the claim, the replay record and the counters written before the event are durable
@@ -10,8 +13,10 @@
 
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod memory;
 pub mod postgres;
 pub mod sled_store;
+pub mod sqlite;
 pub mod testing;
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +24,16 @@ use serde_json::Value;
 
 pub use postgres::PgStore;
 pub use sled_store::SledStore;
+pub use sqlite::SqliteStore;
+
+/// A record as the stores keep it: JSON text, which a compare-and-set compares byte for byte.
+pub(crate) fn encode_record<T: Serialize>(value: &T) -> StoreResult<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+pub(crate) fn decode_record<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
 
 /// The last event of the audit chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +48,21 @@ impl ChainHead {
         ChainHead {
             seq: 0,
             hash: crate::audit::GENESIS_HASH.to_owned(),
+        }
+    }
+
+    /// The head that a stored event makes: its `seq` and `hash`.
+    pub fn of_event(event: &Value) -> StoreResult<ChainHead> {
+        let seq = event.get("seq").and_then(Value::as_u64);
+        let hash = event.get("hash").and_then(Value::as_str);
+        match (seq, hash) {
+            (Some(seq), Some(hash)) => Ok(ChainHead {
+                seq,
+                hash: hash.to_owned(),
+            }),
+            _ => Err(StoreError::Corrupt(
+                "audit event without seq or hash".into(),
+            )),
         }
     }
 }
@@ -416,6 +446,25 @@ pub trait Store: AuditBackend {
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+
+    /// Whether this store keeps replay records and rate windows in memory, to be rebuilt from the
+    /// chain's recent events at start-up with [`Store::restore`] (the embedded store); a store that keeps
+    /// them durably (PostgreSQL, shared by replicas) says false.
+    fn restores_from_chain(&self) -> bool {
+        false
+    }
+
+    /// Takes back what the chain says about the last window: signatures that passed check 7 and
+    /// admissions charged to rate windows (in time order).
+    fn restore(&self, _recovered: Recovered) {}
+}
+
+/// What the chain's recent events say that an in-memory store must know again after a restart.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub signatures: Vec<SeenSignature>,
+    /// (rate cell key, its window, the admission's time in ms), oldest first.
+    pub rate_admissions: Vec<(String, crate::policy::rate::SlidingWindow, i64)>,
 }
 
 /// One page of a listing, filled in listing order: up to `limit` records that `keep` accepts.

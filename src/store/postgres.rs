@@ -24,10 +24,10 @@ use super::{
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
-    include_str!("migrations/0001_initial.sql"),
-    include_str!("migrations/0002_context_version.sql"),
-    include_str!("migrations/0003_counter_keys_bytea.sql"),
-    include_str!("migrations/0004_approvals.sql"),
+    include_str!("migrations/postgres/0001_initial.sql"),
+    include_str!("migrations/postgres/0002_context_version.sql"),
+    include_str!("migrations/postgres/0003_counter_keys_bytea.sql"),
+    include_str!("migrations/postgres/0004_approvals.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.

@@ -1,0 +1,118 @@
+//! What the embedded store keeps in memory instead of on disk (issue 20): the replay records of SPEC 3
+//! check 8 and the rate windows of SPEC 6.3. Both would otherwise be a random write per call; both can be
+//! rebuilt at start-up from the audit chain, whose events carry every envelope signature that passed check 7
+//! and every call a capability charged (see `crate::recovery`).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use crate::policy::rate::SlidingWindow;
+
+/// Envelope signatures whose clock window has not passed. A signature is kept by its first 16 bytes: Ed25519's
+/// `R` half, a hash output, so two envelopes share them only by a 2^-128 chance (and then the second is
+/// refused, never admitted twice). At 5,000 calls a second and a 30 s skew this is about 10 MB.
+#[derive(Default)]
+pub struct ReplaySet {
+    seen: Mutex<HashMap<u128, i64>>,
+}
+
+impl ReplaySet {
+    /// Remembers `signature` until `expires_at_ms`; false when it was remembered already.
+    pub fn remember(&self, signature: &[u8], expires_at_ms: i64) -> bool {
+        let key = Self::key(signature);
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        match seen.entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(expires_at_ms);
+                true
+            }
+        }
+    }
+
+    /// Forgets the signatures whose window has passed; returns how many.
+    pub fn purge(&self, now_ms: i64) -> usize {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = seen.len();
+        seen.retain(|_, expires_at_ms| *expires_at_ms >= now_ms);
+        before - seen.len()
+    }
+
+    fn key(signature: &[u8]) -> u128 {
+        let mut prefix = [0u8; 16];
+        let n = signature.len().min(16);
+        prefix[..n].copy_from_slice(&signature[..n]);
+        u128::from_le_bytes(prefix)
+    }
+}
+
+/// The sliding windows of every (session, context, capability) that has a rate limit, by cell key, each
+/// with the window it was last charged under.
+#[derive(Default)]
+pub struct RateWindows {
+    cells: Mutex<HashMap<String, (SlidingWindow, Vec<u8>)>>,
+}
+
+impl RateWindows {
+    /// Admits a call at `now_ms` or refuses it with the milliseconds to wait (see [`SlidingWindow::admit`]).
+    pub fn admit(&self, key: &str, window: &SlidingWindow, now_ms: i64) -> Result<(), i64> {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = cells.get(key).map(|(_, state)| state.as_slice());
+        let next = window.admit(state, now_ms)?;
+        cells.insert(key.to_owned(), (*window, next));
+        Ok(())
+    }
+
+    /// Gives back the admission made at `admitted_at_ms` (the budget refused the call).
+    pub fn refund(&self, key: &str, window: &SlidingWindow, admitted_at_ms: i64) {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, state)) = cells.get_mut(key) {
+            *state = window.refund(state, admitted_at_ms);
+        }
+    }
+
+    /// Forgets the windows that no longer hold an admission at `now_ms` (their sessions went quiet).
+    pub fn purge(&self, now_ms: i64) {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        cells.retain(|_, (window, state)| !window.is_empty_at(state, now_ms));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_is_remembered_once_until_its_window_passes() {
+        let replay = ReplaySet::default();
+        assert!(replay.remember(&[1; 64], 1_000));
+        assert!(!replay.remember(&[1; 64], 5_000));
+        assert!(replay.remember(&[2; 64], 1_000));
+        assert_eq!(replay.purge(1_000), 0);
+        assert_eq!(replay.purge(1_001), 2);
+        assert!(replay.remember(&[1; 64], 9_000));
+    }
+
+    #[test]
+    fn rate_windows_admit_refuse_and_refund() {
+        let windows = RateWindows::default();
+        let window = SlidingWindow::new(2, 1_000);
+        assert!(windows.admit("k", &window, 100).is_ok());
+        assert!(windows.admit("k", &window, 200).is_ok());
+        assert_eq!(windows.admit("k", &window, 300), Err(800));
+        windows.refund("k", &window, 200);
+        assert!(windows.admit("k", &window, 300).is_ok());
+        windows.purge(1_200);
+        assert_eq!(windows.len(), 1, "300 is still inside the window at 1,200");
+        windows.purge(1_300);
+        assert_eq!(windows.len(), 0);
+    }
+}

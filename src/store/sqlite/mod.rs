@@ -1,0 +1,844 @@
+//! The embedded default store on SQLite (SPEC 12 r3): one database file, `data_dir/sealgate.db`, in WAL mode
+//! with `synchronous=FULL`, which an operator can open with the `sqlite3` shell and back up while it runs.
+//!
+//! One writer thread applies every write in order and commits them in groups (see [`threads`]); the
+//! audit events of a batch and the claims they settle are written in the same transaction, so the store
+//! and its chain never disagree. Reads that feed a compare-and-set go through the writer too (they see its
+//! uncommitted writes); listings and exports go to reader threads that see the last commit.
+//!
+//! Replay records and rate windows live in memory ([`super::memory`]): a common call then writes only its
+//! budget count, its claim and its audit events. They are rebuilt from the chain at start-up
+//! ([`Store::restore`]).
+
+mod threads;
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde_json::Value;
+
+use self::threads::{Checkpointer, Readers, Writable, Writer};
+use super::memory::{RateWindows, ReplaySet};
+use super::{
+    decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
+    ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
+    ClaimStatus, LiveCounts, Page, Recovered, SessionRecord, Store, StoreError, StoreResult,
+    StoredContext,
+};
+
+/// The database file in `data_dir`.
+pub const FILE_NAME: &str = "sealgate.db";
+
+/// The migrations, in order: entry `i` brings the schema (`PRAGMA user_version`) to version `i + 1`.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_initial.sql")];
+
+/// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
+const READERS: usize = 2;
+
+/// What every connection of the writer sets. The writer never checkpoints by itself (the checkpointer
+/// does, off the commit path); the WAL file is cut back to 64 MiB after each reset.
+const WRITER_PRAGMAS: &str = "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0; \
+     PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -8192; PRAGMA busy_timeout = 5000; \
+     PRAGMA foreign_keys = OFF; PRAGMA temp_store = MEMORY;";
+
+pub struct SqliteStore {
+    writer: Writer,
+    readers: Readers,
+    replay: ReplaySet,
+    rates: RateWindows,
+    _checkpointer: Checkpointer,
+}
+
+fn db(err: rusqlite::Error) -> StoreError {
+    StoreError::unavailable(format!("sqlite: {err}"))
+}
+
+/// SQLite's integers are signed 64-bit: a seq, a count or a limit is clamped, never wrapped.
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) `dir/sealgate.db`, brings its schema up to date and starts its
+    /// threads. Refuses a schema newer than this build knows.
+    pub fn open(dir: &Path) -> StoreResult<SqliteStore> {
+        let path = create_database_file(dir)?;
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| StoreError::unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .map_err(db)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::unavailable(format!(
+                "{} cannot use a write-ahead log (journal mode {mode})",
+                path.display()
+            )));
+        }
+        conn.execute_batch(WRITER_PRAGMAS).map_err(db)?;
+        migrate(&conn)?;
+        let head = read_head(&conn)?;
+        let writer = Writer::start(Writable { conn, head })?;
+        let readers = Readers::start(&path, READERS)?;
+        let checkpointer = Checkpointer::start(&path, writer.commits())?;
+        Ok(SqliteStore {
+            writer,
+            readers,
+            replay: ReplaySet::default(),
+            rates: RateWindows::default(),
+            _checkpointer: checkpointer,
+        })
+    }
+
+    /// The database file of the store in `dir`.
+    pub fn path_in(dir: &Path) -> PathBuf {
+        dir.join(FILE_NAME)
+    }
+
+    async fn read<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        self.check_running()?;
+        self.readers.read(work).await
+    }
+}
+
+/// Makes `dir` (mode 0700) and the database file (mode 0600, which SQLite gives its WAL and shared-memory
+/// files too) when missing, and syncs the folder so that the new names survive a power cut.
+fn create_database_file(dir: &Path) -> StoreResult<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", dir.display())))?;
+    let path = SqliteStore::path_in(dir);
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path);
+    match created {
+        Ok(_) => std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError::unavailable(format!("cannot sync {}: {e}", dir.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(StoreError::unavailable(format!(
+                "cannot create {}: {e}",
+                path.display()
+            )))
+        }
+    }
+    Ok(path)
+}
+
+/// Applies the migrations the file lacks, each in its own transaction with its version.
+fn migrate(conn: &Connection) -> StoreResult<()> {
+    let current: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(db)?;
+    let current = usize::try_from(current).unwrap_or(usize::MAX);
+    let known = MIGRATIONS.len();
+    if current > known {
+        return Err(StoreError::Unavailable(format!(
+            "the store's schema is at version {current}, newer than the {known} this build knows: \
+             refusing to start (upgrade sealgate)"
+        )));
+    }
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
+        let version = index + 1;
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {migration}; PRAGMA user_version = {version}; COMMIT;"
+        ))
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            StoreError::unavailable(format!("store schema migration {version} failed: {e}"))
+        })?;
+        tracing::info!(version, "store schema migrated");
+    }
+    Ok(())
+}
+
+/// The last event's seq and hash, or the genesis head for an empty chain.
+fn read_head(conn: &Connection) -> StoreResult<ChainHead> {
+    let last: Option<String> = conn
+        .query_row(
+            "SELECT event FROM audit_events ORDER BY seq DESC LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(db)?;
+    let Some(text) = last else {
+        return Ok(ChainHead::genesis());
+    };
+    let event: Value = decode_record(&text)?;
+    ChainHead::of_event(&event)
+}
+
+/// Inserts `record` unless its key exists; returns the record found otherwise.
+fn insert_or_get<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    insert: &str,
+    insert_params: &[&dyn rusqlite::ToSql],
+    select: &str,
+    select_params: &[&dyn rusqlite::ToSql],
+) -> StoreResult<Option<T>> {
+    let inserted = conn
+        .prepare_cached(insert)
+        .and_then(|mut s| s.execute(insert_params))
+        .map_err(db)?;
+    if inserted == 1 {
+        return Ok(None);
+    }
+    let existing: String = conn
+        .prepare_cached(select)
+        .and_then(|mut s| s.query_row(select_params, |row| row.get(0)))
+        .map_err(db)?;
+    decode_record(&existing).map(Some)
+}
+
+/// Runs a compare-and-set statement; true when it changed the one row.
+fn changes_one(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> StoreResult<bool> {
+    let changed = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.execute(params))
+        .map_err(db)?;
+    Ok(changed == 1)
+}
+
+/// One record by key, decoded.
+fn get_record<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> StoreResult<Option<T>> {
+    let text: Option<String> = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.query_row(params, |row| row.get(0)).optional())
+        .map_err(db)?;
+    text.map(|text| decode_record(&text)).transpose()
+}
+
+const SESSION_BY_ID: &str = "SELECT record FROM sessions WHERE session_id = ?1";
+const CLAIM_BY_ID: &str = "SELECT record FROM claims WHERE kind = ?1 AND request_id = ?2";
+const APPROVAL_BY_ID: &str = "SELECT record FROM approvals WHERE approval_id = ?1";
+
+/// A session's expiry while it is not revoked (the live-sessions gauge's index).
+fn live_until(record: &SessionRecord) -> Option<i64> {
+    record.revoked_at_ms.is_none().then_some(record.expires_at)
+}
+
+fn claim_insert(conn: &Connection, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+    let kind = record.kind.as_str();
+    insert_or_get(
+        conn,
+        "INSERT INTO claims (kind, request_id, claimed_at_ms, pending, record) \
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (kind, request_id) DO NOTHING",
+        params![
+            kind,
+            record.request_id,
+            record.claimed_at_ms,
+            record.status == ClaimStatus::Pending,
+            encode_record(record)?
+        ],
+        CLAIM_BY_ID,
+        params![kind, record.request_id],
+    )
+}
+
+fn claim_replace(
+    conn: &Connection,
+    old: &ClaimRecord,
+    new: Option<&ClaimRecord>,
+) -> StoreResult<bool> {
+    let kind = old.kind.as_str();
+    match new {
+        Some(new) => changes_one(
+            conn,
+            "UPDATE claims SET record = ?4, pending = ?5 \
+             WHERE kind = ?1 AND request_id = ?2 AND record = ?3",
+            params![
+                kind,
+                old.request_id,
+                encode_record(old)?,
+                encode_record(new)?,
+                new.status == ClaimStatus::Pending
+            ],
+        ),
+        None => changes_one(
+            conn,
+            "DELETE FROM claims WHERE kind = ?1 AND request_id = ?2 AND record = ?3",
+            params![kind, old.request_id, encode_record(old)?],
+        ),
+    }
+}
+
+/// Counts one call against the budget cell `key` unless it holds `max` already; false when it does.
+fn charge_budget(conn: &Connection, key: &str, max: u64) -> StoreResult<bool> {
+    changes_one(
+        conn,
+        "INSERT INTO counters (key, value) SELECT ?1, 1 WHERE ?2 > 0 \
+         ON CONFLICT (key) DO UPDATE SET value = value + 1 WHERE value < ?2",
+        params![key.as_bytes(), int(max)],
+    )
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(db))
+            .await
+    }
+
+    async fn session_insert(&self, record: &SessionRecord) -> StoreResult<Option<SessionRecord>> {
+        let record = record.clone();
+        self.writer
+            .write(move |w| {
+                insert_or_get(
+                    &w.conn,
+                    "INSERT INTO sessions (session_id, record, live_until) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT DO NOTHING",
+                    params![
+                        record.session_id,
+                        encode_record(&record)?,
+                        live_until(&record)
+                    ],
+                    SESSION_BY_ID,
+                    params![record.session_id],
+                )
+            })
+            .await
+    }
+
+    async fn session_get(&self, session_id: &str) -> StoreResult<Option<SessionRecord>> {
+        let id = session_id.to_owned();
+        self.writer
+            .write(move |w| get_record(&w.conn, SESSION_BY_ID, params![id]))
+            .await
+    }
+
+    async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
+        let (old, new) = (old.clone(), new.clone());
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "UPDATE sessions SET record = ?3, live_until = ?4 \
+                     WHERE session_id = ?1 AND record = ?2",
+                    params![
+                        old.session_id,
+                        encode_record(&old)?,
+                        encode_record(&new)?,
+                        live_until(&new)
+                    ],
+                )
+            })
+            .await
+    }
+
+    async fn session_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<SessionRecord>, bool)> {
+        self.page(
+            limit,
+            keep,
+            after.map(str::to_owned),
+            |conn, after, batch| {
+                conn.prepare_cached(
+                    "SELECT session_id, record FROM sessions WHERE session_id > ?1 \
+                 ORDER BY session_id LIMIT ?2",
+                )?
+                // Every id sorts after the empty string.
+                .query_map(params![after.map_or("", String::as_str), batch], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })?
+                .collect()
+            },
+        )
+        .await
+    }
+
+    async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
+        let key = key.as_bytes().to_vec();
+        self.writer
+            .write(move |w| {
+                w.conn
+                    .prepare_cached("SELECT value FROM counters WHERE key = ?1")
+                    .and_then(|mut s| s.query_row(params![key], |row| row.get(0)).optional())
+                    .map_err(db)
+            })
+            .await
+    }
+
+    async fn remember_signature(&self, signature: &[u8], expires_at_ms: i64) -> StoreResult<bool> {
+        self.check_running()?;
+        Ok(self.replay.remember(signature, expires_at_ms))
+    }
+
+    async fn purge_signatures(&self, now_ms: i64) -> StoreResult<usize> {
+        self.rates.purge(now_ms);
+        Ok(self.replay.purge(now_ms))
+    }
+
+    async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
+        self.check_running()?;
+        if let Some(seen) = &admission.signature {
+            if !self.replay.remember(&seen.signature, seen.expires_at_ms) {
+                return Ok(Admitted::Replayed);
+            }
+        }
+        let now_ms = admission.now_ms;
+        if let Some((key, window)) = &admission.rate {
+            if let Err(retry_after_ms) = self.rates.admit(key, window, now_ms) {
+                return Ok(Admitted::RateLimited { retry_after_ms });
+            }
+        }
+        let (budget, claim) = (admission.budget.clone(), admission.claim.clone());
+        let charged = self
+            .writer
+            .write(move |w| {
+                if let Some((key, max)) = &budget {
+                    if !charge_budget(&w.conn, key, *max)? {
+                        return Ok(None);
+                    }
+                }
+                let existing = match &claim {
+                    Some(claim) => claim_insert(&w.conn, claim)?,
+                    None => None,
+                };
+                Ok(Some(existing))
+            })
+            .await;
+        if !matches!(charged, Ok(Some(_))) {
+            // Refused by the budget, or not written: the rate window must not count the call either.
+            if let Some((key, window)) = &admission.rate {
+                self.rates.refund(key, window, now_ms);
+            }
+        }
+        Ok(match charged? {
+            Some(existing) => Admitted::Charged {
+                existing_claim: existing.map(Box::new),
+            },
+            None => Admitted::BudgetExhausted,
+        })
+    }
+
+    async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
+        let record = record.clone();
+        self.writer
+            .write(move |w| claim_insert(&w.conn, &record))
+            .await
+    }
+
+    async fn claim_get(
+        &self,
+        kind: ClaimKind,
+        request_id: &str,
+    ) -> StoreResult<Option<ClaimRecord>> {
+        let id = request_id.to_owned();
+        self.writer
+            .write(move |w| get_record(&w.conn, CLAIM_BY_ID, params![kind.as_str(), id]))
+            .await
+    }
+
+    async fn claim_replace(
+        &self,
+        old: &ClaimRecord,
+        new: Option<&ClaimRecord>,
+    ) -> StoreResult<bool> {
+        let (old, new) = (old.clone(), new.cloned());
+        self.writer
+            .write(move |w| claim_replace(&w.conn, &old, new.as_ref()))
+            .await
+    }
+
+    async fn claim_page(
+        &self,
+        before: Option<&ClaimCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ClaimRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ClaimRecord>, bool)> {
+        let cursor = before.map(|c| {
+            (
+                c.claimed_at_ms,
+                c.kind.as_str().to_owned(),
+                c.request_id.clone(),
+            )
+        });
+        self.page(limit, keep, cursor, |conn, before, batch| {
+            let row = |row: &rusqlite::Row<'_>| {
+                Ok(((row.get(0)?, row.get(1)?, row.get(2)?), row.get(3)?))
+            };
+            match before {
+                None => conn
+                    .prepare_cached(
+                        "SELECT claimed_at_ms, kind, request_id, record FROM claims \
+                         ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT ?1",
+                    )?
+                    .query_map(params![batch], row)?
+                    .collect(),
+                Some((ms, kind, id)) => conn
+                    .prepare_cached(
+                        "SELECT claimed_at_ms, kind, request_id, record FROM claims \
+                         WHERE (claimed_at_ms, kind, request_id) < (?1, ?2, ?3) \
+                         ORDER BY claimed_at_ms DESC, kind DESC, request_id DESC LIMIT ?4",
+                    )?
+                    .query_map(params![ms, kind, id, batch], row)?
+                    .collect(),
+            }
+        })
+        .await
+    }
+
+    async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
+        self.read(move |conn| {
+            let (sessions, claims, approvals): (i64, i64, i64) = conn
+                .prepare_cached(
+                    "SELECT (SELECT count(*) FROM sessions WHERE live_until > ?1), \
+                     (SELECT count(*) FROM claims WHERE pending = 1), \
+                     (SELECT count(*) FROM approvals WHERE pending = 1)",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![now_secs], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })
+                })
+                .map_err(db)?;
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            Ok(LiveCounts {
+                sessions: count(sessions),
+                pending_claims: count(claims),
+                pending_approvals: count(approvals),
+            })
+        })
+        .await
+    }
+
+    async fn approval_insert(
+        &self,
+        record: &ApprovalRecord,
+        replacing: Option<&str>,
+    ) -> StoreResult<bool> {
+        let record = record.clone();
+        let replacing = replacing.map(str::to_owned);
+        self.writer
+            .write(move |w| {
+                // The call's pointer first: only a request that becomes current is stored.
+                let current = match &replacing {
+                    None => changes_one(
+                        &w.conn,
+                        "INSERT INTO approval_calls (session_id, call_digest, approval_id) \
+                         VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                        params![record.session_id, record.call_digest, record.approval_id],
+                    )?,
+                    Some(previous) => changes_one(
+                        &w.conn,
+                        "UPDATE approval_calls SET approval_id = ?3 \
+                         WHERE session_id = ?1 AND call_digest = ?2 AND approval_id = ?4",
+                        params![
+                            record.session_id,
+                            record.call_digest,
+                            record.approval_id,
+                            previous
+                        ],
+                    )?,
+                };
+                if !current {
+                    return Ok(false);
+                }
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO approvals (approval_id, requested_at_ms, pending, record) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        record.approval_id,
+                        record.requested_at_ms,
+                        record.status == ApprovalStatus::Pending,
+                        encode_record(&record)?
+                    ],
+                )
+            })
+            .await
+    }
+
+    async fn approval_current(
+        &self,
+        session_id: &str,
+        call_digest: &str,
+    ) -> StoreResult<Option<ApprovalRecord>> {
+        let (session_id, call_digest) = (session_id.to_owned(), call_digest.to_owned());
+        self.writer
+            .write(move |w| {
+                get_record(
+                    &w.conn,
+                    "SELECT a.record FROM approval_calls c JOIN approvals a USING (approval_id) \
+                     WHERE c.session_id = ?1 AND c.call_digest = ?2",
+                    params![session_id, call_digest],
+                )
+            })
+            .await
+    }
+
+    async fn approval_get(&self, approval_id: &str) -> StoreResult<Option<ApprovalRecord>> {
+        let id = approval_id.to_owned();
+        self.writer
+            .write(move |w| get_record(&w.conn, APPROVAL_BY_ID, params![id]))
+            .await
+    }
+
+    async fn approval_replace(
+        &self,
+        old: &ApprovalRecord,
+        new: &ApprovalRecord,
+    ) -> StoreResult<bool> {
+        let (old, new) = (old.clone(), new.clone());
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "UPDATE approvals SET record = ?3, pending = ?4 \
+                     WHERE approval_id = ?1 AND record = ?2",
+                    params![
+                        old.approval_id,
+                        encode_record(&old)?,
+                        encode_record(&new)?,
+                        new.status == ApprovalStatus::Pending
+                    ],
+                )
+            })
+            .await
+    }
+
+    async fn approval_page(
+        &self,
+        before: Option<&ApprovalCursor>,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
+    ) -> StoreResult<(Vec<ApprovalRecord>, bool)> {
+        let cursor = before.map(|c| (c.requested_at_ms, c.approval_id.clone()));
+        self.page(limit, keep, cursor, |conn, before, batch| {
+            let row = |row: &rusqlite::Row<'_>| Ok(((row.get(0)?, row.get(1)?), row.get(2)?));
+            match before {
+                None => conn
+                    .prepare_cached(
+                        "SELECT requested_at_ms, approval_id, record FROM approvals \
+                         ORDER BY requested_at_ms DESC, approval_id DESC LIMIT ?1",
+                    )?
+                    .query_map(params![batch], row)?
+                    .collect(),
+                Some((ms, id)) => conn
+                    .prepare_cached(
+                        "SELECT requested_at_ms, approval_id, record FROM approvals \
+                         WHERE (requested_at_ms, approval_id) < (?1, ?2) \
+                         ORDER BY requested_at_ms DESC, approval_id DESC LIMIT ?3",
+                    )?
+                    .query_map(params![ms, id, batch], row)?
+                    .collect(),
+            }
+        })
+        .await
+    }
+
+    async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
+        let context = context.clone();
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO contexts (name, record) VALUES (?1, ?2) \
+                     ON CONFLICT (name) DO UPDATE SET record = excluded.record",
+                    params![context.name, encode_record(&context)?],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
+        let name = name.to_owned();
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "DELETE FROM contexts WHERE name = ?1",
+                    params![name],
+                )
+            })
+            .await
+    }
+
+    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+        self.writer
+            .write(|w| {
+                let texts: Vec<String> = w
+                    .conn
+                    .prepare_cached("SELECT record FROM contexts ORDER BY name")
+                    .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
+                    .map_err(db)?;
+                texts.iter().map(|text| decode_record(text)).collect()
+            })
+            .await
+    }
+
+    fn restores_from_chain(&self) -> bool {
+        true
+    }
+
+    fn restore(&self, recovered: Recovered) {
+        for seen in &recovered.signatures {
+            self.replay.remember(&seen.signature, seen.expires_at_ms);
+        }
+        for (key, window, at_ms) in &recovered.rate_admissions {
+            // Replayed in order; an admission the window refuses now was refused then too.
+            let _ = self.rates.admit(key, window, *at_ms);
+        }
+    }
+}
+
+/// Reads one batch of a listing, after the cursor when there is one: rows of (cursor, record text).
+type BatchQuery<C> = fn(&Connection, Option<&C>, i64) -> rusqlite::Result<Vec<(C, String)>>;
+
+impl SqliteStore {
+    /// Fills one page of a listing from batches that the readers read with `query`, starting after
+    /// `cursor`; `keep` runs here, on the records as they come.
+    async fn page<C, T>(
+        &self,
+        limit: usize,
+        keep: &(dyn for<'r> Fn(&'r T) -> bool + Sync),
+        mut cursor: Option<C>,
+        query: BatchQuery<C>,
+    ) -> StoreResult<(Vec<T>, bool)>
+    where
+        C: Clone + Send + 'static,
+        T: serde::de::DeserializeOwned,
+    {
+        let mut page = Page::new(limit, keep);
+        let batch = limit.saturating_add(1).max(64);
+        loop {
+            let from = cursor.clone();
+            let rows = self
+                .read(move |conn| query(conn, from.as_ref(), int(batch as u64)).map_err(db))
+                .await?;
+            let exhausted = rows.len() < batch;
+            for (next, text) in rows {
+                cursor = Some(next);
+                if page.offer(decode_record(&text)?) {
+                    return Ok(page.done(true));
+                }
+            }
+            if exhausted {
+                return Ok(page.done(false));
+            }
+        }
+    }
+
+    /// Fails when the writer has stopped (see [`threads`]): memory-only steps must not admit calls that
+    /// nothing could record.
+    fn check_running(&self) -> StoreResult<()> {
+        match self.writer.failed() {
+            Some(why) => Err(threads::stopped(why)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditBackend for SqliteStore {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
+        self.writer
+            .write(|w| Ok((w.head.seq > 0).then(|| w.head.clone())))
+            .await
+    }
+
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        let after = after.clone();
+        let rows = events
+            .iter()
+            .map(|event| Ok((ChainHead::of_event(event)?, event.to_string())))
+            .collect::<StoreResult<Vec<(ChainHead, String)>>>()?;
+        let settlements = settlements.to_vec();
+        self.writer
+            .write(move |w| {
+                if w.head != after {
+                    return Err(StoreError::HeadMoved);
+                }
+                for settlement in &settlements {
+                    // A claim an operator resolved meanwhile is left as it is.
+                    claim_replace(&w.conn, &settlement.pending, Some(&settlement.settled))?;
+                }
+                let mut insert = w
+                    .conn
+                    .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
+                    .map_err(db)?;
+                for (head, text) in &rows {
+                    insert.execute(params![int(head.seq), text]).map_err(db)?;
+                }
+                drop(insert);
+                if let Some((head, _)) = rows.last() {
+                    w.head = head.clone();
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        self.writer.commit().await
+    }
+
+    async fn events_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        let before = before_seq.map_or(i64::MAX, int);
+        let limit = int(limit as u64);
+        self.read(move |conn| {
+            let texts: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![before, limit], |row| row.get(0))?
+                        .collect()
+                })
+                .map_err(db)?;
+            texts.iter().map(|text| decode_record(text)).collect()
+        })
+        .await
+    }
+
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        let (from, limit) = (int(from_seq), int(limit as u64));
+        self.read(move |conn| {
+            let texts: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![from, limit], |row| row.get(0))?
+                        .collect()
+                })
+                .map_err(db)?;
+            texts.iter().map(|text| decode_record(text)).collect()
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests;

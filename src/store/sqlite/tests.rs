@@ -1,0 +1,159 @@
+use super::*;
+use crate::store::conformance::{self, claim};
+
+fn open() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    (dir, store)
+}
+
+#[tokio::test]
+async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
+    let (_dir, store) = open();
+    conformance::claim_insert_is_insert_if_absent_and_replace_is_compare_and_set(&store).await;
+}
+
+#[tokio::test]
+async fn the_two_claim_namespaces_never_meet_and_pages_run_newest_first() {
+    let (_dir, store) = open();
+    conformance::the_two_claim_namespaces_never_meet_and_pages_run_newest_first(&store).await;
+}
+
+#[tokio::test]
+async fn sessions_insert_once_and_replace_by_compare_and_set() {
+    let (_dir, store) = open();
+    conformance::sessions_insert_once_and_replace_by_compare_and_set(&store).await;
+}
+
+#[tokio::test]
+async fn session_pages_run_in_id_order_and_live_counts_count() {
+    let (_dir, store) = open();
+    conformance::session_pages_run_in_id_order_and_live_counts_count(&store).await;
+}
+
+#[tokio::test]
+async fn signatures_are_remembered_once_and_purged_after_their_window() {
+    let (_dir, store) = open();
+    conformance::signatures_are_remembered_once_and_purged_after_their_window(&store).await;
+}
+
+#[tokio::test]
+async fn admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing() {
+    let (_dir, store) = open();
+    conformance::admit_charges_rate_then_budget_then_claims_and_refusals_charge_nothing(&store)
+        .await;
+}
+
+#[tokio::test]
+async fn a_settlement_is_written_with_its_batch_and_only_then() {
+    let (_dir, store) = open();
+    conformance::a_settlement_is_written_with_its_batch_and_only_then(&store).await;
+}
+
+#[tokio::test]
+async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal() {
+    let (_dir, store) = open();
+    conformance::admit_writes_the_replay_record_first_and_keeps_it_on_refusal(&store).await;
+}
+
+#[tokio::test]
+async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together() {
+    let (_dir, store) = open();
+    conformance::admit_without_a_rate_window_charges_the_budget_and_the_claim_together(&store)
+        .await;
+}
+
+#[tokio::test]
+async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call() {
+    let (_dir, store) = open();
+    conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(&store)
+        .await;
+}
+
+#[tokio::test]
+async fn committed_state_survives_reopen_and_uncommitted_state_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SqliteStore::open(dir.path()).unwrap();
+        store
+            .claim_insert(&claim(ClaimKind::Invoke, "kept", 5))
+            .await
+            .unwrap();
+        let budget = Admission {
+            budget: Some(("n".into(), 10)),
+            ..Admission::default()
+        };
+        store.admit(&budget).await.unwrap();
+        let big = StoredContext {
+            name: "big".into(),
+            spec: Value::String("x".repeat(300_000)),
+        };
+        store.context_put(&big).await.unwrap();
+        store.sync().await.unwrap();
+    }
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert!(store
+        .claim_get(ClaimKind::Invoke, "kept")
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(store.counter_get("n").await.unwrap(), Some(1));
+    assert_eq!(store.context_list().await.unwrap().len(), 1);
+    assert_eq!(store.live_counts(0).await.unwrap().pending_claims, 1);
+}
+
+#[tokio::test]
+async fn a_lost_transaction_stops_the_store_and_nothing_it_held_is_reported_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    store
+        .claim_insert(&claim(ClaimKind::Invoke, "durable", 5))
+        .await
+        .unwrap();
+    store.sync().await.unwrap();
+    // From now on the file cannot grow: a large write fails with SQLITE_FULL, which rolls back the
+    // whole open transaction, small writes already answered included.
+    store
+        .writer
+        .write(|w| {
+            let pages: i64 = w
+                .conn
+                .query_row("PRAGMA page_count", [], |row| row.get(0))
+                .map_err(db)?;
+            w.conn
+                .execute_batch(&format!("PRAGMA max_page_count = {pages}"))
+                .map_err(db)
+        })
+        .await
+        .unwrap();
+    store
+        .claim_insert(&claim(ClaimKind::Invoke, "answered", 6))
+        .await
+        .unwrap();
+    let big = StoredContext {
+        name: "big".into(),
+        spec: Value::String("x".repeat(1_000_000)),
+    };
+    assert!(store.context_put(&big).await.is_err());
+    // The answered claim was lost with the transaction: no commit may now report it durable.
+    assert!(store.sync().await.is_err());
+    assert!(store.ping().await.is_err());
+    assert!(store
+        .claim_insert(&claim(ClaimKind::Invoke, "later", 7))
+        .await
+        .is_err());
+    drop(store);
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let found = |id: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .claim_get(ClaimKind::Invoke, id)
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    assert!(found("durable").await);
+    assert!(!found("answered").await);
+}
