@@ -327,11 +327,11 @@ pub async fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SledStore;
+    use crate::store::SqliteStore;
 
-    fn store() -> (tempfile::TempDir, SledStore) {
+    fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
+        let store = SqliteStore::open(dir.path()).unwrap();
         (dir, store)
     }
 
@@ -395,7 +395,7 @@ mod tests {
     }
 
     /// What the audit writer does with a settlement that rides in its batch.
-    async fn apply(store: &SledStore, settlement: ClaimSettlement) {
+    async fn apply(store: &SqliteStore, settlement: ClaimSettlement) {
         assert!(store
             .claim_replace(&settlement.pending, Some(&settlement.settled))
             .await

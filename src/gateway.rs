@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
 use crate::store::postgres::CONTEXT_POLL;
-use crate::store::{PgStore, SledStore, Store, StoredContext};
+use crate::store::{PgStore, SqliteStore, Store, StoredContext};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
@@ -73,7 +73,7 @@ impl Gateway {
         let data_dir = config.resolve(&config.data_dir);
         let store: Arc<dyn Store> = {
             let dir = data_dir.clone();
-            let opened = tokio::task::spawn_blocking(move || SledStore::open(&dir))
+            let opened = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
                 .await
                 .map_err(|e| e.to_string())?;
             Arc::new(opened.map_err(|e| e.to_string())?)
@@ -118,6 +118,22 @@ impl Gateway {
             if let Err(e) = loaded {
                 tracing::error!(context = %context.name, error = %e, "stored security context no longer loads; skipped");
             }
+        }
+        let restored = crate::recovery::restore(
+            store.as_ref(),
+            &contexts,
+            config.limits.max_clock_skew_secs,
+            crate::clock::now_millis(),
+        )
+        .await
+        .map_err(|e| format!("store: {e}"))?;
+        if restored.events_read > 0 {
+            tracing::info!(
+                events = restored.events_read,
+                signatures = restored.signatures,
+                rate_admissions = restored.rate_admissions,
+                "replay records and rate windows restored from the audit chain"
+            );
         }
         // Nothing here stops start-up (keys can be added and tools installed later), but each is a
         // feature that cannot work as configured, said once now rather than at the first refusal.

@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod logging;
 pub mod pipeline;
 pub mod policy;
+pub mod recovery;
 pub mod session;
 pub mod store;
 pub mod strict_json;

@@ -58,6 +58,13 @@ fn refuse(code: Code, message: impl Into<String>) -> Refused {
     })
 }
 
+/// A refusal of a call that its capability allowed and charged: its event names the capability's rule,
+/// which is also how a restart finds the charge again (`crate::recovery`).
+fn decided_by(mut refusal: Refused, rule: &policy::Rule) -> Refused {
+    refusal.rule = Some(rule.clone());
+    refusal
+}
+
 fn store_refusal(error: impl std::fmt::Display) -> Refused {
     refuse(Code::StoreUnavailable, error.to_string())
 }
@@ -304,21 +311,27 @@ async fn run(
         }
         Some(Taken::Skip(record)) => {
             facts.note_claim(&record, "SKIP");
-            return skip(gw, env, facts, &context, index, &record, &id).await;
+            return skip(gw, env, facts, (&context, index, &rule), &record, &id).await;
         }
         Some(Taken::Pending(record)) => {
             facts.note_claim(&record, "PENDING");
-            return Err(refuse(
-                Code::ClaimPending,
-                "this call is already in flight or its outcome is unknown",
+            return Err(decided_by(
+                refuse(
+                    Code::ClaimPending,
+                    "this call is already in flight or its outcome is unknown",
+                ),
+                &rule,
             ));
         }
         Some(Taken::OtherCall(record)) => {
             facts.note_claim(&record, "PENDING");
             facts.claim = None;
-            return Err(refuse(
-                Code::IdempotencyKeyReused,
-                "this idempotency key was used for a different tool or different arguments",
+            return Err(decided_by(
+                refuse(
+                    Code::IdempotencyKeyReused,
+                    "this idempotency key was used for a different tool or different arguments",
+                ),
+                &rule,
             ));
         }
     };
@@ -536,11 +549,7 @@ fn check_window(
     facts: &mut CallFacts,
 ) -> Result<(), Refused> {
     let skew = gw.config.limits.max_clock_skew_secs;
-    let window_end_ms = env
-        .timestamp
-        .saturating_add(skew)
-        .saturating_add(1)
-        .saturating_mul(1000);
+    let window_end_ms = replay_record_expiry_ms(env.timestamp, skew);
     facts.replay_record = (window_end_ms > clock::now_millis()).then(|| SeenSignature {
         signature: signature.to_bytes(),
         expires_at_ms: window_end_ms,
@@ -552,6 +561,15 @@ fn check_window(
         ));
     }
     Ok(())
+}
+
+/// When the replay record of an envelope signed at `timestamp` may be forgotten: once no clock within the
+/// window could accept that timestamp any more.
+pub fn replay_record_expiry_ms(timestamp: i64, skew_secs: i64) -> i64 {
+    timestamp
+        .saturating_add(skew_secs)
+        .saturating_add(1)
+        .saturating_mul(1000)
 }
 
 /// Check 9: the token is bound to this session and workload.
@@ -673,10 +691,7 @@ async fn admit(
         signature: facts.replay_record.take(),
         rate: capability.rate_limit.map(|limit| {
             (
-                format!(
-                    "rate\0{}\0{}\0{capability_index}",
-                    record.session_id, context.spec.name
-                ),
+                policy::rate::cell_key(&record.session_id, &context.spec.name, capability_index),
                 policy::rate::SlidingWindow::from(limit),
             )
         }),
@@ -830,20 +845,25 @@ async fn skip(
     gw: &Gateway,
     env: &Envelope,
     facts: &CallFacts,
-    context: &SecurityContext,
-    capability_index: usize,
+    (context, capability_index, rule): (&SecurityContext, usize, &policy::Rule),
     record: &ClaimRecord,
     id: &Value,
 ) -> Result<Outcome, Refused> {
     let cap = context.capabilities[capability_index].max_response_size;
     let response = claim::skip_answer(record, id, cap).map_err(|withheld| match withheld {
-        Withheld::WasTooLarge { limit } => refuse(
-            Code::ResponseTooLarge,
-            format!("the tool's answer was larger than {limit} bytes and was withheld"),
+        Withheld::WasTooLarge { limit } => decided_by(
+            refuse(
+                Code::ResponseTooLarge,
+                format!("the tool's answer was larger than {limit} bytes and was withheld"),
+            ),
+            rule,
         ),
-        Withheld::TooLargeNow { limit } => refuse(
-            Code::ResponseTooLarge,
-            format!("the stored answer is larger than this capability's max_response_size ({limit} bytes)"),
+        Withheld::TooLargeNow { limit } => decided_by(
+            refuse(
+                Code::ResponseTooLarge,
+                format!("the stored answer is larger than this capability's max_response_size ({limit} bytes)"),
+            ),
+            rule,
         ),
         Withheld::Missing => store_refusal("store holds a committed claim without an answer"),
     })?;
@@ -852,7 +872,8 @@ async fn skip(
         .record(
             facts
                 .event(gw, EventType::ClaimSkipped, env)
-                .decision(Verdict::Allow),
+                .decision(Verdict::Allow)
+                .rule(serde_json::to_value(rule).unwrap_or(Value::Null)),
         )
         .await
         .map_err(store_refusal)?;

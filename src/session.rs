@@ -482,7 +482,7 @@ mod tests {
     #[tokio::test]
     async fn the_cache_serves_decoded_sessions_and_forgets_revoked_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::SledStore::open(dir.path()).unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).unwrap();
         let record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()

@@ -13,13 +13,13 @@ use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    LiveCounts, SessionRecord, SledStore, Store, StoreError, StoreResult, StoredContext,
+    LiveCounts, SessionRecord, SqliteStore, Store, StoreError, StoreResult, StoredContext,
 };
 use serde_json::{json, Value};
 
 /// The embedded store behind a switch: when `down`, every operation fails as an unreachable store would.
 struct SwitchableStore {
-    inner: SledStore,
+    inner: SqliteStore,
     down: Arc<AtomicBool>,
 }
 
@@ -227,7 +227,7 @@ impl Rig {
         )
         .unwrap();
         let store = Arc::new(SwitchableStore {
-            inner: SledStore::open(&dir.path().join("data")).unwrap(),
+            inner: SqliteStore::open(&dir.path().join("data")).unwrap(),
             down: down.clone(),
         });
         let gateway = sealgate::gateway::Gateway::build_with_store(config, store.clone())

@@ -4,7 +4,7 @@
 //!
 //! The pipeline builds an [`AuditEvent`] where a decision is made and awaits [`AuditLog::record`]; an
 //! error there means the event is not durable, and the call must be refused with 5005. The store is
-//! behind [`AuditBackend`], so this module knows nothing about sled or PostgreSQL.
+//! behind [`AuditBackend`], so this module knows nothing about SQLite or PostgreSQL.
 //!
 //! The writer's sync is the gateway's durability barrier: it syncs the whole store, so every store write
 //! made before an event was queued (a claim, a replay record, a counter) is durable when that event is.

@@ -99,6 +99,11 @@ fn encode(times: &[i64]) -> Vec<u8> {
     times.iter().flat_map(|time| time.to_be_bytes()).collect()
 }
 
+/// The key of the window that a capability keeps per session: one per (session, context, capability).
+pub fn cell_key(session_id: &str, context: &str, capability_index: usize) -> String {
+    format!("rate\0{session_id}\0{context}\0{capability_index}")
+}
+
 /// The `Retry-After` of a 2005: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(wait_ms: i64) -> u64 {
     u64::try_from(wait_ms).unwrap_or(0).div_ceil(1000).max(1)

@@ -1,5 +1,5 @@
 //! What every store must do, as test bodies shared by the store implementations' unit tests: each takes
-//! a fresh store, so sled and PostgreSQL are held to the same behaviour by the same assertions.
+//! a fresh store, so SQLite and PostgreSQL are held to the same behaviour by the same assertions.
 
 use serde_json::json;
 

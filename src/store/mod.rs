@@ -15,7 +15,6 @@
 pub(crate) mod conformance;
 pub mod memory;
 pub mod postgres;
-pub mod sled_store;
 pub mod sqlite;
 pub mod testing;
 
@@ -23,7 +22,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use postgres::PgStore;
-pub use sled_store::SledStore;
 pub use sqlite::SqliteStore;
 
 /// A record as the stores keep it: JSON text, which a compare-and-set compares byte for byte.
@@ -349,7 +347,7 @@ pub enum Admitted {
     },
 }
 
-/// The durable state of the gateway. Implementations: [`SledStore`] (embedded default) and [`PgStore`]
+/// The durable state of the gateway. Implementations: [`SqliteStore`] (embedded default) and [`PgStore`]
 /// (shared by replicas). Every method
 /// is a cheap in-memory operation or one round trip; none blocks the async runtime.
 #[async_trait::async_trait]

@@ -15,7 +15,6 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
-use super::sled_store::{budget_bytes, budget_count};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
     ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store,
@@ -62,6 +61,21 @@ fn encode<T: Serialize>(value: &T) -> StoreResult<String> {
 
 fn decode<T: DeserializeOwned>(text: &str) -> StoreResult<T> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// A budget cell's state: the count as 8 big-endian bytes (what `int8send` writes in SQL).
+fn budget_bytes(count: i64) -> Vec<u8> {
+    count.to_be_bytes().to_vec()
+}
+
+fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
+    match bytes {
+        None => Ok(0),
+        Some(raw) => raw
+            .try_into()
+            .map(i64::from_be_bytes)
+            .map_err(|_| StoreError::Corrupt("budget counter is not 8 bytes".into())),
+    }
 }
 
 /// SQL's bigint for a seq or a limit (both far below 2^63 in practice; clamped, never wrapped).
