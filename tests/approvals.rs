@@ -349,24 +349,71 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     assert_eq!(approval(&gw, &after).await["status"], "denied");
 }
 
+/// `calls.allowed` of a session, as `GET /v1/seal/sessions/{id}` reports it.
+async fn calls_allowed(gw: &Gateway, session: &str) -> u64 {
+    let (status, body) = gw
+        .admin(Method::GET, &format!("/v1/seal/sessions/{session}"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["calls"]["allowed"].as_u64().unwrap()
+}
+
 #[tokio::test]
-async fn budgets_count_every_call_that_reaches_the_approval_step() {
+async fn waiting_for_a_person_is_not_charged_but_every_other_call_at_the_gate_is() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
-    let (key, token) = gw
-        .session_with("exec-budget", json!({"budget": {"max_calls": 2}}))
+    let spec = json!({"capabilities": [{"tool_pattern": "pay.*", "claim": "off",
+        "approval": {"required": true}, "rate_limit": {"calls": 4, "per_seconds": 3600}}]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/metered", Some(spec))
         .await;
+    assert!(status == 200 || status == 201, "{body}");
+    let (key, _) = gw
+        .session_with(
+            "exec-budget",
+            json!({"security_context": "metered", "budget": {"max_calls": 3}}),
+        )
+        .await;
+    let token = gw
+        .keys
+        .agent_token_from(&gw.keys.agent_claims("exec-budget", "metered"));
+    // The request is charged once; its repeats while it is pending (SPEC 13 r3) are not, however many.
     let id = requested(&call(&gw, &key, &token, "pay.send", payment(4)).await);
-    assert_eq!(
-        requested(&call(&gw, &key, &token, "pay.send", payment(4)).await),
-        id
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 1);
+    for _ in 0..12 {
+        let repeat = call(&gw, &key, &token, "pay.send", payment(4)).await;
+        assert_eq!(requested(&repeat), id);
+    }
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 1);
+    // Every repeat was still remembered for replay: check 8 holds for every call.
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(9_999, "pay.send", payment(4)),
+        &token,
+        sealgate::clock::now_secs(),
     );
+    assert_eq!(requested(&gw.post(&envelope).await), id);
+    let (status, replayed) = gw.post(&envelope).await;
+    assert_eq!((status, code(&replayed)), (401, 1008), "{replayed}");
+    // A new call is a new request, and is charged.
+    let other = requested(&call(&gw, &key, &token, "pay.send", payment(5)).await);
+    assert_ne!(other, id);
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 2);
+    // The granted call is charged when it runs: the third and last call of the budget.
     assert_eq!(decide(&gw, &id, "grant", json!({})).await.0, 200);
-    // Both held calls were charged: the granted one finds the budget spent, and keeps its grant.
-    let (status, body) = call(&gw, &key, &token, "pay.send", payment(4)).await;
+    let (status, ran) = call(&gw, &key, &token, "pay.send", payment(4)).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(
+        (tool.count(), calls_allowed(&gw, "exec-budget").await),
+        (1, 3)
+    );
+    // A denied call is not waiting: its repeat reaches the gate, and is charged like any other.
+    assert_eq!(
+        decide(&gw, &other, "deny", json!({"reason": "no"})).await.0,
+        200
+    );
+    let (status, body) = call(&gw, &key, &token, "pay.send", payment(5)).await;
     assert_eq!((status, code(&body)), (403, 2008), "{body}");
-    assert_eq!(approval(&gw, &id).await["status"], "granted");
-    assert_eq!(tool.count(), 0);
 }
 
 #[tokio::test]
