@@ -76,21 +76,6 @@ async fn decide(gw: &Gateway, id: &str, verdict: &str, body: Value) -> (u16, Val
     .await
 }
 
-/// Every audit event of a session, oldest first.
-async fn events(gw: &Gateway, session: &str) -> Vec<Value> {
-    let (status, page) = gw
-        .admin(
-            Method::GET,
-            &format!("/v1/audit?session_id={session}&limit=1000"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{page}");
-    let mut items = page["items"].as_array().unwrap().clone();
-    items.reverse();
-    items
-}
-
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
 }
@@ -223,7 +208,7 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     assert_eq!(tool.count(), 1);
 
     // Every step is audited, with the request's id, and no argument value anywhere in the trail.
-    let trail = events(&gw, "exec-pay").await;
+    let trail = gw.events("exec-pay").await;
     let asked = of_type(&trail, "ApprovalRequested");
     assert_eq!(asked.len(), 3, "{trail:?}");
     assert_eq!(asked[0]["approval_id"], first.as_str());
@@ -283,7 +268,7 @@ async fn a_denied_call_gets_4004_with_the_reason_recorded() {
     let (status, body) = decide(&gw, &id, "grant", json!({})).await;
     assert_eq!((status, code(&body)), (409, 6004));
 
-    let trail = events(&gw, "exec-deny").await;
+    let trail = gw.events("exec-deny").await;
     let denials = of_type(&trail, "ApprovalDenied");
     assert_eq!(denials.len(), 1);
     assert_eq!(denials[0]["actor"], "test-operator");
@@ -323,7 +308,7 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
         Duration::from_secs(40),
         "the sweep expires the grant",
         || async {
-            of_type(&events(&gw, "exec-quick").await, "ApprovalExpired")
+            of_type(&gw.events("exec-quick").await, "ApprovalExpired")
                 .iter()
                 .any(|e| e["approval_id"] == fresh.as_str())
         },
@@ -332,7 +317,7 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     let after = requested(&call(&gw, &key, &token, "pay.send", payment(1)).await);
     assert_ne!(after, fresh);
     assert_eq!(tool.count(), 0);
-    let trail = events(&gw, "exec-quick").await;
+    let trail = gw.events("exec-quick").await;
     let expired = of_type(&trail, "ApprovalExpired");
     assert_eq!(expired.len(), 2, "one event per expiry: {expired:?}");
 
@@ -479,7 +464,7 @@ async fn a_call_that_never_left_keeps_its_grant_and_the_claim_comes_first() {
     assert_eq!(skipped["receipt"]["claim"], "SKIP");
     assert_eq!(skipped["payload"]["result"], ran["payload"]["result"]);
     assert_eq!(tool.count(), 1);
-    let trail = events(&gw, "exec-claimed").await;
+    let trail = gw.events("exec-claimed").await;
     assert_eq!(of_type(&trail, "ApprovalRequested").len(), 2);
 }
 

@@ -193,21 +193,6 @@ async fn grant_when_requested(gw: &Gateway, session: &str) -> String {
     id
 }
 
-/// Every audit event of a session, oldest first.
-async fn events(gw: &Gateway, session: &str) -> Vec<Value> {
-    let (status, page) = gw
-        .admin(
-            Method::GET,
-            &format!("/v1/audit?session_id={session}&limit=1000"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{page}");
-    let mut items = page["items"].as_array().unwrap().clone();
-    items.reverse();
-    items
-}
-
 fn count(events: &[Value], kind: &str, tool: &str) -> usize {
     events
         .iter()
@@ -292,7 +277,7 @@ async fn check_scenario(setup: &Setup, agent: &Agent, seen: &Value) {
     }
 
     // The keyed call ran once (the retry was a SKIP), and so did the gated one, on its grant.
-    let trail = events(&setup.gw, &agent.session).await;
+    let trail = setup.gw.events(&agent.session).await;
     assert_eq!(count(&trail, "ToolCallCompleted", "every.echo"), 2);
     assert_eq!(count(&trail, "ClaimSkipped", "every.echo"), 1);
     assert_eq!(count(&trail, "ToolCallCompleted", "every.get-sum"), 1);
@@ -637,7 +622,7 @@ async fn calls_go_on_across_token_rotation_repeat_without_1008_and_log_no_secret
     let next = dir_write(&agent.token_file, &setup.gw.keys.agent_token_from(&renewed));
     let answer = host.request(json!(9), "tools/call", marked.clone()).await;
     assert_ne!(answer["result"]["isError"], true, "{answer}");
-    let trail = events(&setup.gw, "raw").await;
+    let trail = setup.gw.events("raw").await;
     let jtis: Vec<&str> = trail
         .iter()
         .filter(|e| e["type"] == "ToolCallCompleted")
