@@ -682,3 +682,207 @@ fn dir_write(path: &Path, text: &str) -> String {
     std::fs::rename(&next, path).unwrap();
     text.to_owned()
 }
+
+/// Runs openssl in `dir`, failing the test with its output when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs (scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
+fn certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=test-ca",
+            ],
+        ]
+        .concat(),
+    );
+    for (name, usage) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), usage).unwrap();
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        openssl(
+            dir,
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    &key,
+                    "-out",
+                    &csr,
+                    "-subj",
+                    &format!("/CN={name}"),
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "1",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+/// A TLS front for the gateway that asks every client for a certificate signed by the test CA (mutual
+/// TLS), then relays the bytes to the gateway's plain port. Returns its https base URL.
+async fn tls_front(dir: &Path, gateway: &str) -> String {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(&read("ca.pem")).unwrap())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(&read("server.pem")).unwrap()],
+            PrivateKeyDer::from_pem_slice(&read("server.key")).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let front = listener.local_addr().unwrap();
+    let backend = gateway.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let (acceptor, backend) = (acceptor.clone(), backend.clone());
+            tokio::spawn(async move {
+                // A client without a certificate fails here, as it would at a gateway with client_ca_file.
+                let Ok(mut tls) = acceptor.accept(socket).await else {
+                    return;
+                };
+                let mut plain = tokio::net::TcpStream::connect(&backend).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    format!("https://{front}")
+}
+
+#[tokio::test]
+async fn an_https_gateway_is_reached_with_the_ca_file_and_the_client_certificate() {
+    let setup = setup().await;
+    let agent = agent(&setup, "tls").await;
+    certificates(setup.dir.path());
+    let https = tls_front(setup.dir.path(), &setup.gw.base).await;
+    let file = |name: &str| setup.dir.path().join(name).display().to_string();
+    let (key, token) = (
+        agent.key_file.display().to_string(),
+        agent.token_file.display().to_string(),
+    );
+    let base = [
+        "--gateway",
+        https.as_str(),
+        "--key",
+        key.as_str(),
+        "--token",
+        token.as_str(),
+    ];
+    let (ca, cert, client_key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let with = |extra: &[&str]| {
+        [&base[..], extra]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+
+    let full = with(&[
+        "--ca-file",
+        &ca,
+        "--client-cert",
+        &cert,
+        "--client-key",
+        &client_key,
+    ]);
+    let without_certificate = with(&["--ca-file", &ca]);
+    let without_ca = with(&["--client-cert", &cert, "--client-key", &client_key]);
+    for (args, reached) in [
+        (full, true),
+        (without_certificate, false),
+        (without_ca, false),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut host = RawHost::start(&args, &[]);
+        host.initialize().await;
+        let answer = host
+            .request(
+                json!(1),
+                "tools/call",
+                call("every.echo", json!({"message": "tls"})),
+            )
+            .await;
+        if reached {
+            assert_eq!(text(&answer["result"]), "Echo: tls", "{answer}");
+        } else {
+            assert!(
+                text(&answer["result"]).starts_with("sealgate is unreachable"),
+                "{args:?}: {answer}"
+            );
+        }
+        host.finish().await;
+    }
+}
