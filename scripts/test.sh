@@ -25,6 +25,13 @@ if [ ! -x target/schemathesis/bin/schemathesis ]; then
   python3 -m venv target/schemathesis
   target/schemathesis/bin/pip install --quiet --disable-pip-version-check schemathesis==4.32.5
 fi
+# tests/connect.rs drives `sealgate connect` from the official MCP SDKs: Python (`mcp` from PyPI, pinned, in a venv
+# of its own) and TypeScript (@modelcontextprotocol/sdk from npm, pinned by tests/connect-clients/package-lock.json).
+if ! target/mcp-python/bin/python -c 'import importlib.metadata as m; assert m.version("mcp") == "2.3.0"' 2>/dev/null; then
+  python3 -m venv target/mcp-python
+  target/mcp-python/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
+fi
+npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by
@@ -38,6 +45,6 @@ drop_test_databases() {
 }
 trap drop_test_databases EXIT
 SEALGATE_TEST_STORE=postgres cargo test --locked \
-  --test approvals --test audit_trail --test claims --test cli_tokens --test console --test gateway_core --test hardening \
+  --test approvals --test audit_trail --test claims --test cli_tokens --test connect --test console --test gateway_core --test hardening \
   --test mcp_gateway --test metrics --test observability --test openapi --test operability --test policy_api \
   --test upstream_mcp "$@"

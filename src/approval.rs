@@ -122,6 +122,20 @@ pub async fn sweep(gw: &Gateway) -> Result<usize, String> {
     }
 }
 
+/// The call's own request when it is still pending and not yet due (SPEC 13 r3): a repeat that finds it
+/// is answered 4003 with its id before it is charged, so an agent waiting for a person spends nothing.
+/// Anything else (no request, decided, due to expire) is left to [`gate`], after the charge.
+pub async fn still_pending(
+    store: &dyn Store,
+    session_id: &str,
+    call_digest: &str,
+) -> StoreResult<Option<ApprovalRecord>> {
+    let current = store.approval_current(session_id, call_digest).await?;
+    Ok(current.filter(|record| {
+        record.status == ApprovalStatus::Pending && !is_due(record, clock::now_millis())
+    }))
+}
+
 /// The approval step of one call (SPEC 13): use the call's grant, or say why the call must wait.
 /// A lost race with another replica is read again, a few times, before it is a store error.
 pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {

@@ -420,6 +420,14 @@ fn key_path(dotted: &str) -> FieldPath {
     dotted.split('.').fold(FieldPath::root(), FieldPath::key)
 }
 
+/// `SEALGATE_*` variables that are not configuration (SPEC 11 r3): they stand for the flags of
+/// `sealgate connect` (SPEC 15), so `serve` passes them over in silence.
+pub const NOT_CONFIGURATION: [&str; 3] = [
+    "SEALGATE_GATEWAY",
+    "SEALGATE_KEY_FILE",
+    "SEALGATE_TOKEN_FILE",
+];
+
 /// `SEALGATE_LIMITS__MAX_CLOCK_SKEW_SECS=5` sets `limits.max_clock_skew_secs`; values are read as JSON
 /// when they parse (numbers, booleans, lists), else as strings. Unknown names are ignored with a warning.
 /// Returns the keys set, each with its variable.
@@ -437,6 +445,9 @@ fn apply_overrides(
             tracing::warn!(
                 "SEALGATE_LOG is no longer read; set log.level (SEALGATE_LOG__LEVEL) or RUST_LOG"
             );
+            continue;
+        }
+        if NOT_CONFIGURATION.contains(&name.as_str()) {
             continue;
         }
         let dotted = rest
@@ -692,6 +703,20 @@ mod tests {
         let config = Config::from_yaml(file, Path::new(""), &one).unwrap();
         let names: Vec<&String> = config.upstreams.keys().collect();
         assert_eq!(names, ["added", "kept"]);
+    }
+
+    #[test]
+    fn the_variables_of_sealgate_connect_are_not_configuration() {
+        let connect = env(&[
+            ("SEALGATE_GATEWAY", "http://127.0.0.1:8089"),
+            ("SEALGATE_KEY_FILE", "/run/agent/key.pem"),
+            ("SEALGATE_TOKEN_FILE", "/run/agent/token"),
+        ]);
+        let config = Config::from_yaml("", Path::new(""), &connect).unwrap();
+        assert_eq!(
+            config.listen,
+            Config::from_yaml("", Path::new(""), &[]).unwrap().listen
+        );
     }
 
     #[test]

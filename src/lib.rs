@@ -7,6 +7,7 @@ pub mod claim;
 pub mod clock;
 pub mod config;
 pub mod config_check;
+pub mod connect;
 pub mod demo;
 pub mod envelope;
 pub mod error;

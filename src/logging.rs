@@ -82,6 +82,25 @@ pub fn start_for_command() -> Result<(), String> {
     start(&config, std::env::var("RUST_LOG").ok().as_deref())
 }
 
+/// `sealgate connect`: like every command, but the MCP SDK's and the HTTP stack's own lines are never
+/// written, whatever `RUST_LOG` says: they quote whole JSON-RPC messages (argument values) and requests.
+pub fn start_for_connect() -> Result<(), String> {
+    let mut filter = filter(LogLevel::Warn, std::env::var("RUST_LOG").ok().as_deref())?;
+    for quiet in ["rmcp", "hyper", "hyper_util", "h2", "reqwest", "rustls"] {
+        filter = filter.add_directive(
+            format!("{quiet}=off")
+                .parse()
+                .map_err(|e| format!("log filter: {e}"))?,
+        );
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
+        .try_init();
+    Ok(())
+}
+
 /// Installs the process-wide subscriber. A host that installed its own first keeps it.
 fn start(config: &LogConfig, rust_log: Option<&str>) -> Result<(), String> {
     let filter = filter(config.level, rust_log)?;

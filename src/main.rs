@@ -1,5 +1,5 @@
 //! The `sealgate` command: the gateway (`serve`), a guided tour (`demo`), key and token helpers (`keygen`,
-//! `token`, `sign`, `invoke`), offline policy and audit tools, and a benchmark.
+//! `token`, `sign`, `invoke`), the MCP front door (`connect`), offline policy and audit tools, and a benchmark.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +61,9 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8089")]
         url: String,
     },
+    /// The MCP front door: an MCP server (stdio, or Streamable HTTP with --listen) that signs every
+    /// tool call for the gateway with the session's key.
+    Connect(sealgate::connect::ConnectArgs),
     /// Check or explain security contexts offline.
     Policy {
         #[command(subcommand)]
@@ -127,11 +130,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `serve` starts its log from the configuration, once it has read it; `serve --check` only reads
     // the configuration, and its warnings (a SEALGATE_* variable that names no key) go to stderr.
-    if !matches!(cli.command, Command::Serve { check: false, .. }) {
-        if let Err(message) = sealgate::logging::start_for_command() {
-            eprintln!("sealgate: {message}");
-            return ExitCode::FAILURE;
-        }
+    let log = match cli.command {
+        Command::Serve { check: false, .. } => Ok(()),
+        Command::Connect(_) => sealgate::logging::start_for_connect(),
+        _ => sealgate::logging::start_for_command(),
+    };
+    if let Err(message) = log {
+        eprintln!("sealgate: {message}");
+        return ExitCode::FAILURE;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -186,6 +192,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             sealgate::gateway::serve(config).await?;
         }
         Command::Demo { keep, serve } => sealgate::demo::run(keep, serve).await?,
+        Command::Connect(args) => return Ok(sealgate::connect::run(args).await),
         Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
         Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),

@@ -284,9 +284,6 @@ async fn run(
             None,
         ),
         Some(expires_secs) => {
-            admit(gw, facts, &session, &context, index, None)
-                .await
-                .map_err(with_rule)?;
             let call = crate::approval::Call {
                 session_id: &session.record.session_id,
                 sub: &claims.sub,
@@ -297,6 +294,10 @@ async fn run(
                 context_version: &context.version,
                 expires_secs,
             };
+            refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
+            admit(gw, facts, &session, &context, index, None)
+                .await
+                .map_err(with_rule)?;
             claim_after_approval(gw, facts, &call, &rule, claim_record).await?
         }
     };
@@ -360,6 +361,32 @@ async fn run(
         use_grant(gw, used, &answer).await?;
     }
     settle(gw, env, facts, &context, pending.as_ref(), answer, started).await
+}
+
+/// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
+/// charged to rate or budget (its replay record is still written, by the refusal). A call whose request
+/// id finds a claim is answered by section 7 as usual, charged.
+async fn refuse_while_pending(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    call: &crate::approval::Call<'_>,
+    rule: &policy::Rule,
+    claim_record: Option<&ClaimRecord>,
+) -> Result<(), Refused> {
+    if existing_claim(gw, claim_record).await?.is_some() {
+        return Ok(());
+    }
+    let pending =
+        crate::approval::still_pending(gw.store.as_ref(), call.session_id, call.call_digest)
+            .await
+            .map_err(store_refusal)?;
+    match pending {
+        Some(record) => {
+            let waiting = ApiError::new(Code::ApprovalRequired, WAITING);
+            Err(held(facts, rule, waiting, &record, None))
+        }
+        None => Ok(()),
+    }
 }
 
 /// SPEC 13, for a call already charged: the claim comes first (a call whose request id finds a claim
@@ -434,12 +461,7 @@ async fn approve(
             record,
             Some(EventType::ApprovalRequested),
         ),
-        Gate::Waiting(record) => (
-            Code::ApprovalRequired,
-            "this call is waiting for a person's approval",
-            record,
-            None,
-        ),
+        Gate::Waiting(record) => (Code::ApprovalRequired, WAITING, record, None),
         Gate::Denied(record) => (
             Code::ApprovalDenied,
             "a person refused this call",
@@ -447,6 +469,25 @@ async fn approve(
             None,
         ),
     };
+    Err(held(
+        facts,
+        rule,
+        ApiError::new(code, message),
+        &record,
+        event,
+    ))
+}
+
+const WAITING: &str = "this call is waiting for a person's approval";
+
+/// The refusal (4003 or 4004) of a call that the approval step holds back, naming its request.
+fn held(
+    facts: &mut CallFacts,
+    rule: &policy::Rule,
+    error: ApiError,
+    record: &crate::store::ApprovalRecord,
+    event: Option<EventType>,
+) -> Refused {
     facts.approval_id = Some(record.approval_id.clone());
     let mut details = json!({
         "approval_id": record.approval_id,
@@ -455,11 +496,11 @@ async fn approve(
     if let Some(reason) = &record.reason {
         details["reason"] = json!(reason);
     }
-    Err(Box::new(Refusal {
-        error: ApiError::new(code, message).with_details(details),
+    Box::new(Refusal {
+        error: error.with_details(details),
         rule: Some(rule.clone()),
         event,
-    }))
+    })
 }
 
 /// After the forward: a call that reached the tool used its grant up (`ApprovalUsed`, durable with the

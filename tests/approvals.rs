@@ -76,21 +76,6 @@ async fn decide(gw: &Gateway, id: &str, verdict: &str, body: Value) -> (u16, Val
     .await
 }
 
-/// Every audit event of a session, oldest first.
-async fn events(gw: &Gateway, session: &str) -> Vec<Value> {
-    let (status, page) = gw
-        .admin(
-            Method::GET,
-            &format!("/v1/audit?session_id={session}&limit=1000"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{page}");
-    let mut items = page["items"].as_array().unwrap().clone();
-    items.reverse();
-    items
-}
-
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
 }
@@ -223,7 +208,7 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     assert_eq!(tool.count(), 1);
 
     // Every step is audited, with the request's id, and no argument value anywhere in the trail.
-    let trail = events(&gw, "exec-pay").await;
+    let trail = gw.events("exec-pay").await;
     let asked = of_type(&trail, "ApprovalRequested");
     assert_eq!(asked.len(), 3, "{trail:?}");
     assert_eq!(asked[0]["approval_id"], first.as_str());
@@ -283,7 +268,7 @@ async fn a_denied_call_gets_4004_with_the_reason_recorded() {
     let (status, body) = decide(&gw, &id, "grant", json!({})).await;
     assert_eq!((status, code(&body)), (409, 6004));
 
-    let trail = events(&gw, "exec-deny").await;
+    let trail = gw.events("exec-deny").await;
     let denials = of_type(&trail, "ApprovalDenied");
     assert_eq!(denials.len(), 1);
     assert_eq!(denials[0]["actor"], "test-operator");
@@ -323,7 +308,7 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
         Duration::from_secs(40),
         "the sweep expires the grant",
         || async {
-            of_type(&events(&gw, "exec-quick").await, "ApprovalExpired")
+            of_type(&gw.events("exec-quick").await, "ApprovalExpired")
                 .iter()
                 .any(|e| e["approval_id"] == fresh.as_str())
         },
@@ -332,7 +317,7 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     let after = requested(&call(&gw, &key, &token, "pay.send", payment(1)).await);
     assert_ne!(after, fresh);
     assert_eq!(tool.count(), 0);
-    let trail = events(&gw, "exec-quick").await;
+    let trail = gw.events("exec-quick").await;
     let expired = of_type(&trail, "ApprovalExpired");
     assert_eq!(expired.len(), 2, "one event per expiry: {expired:?}");
 
@@ -349,24 +334,71 @@ async fn requests_grants_and_denials_expire_and_the_sweep_notices_unaided() {
     assert_eq!(approval(&gw, &after).await["status"], "denied");
 }
 
+/// `calls.allowed` of a session, as `GET /v1/seal/sessions/{id}` reports it.
+async fn calls_allowed(gw: &Gateway, session: &str) -> u64 {
+    let (status, body) = gw
+        .admin(Method::GET, &format!("/v1/seal/sessions/{session}"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["calls"]["allowed"].as_u64().unwrap()
+}
+
 #[tokio::test]
-async fn budgets_count_every_call_that_reaches_the_approval_step() {
+async fn waiting_for_a_person_is_not_charged_but_every_other_call_at_the_gate_is() {
     let dir = tempfile::tempdir().unwrap();
     let (gw, tool) = Gateway::start(dir.path(), "").await;
-    let (key, token) = gw
-        .session_with("exec-budget", json!({"budget": {"max_calls": 2}}))
+    let spec = json!({"capabilities": [{"tool_pattern": "pay.*", "claim": "off",
+        "approval": {"required": true}, "rate_limit": {"calls": 4, "per_seconds": 3600}}]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/metered", Some(spec))
         .await;
+    assert!(status == 200 || status == 201, "{body}");
+    let (key, _) = gw
+        .session_with(
+            "exec-budget",
+            json!({"security_context": "metered", "budget": {"max_calls": 3}}),
+        )
+        .await;
+    let token = gw
+        .keys
+        .agent_token_from(&gw.keys.agent_claims("exec-budget", "metered"));
+    // The request is charged once; its repeats while it is pending (SPEC 13 r3) are not, however many.
     let id = requested(&call(&gw, &key, &token, "pay.send", payment(4)).await);
-    assert_eq!(
-        requested(&call(&gw, &key, &token, "pay.send", payment(4)).await),
-        id
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 1);
+    for _ in 0..12 {
+        let repeat = call(&gw, &key, &token, "pay.send", payment(4)).await;
+        assert_eq!(requested(&repeat), id);
+    }
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 1);
+    // Every repeat was still remembered for replay: check 8 holds for every call.
+    let envelope = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(9_999, "pay.send", payment(4)),
+        &token,
+        sealgate::clock::now_secs(),
     );
+    assert_eq!(requested(&gw.post(&envelope).await), id);
+    let (status, replayed) = gw.post(&envelope).await;
+    assert_eq!((status, code(&replayed)), (401, 1008), "{replayed}");
+    // A new call is a new request, and is charged.
+    let other = requested(&call(&gw, &key, &token, "pay.send", payment(5)).await);
+    assert_ne!(other, id);
+    assert_eq!(calls_allowed(&gw, "exec-budget").await, 2);
+    // The granted call is charged when it runs: the third and last call of the budget.
     assert_eq!(decide(&gw, &id, "grant", json!({})).await.0, 200);
-    // Both held calls were charged: the granted one finds the budget spent, and keeps its grant.
-    let (status, body) = call(&gw, &key, &token, "pay.send", payment(4)).await;
+    let (status, ran) = call(&gw, &key, &token, "pay.send", payment(4)).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(
+        (tool.count(), calls_allowed(&gw, "exec-budget").await),
+        (1, 3)
+    );
+    // A denied call is not waiting: its repeat reaches the gate, and is charged like any other.
+    assert_eq!(
+        decide(&gw, &other, "deny", json!({"reason": "no"})).await.0,
+        200
+    );
+    let (status, body) = call(&gw, &key, &token, "pay.send", payment(5)).await;
     assert_eq!((status, code(&body)), (403, 2008), "{body}");
-    assert_eq!(approval(&gw, &id).await["status"], "granted");
-    assert_eq!(tool.count(), 0);
 }
 
 #[tokio::test]
@@ -432,7 +464,7 @@ async fn a_call_that_never_left_keeps_its_grant_and_the_claim_comes_first() {
     assert_eq!(skipped["receipt"]["claim"], "SKIP");
     assert_eq!(skipped["payload"]["result"], ran["payload"]["result"]);
     assert_eq!(tool.count(), 1);
-    let trail = events(&gw, "exec-claimed").await;
+    let trail = gw.events("exec-claimed").await;
     assert_eq!(of_type(&trail, "ApprovalRequested").len(), 2);
 }
 

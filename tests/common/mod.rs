@@ -539,6 +539,16 @@ impl Gateway {
         self.operator(method, path, Some(&token), body).await
     }
 
+    /// Every audit event of a session, oldest first.
+    pub async fn events(&self, session: &str) -> Vec<Value> {
+        let path = format!("/v1/audit?session_id={session}&limit=1000");
+        let (status, page) = self.admin(reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        let mut items = page["items"].as_array().unwrap().clone();
+        items.reverse();
+        items
+    }
+
     /// Registers a session on the `test` context; returns the agent's signing key and token.
     pub async fn session(&self, id: &str) -> (SigningKey, String) {
         self.session_with(id, json!({})).await
