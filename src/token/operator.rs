@@ -120,6 +120,27 @@ impl OperatorVerifier {
         self.keys.len()
     }
 
+    /// Fetches the key sets at JWKS URLs and keeps them refreshed (the gateway calls this once).
+    pub async fn start_fetching_keys(&self) {
+        self.keys.start_fetching().await;
+    }
+
+    /// A key set at a URL that was never fetched, described; the gateway is not ready while there is one.
+    pub fn waiting_for_keys(&self) -> Option<String> {
+        self.keys.waiting_for_keys()
+    }
+
+    /// [`OperatorVerifier::verify`], after fetching the key sets at URLs again when the token names a
+    /// kid that no key has (at most every 10 s).
+    pub async fn verify_with_refresh(
+        &self,
+        bearer_token: &str,
+        now: i64,
+    ) -> Result<OperatorClaims, TokenError> {
+        self.keys.fetch_for_unknown_kid(bearer_token).await;
+        self.verify(bearer_token, now)
+    }
+
     /// `bearer_token` is the token itself (the API layer strips `Bearer `). Same order as agent tokens:
     /// shape, signature, `iss`/`aud`/`sub`/`exp`/`scope`, then time.
     pub fn verify(&self, bearer_token: &str, now: i64) -> Result<OperatorClaims, TokenError> {
