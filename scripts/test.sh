@@ -25,6 +25,11 @@ if [ ! -x target/schemathesis/bin/schemathesis ]; then
   python3 -m venv target/schemathesis
   target/schemathesis/bin/pip install --quiet --disable-pip-version-check schemathesis==4.32.5
 fi
+# standardwebhooks (PyPI, pinned) checks the signed approval webhooks as a receiver would, in tests/approvals.rs.
+if ! target/standardwebhooks/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then
+  python3 -m venv target/standardwebhooks
+  target/standardwebhooks/bin/pip install --quiet --disable-pip-version-check standardwebhooks==1.1.0
+fi
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by

@@ -199,8 +199,7 @@ impl RemoteJwks {
             )
             .send()
             .await
-            // Without the URL: its query may hold a credential.
-            .map_err(|err| err.without_url().to_string())?;
+            .map_err(describe)?;
         if !response.status().is_success() {
             return Err(format!("answered HTTP {}", response.status()));
         }
@@ -208,7 +207,7 @@ impl RemoteJwks {
             .await
             .map_err(|err| match err {
                 CappedReadError::TooLarge => format!("the answer is over {MAX_JWKS_BYTES} bytes"),
-                CappedReadError::Body(err) => err.without_url().to_string(),
+                CappedReadError::Body(err) => describe(err),
             })
     }
 
@@ -275,6 +274,19 @@ fn spawn_refresh(source: Weak<RemoteJwks>, wake: Arc<Notify>, mut fetched: bool)
             fetched = source.fetch().await;
         }
     });
+}
+
+/// A failed request with its causes (a refused connection, an untrusted certificate), without the URL:
+/// its query may hold a credential.
+fn describe(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(inner) = cause {
+        text.push_str(&format!(": {inner}"));
+        cause = inner.source();
+    }
+    text
 }
 
 /// `https://`, or `http://` on a loopback host, where nobody else can answer. Errors never quote the
