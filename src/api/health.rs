@@ -43,7 +43,8 @@ pub async fn readyz(axum::extract::State(gw): State) -> Response {
         return ApiError::store(format!("not ready: the store does not answer: {e}"))
             .into_response();
     }
-    let waiting = (gw.agent_tokens.waiting_for_keys()).or_else(|| gw.operators.waiting_for_keys());
+    let waiting = (gw.agent_tokens.key_set().waiting_for_keys())
+        .or_else(|| gw.operators.key_set().waiting_for_keys());
     if let Some(waiting) = waiting {
         // 6001: until the keys arrive, no operator or agent token signed by them can be verified.
         return ApiError::new(

@@ -97,14 +97,9 @@ impl AgentTokenVerifier {
         self.keys.len()
     }
 
-    /// Fetches the key sets at JWKS URLs and keeps them refreshed (the gateway calls this once).
-    pub async fn start_fetching_keys(&self) {
-        self.keys.start_fetching().await;
-    }
-
-    /// A key set at a URL that was never fetched, described; the gateway is not ready while there is one.
-    pub fn waiting_for_keys(&self) -> Option<String> {
-        self.keys.waiting_for_keys()
+    /// The keys, for the gateway to start their fetching and to ask whether they have arrived.
+    pub(crate) fn key_set(&self) -> &KeySet {
+        &self.keys
     }
 
     /// [`AgentTokenVerifier::verify`], after fetching the key sets at URLs again when the token names a

@@ -208,12 +208,14 @@ impl KeySet {
     }
 
     /// Fetches every key set at a URL once, then keeps each refreshed on a task of its own. A set that
-    /// cannot be fetched now is retried there; its tokens are refused until it arrives.
+    /// cannot be fetched now is retried there; its tokens are refused until it arrives. The gateway
+    /// calls this once.
     pub(crate) async fn start_fetching(&self) {
         futures_util::future::join_all(self.remote.iter().map(RemoteJwks::start)).await;
     }
 
-    /// The first key set at a URL that has never been fetched, described for `/readyz`.
+    /// The first key set at a URL that has never been fetched, described for `/readyz`: the gateway is
+    /// not ready while there is one.
     pub(crate) fn waiting_for_keys(&self) -> Option<String> {
         self.remote
             .iter()

@@ -656,6 +656,22 @@ pub fn run_cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     )
 }
 
+/// Runs `serve` and `serve --check` on `config`: both must refuse it, say `expected`, and never print
+/// `secret` (a value the configuration holds that no message may quote).
+pub fn assert_refused_at_start_up(config: &Path, expected: &str, secret: &str) {
+    let config = config.to_str().unwrap();
+    for args in [
+        &["serve", "--config", config][..],
+        &["serve", "--check", "--config", config][..],
+    ] {
+        let (status, output) =
+            run_cli_with_env(args, &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")]);
+        assert_ne!(status, 0, "{args:?}: {output}");
+        assert!(output.contains(expected), "{args:?}: {output}");
+        assert!(!output.contains(secret), "{args:?}: {output}");
+    }
+}
+
 /// `count` gateway processes on one PostgreSQL store: each has a folder of its own (data, audit file,
 /// configuration) and `replica_id` r0, r1, …; all share the keys and the counting tool.
 pub async fn start_replicas(
