@@ -32,6 +32,11 @@ if ! target/mcp-python/bin/python -c 'import importlib.metadata as m; assert m.v
   target/mcp-python/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
 fi
 npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
+# standardwebhooks (PyPI, pinned) checks the signed approval webhooks as a receiver would, in tests/approvals.rs.
+if ! target/standardwebhooks/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then
+  python3 -m venv target/standardwebhooks
+  target/standardwebhooks/bin/pip install --quiet --disable-pip-version-check standardwebhooks==1.1.0
+fi
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by

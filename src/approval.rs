@@ -3,22 +3,21 @@
 //! announces new requests. Every change of state is one compare-and-set in the store, so replicas agree:
 //! one decision per request, one execution per grant.
 
+mod webhook;
+
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::audit::{AuditEvent, EventType};
 use crate::clock;
-use crate::config::Approvals as ApprovalsConfig;
 use crate::gateway::Gateway;
 use crate::store::{ApprovalRecord, ApprovalStatus, Store, StoreError, StoreResult};
 
+pub use webhook::Notifier;
+
 /// How often the upkeep task looks for requests and grants whose time ran out (SPEC 13: within 60 s).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
-
-/// Webhook attempts in all, the first included (SPEC 13: at most 5 tries), and the first pause between them.
-const WEBHOOK_TRIES: u32 = 5;
-const WEBHOOK_FIRST_PAUSE: Duration = Duration::from_millis(500);
 
 /// The call that would run: who asked, for which tool, with what, under which context.
 pub struct Call<'a> {
@@ -178,7 +177,7 @@ pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
                     .await
                     .map_err(|e| e.to_string())?
                 {
-                    notify(gw, &record);
+                    gw.notifier.notify(&record);
                     return Ok(Gate::Requested(record));
                 }
             }
@@ -284,124 +283,5 @@ pub async fn decide(
             .await
             .map_err(|e| DecideError::Store(e.to_string()))?;
         return Ok(decided);
-    }
-}
-
-/// Announces new requests to `approvals.webhook_url`, when one is set.
-pub struct Notifier {
-    client: reqwest::Client,
-    webhook_url: Option<String>,
-    console_base_url: Option<String>,
-}
-
-impl Notifier {
-    pub fn new(config: &ApprovalsConfig) -> Result<Notifier, String> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| format!("approvals: cannot build the webhook client: {e}"))?;
-        Ok(Notifier {
-            client,
-            webhook_url: config.webhook_url.clone(),
-            console_base_url: config.console_base_url.clone(),
-        })
-    }
-
-    /// Where the console shows a request, or None without a console.
-    pub fn console_url(&self, approval_id: &str) -> Option<String> {
-        self.console_base_url
-            .as_ref()
-            // The console routes by fragment (`#/approvals`), and its page needs no server route per request.
-            .map(|base| format!("{}/#/approvals/{approval_id}", base.trim_end_matches('/')))
-    }
-}
-
-/// POSTs the new request to the webhook on a task of its own, retrying with backoff: a slow or failing
-/// webhook never holds up or fails the call (SPEC 13).
-fn notify(gw: &Gateway, record: &ApprovalRecord) {
-    let Some(url) = gw.notifier.webhook_url.clone() else {
-        return;
-    };
-    let body = json!({
-        "approval_id": record.approval_id,
-        "tool": record.tool,
-        "session_id": record.session_id,
-        "sub": record.sub,
-        "expires_at": clock::rfc3339_millis(record.expires_at_ms),
-        "console_url": gw.notifier.console_url(&record.approval_id),
-    });
-    let client = gw.notifier.client.clone();
-    let approval_id = record.approval_id.clone();
-    tokio::spawn(async move {
-        let send = || async {
-            match client.post(&url).json(&body).send().await {
-                Ok(response) if response.status().is_success() => Ok(()),
-                Ok(response) => Err(format!("answered {}", response.status())),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-        if deliver(&approval_id, send).await.is_err() {
-            tracing::error!(%approval_id, "approval webhook given up after {WEBHOOK_TRIES} tries");
-        }
-    });
-}
-
-/// Sends until one attempt succeeds or [`WEBHOOK_TRIES`] attempts have failed, pausing twice as long
-/// after each failure; returns how many attempts were made.
-async fn deliver<F, Fut>(approval_id: &str, mut send: F) -> Result<u32, u32>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let mut pause = WEBHOOK_FIRST_PAUSE;
-    for attempt in 1..=WEBHOOK_TRIES {
-        let Err(failure) = send().await else {
-            return Ok(attempt);
-        };
-        tracing::warn!(%approval_id, attempt, error = %failure, "approval webhook failed");
-        if attempt < WEBHOOK_TRIES {
-            tokio::time::sleep(pause).await;
-            pause *= 2;
-        }
-    }
-    Err(WEBHOOK_TRIES)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::cell::Cell;
-
-    use super::*;
-
-    /// Sends that fail their first `failures` attempts, counting every attempt.
-    fn failing(
-        failures: u32,
-        attempts: &Cell<u32>,
-    ) -> impl FnMut() -> std::future::Ready<Result<(), String>> + '_ {
-        move || {
-            attempts.set(attempts.get() + 1);
-            std::future::ready(if attempts.get() > failures {
-                Ok(())
-            } else {
-                Err("answered 500".to_owned())
-            })
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_webhook_is_tried_five_times_with_growing_pauses_then_given_up() {
-        let attempts = Cell::new(0);
-        let started = tokio::time::Instant::now();
-        assert_eq!(deliver("a1", failing(u32::MAX, &attempts)).await, Err(5));
-        assert_eq!(attempts.get(), 5);
-        // 0.5 + 1 + 2 + 4 s between the five attempts, and no pause after the last.
-        assert_eq!(started.elapsed(), Duration::from_millis(7_500));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_delivery_stops_at_the_first_success() {
-        let attempts = Cell::new(0);
-        assert_eq!(deliver("a1", failing(2, &attempts)).await, Ok(3));
-        assert_eq!(attempts.get(), 3);
     }
 }

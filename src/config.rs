@@ -68,14 +68,30 @@ pub struct ConsoleConfig {
 }
 
 /// Where new approval requests are announced (SPEC 13).
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[derive(Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Approvals {
     /// Each new request is POSTed here as JSON.
     pub webhook_url: Option<String>,
+    /// `whsec_` + base64: the deliveries are then signed as Standard Webhooks (SPEC 11 r3).
+    pub webhook_secret: Option<String>,
     /// The console's address (`https://HOST/console`): the webhook's `console_url` is
     /// `<this>/#/approvals/<approval_id>`.
     pub console_base_url: Option<String>,
+}
+
+// Hand-written so that a logged configuration never shows the webhook secret.
+impl std::fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approvals")
+            .field("webhook_url", &self.webhook_url)
+            .field(
+                "webhook_secret",
+                &self.webhook_secret.as_ref().map(|_| "[redacted]"),
+            )
+            .field("console_base_url", &self.console_base_url)
+            .finish()
+    }
 }
 
 impl Default for Limits {
@@ -167,6 +183,7 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("log.format", EnvValue::Text),
     ("console.enabled", EnvValue::Json),
     ("approvals.webhook_url", EnvValue::Text),
+    ("approvals.webhook_secret", EnvValue::Text),
     ("approvals.console_base_url", EnvValue::Text),
 ];
 

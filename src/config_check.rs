@@ -82,6 +82,9 @@ fn check(config: &Config) -> Report {
     if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
         problems.push(e);
     }
+    if let Err(e) = crate::approval::Notifier::new(&config.approvals) {
+        problems.push(e);
+    }
     // One upstream at a time, so that every broken one is listed, not only the first.
     for (name, upstream) in &config.upstreams {
         let one = BTreeMap::from([(name.clone(), upstream.clone())]);

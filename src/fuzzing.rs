@@ -691,12 +691,10 @@ pub fn token_verifier() -> AgentTokenVerifier {
         audience: Some(FUZZ_TOKEN_AUDIENCE.to_owned()),
         leeway_secs: 0,
         keys: vec![KeyConfig {
-            alg: "EdDSA".to_owned(),
+            alg: Some("EdDSA".to_owned()),
             kid: Some(FUZZ_TOKEN_KID.to_owned()),
             public_key_pem: Some(FUZZ_PUBLIC_KEY_PEM.to_owned()),
-            public_key_pem_file: None,
-            jwks_file: None,
-            secret: None,
+            ..KeyConfig::default()
         }],
         issuer_key: None,
     };

@@ -102,6 +102,11 @@ impl Gateway {
             .map_err(|e| format!("agent_tokens: {e}"))?;
         let operators = OperatorVerifier::new(&config.operator_auth, &config.base_dir)
             .map_err(|e| format!("operator_auth: {e}"))?;
+        // Key sets at JWKS URLs: fetched once now (a failure is retried, and /readyz waits for it).
+        tokio::join!(
+            agent_tokens.key_set().start_fetching(),
+            operators.key_set().start_fetching()
+        );
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;

@@ -228,7 +228,7 @@ async fn run(
     started: Instant,
 ) -> Result<Outcome, Refused> {
     let now = clock::now_secs();
-    let claims = verify_token(gw, env, now)?; // checks 2–4
+    let claims = verify_token(gw, env, now).await?; // checks 2–4
     facts.claims = Some(claims.clone());
     let session = live_session(gw, &claims, now).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
@@ -525,9 +525,10 @@ async fn use_grant(
 }
 
 /// Checks 2–4: the token decodes, verifies with a pinned key, and is current.
-fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<AgentClaims>, Refused> {
+async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<AgentClaims>, Refused> {
     gw.agent_tokens
-        .verify(&env.security_token, now)
+        .verify_with_refresh(&env.security_token, now)
+        .await
         .map_err(|e| match e {
             TokenError::Invalid(m) => refuse(Code::TokenVerificationFailed, m),
             TokenError::Expired(m) => refuse(Code::TokenExpired, m),

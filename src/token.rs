@@ -10,6 +10,7 @@ mod agent;
 mod cache;
 mod claims;
 pub mod cli;
+mod jwks_url;
 mod jwt;
 mod keys;
 mod mint;

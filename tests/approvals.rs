@@ -1,14 +1,20 @@
 //! Human approval of risky calls (SPEC 13) through the real binary: a `pay.*` call waits at the gateway
 //! with 4003 until an operator grants it, then runs exactly once; denials, expiry, scopes, the claim
-//! rule, the webhook, and two replicas sharing one PostgreSQL store.
+//! rule, the webhook and its Standard Webhooks signatures, and two replicas sharing one PostgreSQL store.
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{code, start_replicas, tool_call, until, Gateway};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use common::{
+    assert_refused_at_start_up, code, start_replicas, start_tool, tool_call, until, write_config,
+    Gateway, Keys,
+};
 use ed25519_dalek::SigningKey;
 use reqwest::Method;
 use sealgate::store::testing::TestDatabase;
@@ -468,17 +474,41 @@ async fn a_call_that_never_left_keeps_its_grant_and_the_claim_comes_first() {
     assert_eq!(of_type(&trail, "ApprovalRequested").len(), 2);
 }
 
-/// A webhook that fails its first `failures` deliveries with 500, recording every body it is sent.
-async fn start_webhook(failures: u64) -> (Arc<Mutex<Vec<Value>>>, String) {
+/// One request that reached the webhook, as received: its headers and its raw body.
+#[derive(Clone)]
+struct Delivery {
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Delivery {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    fn header(&self, name: &str) -> &str {
+        let found = self.headers.iter().find(|(n, _)| n == name);
+        found.map_or("", |(_, value)| value.as_str())
+    }
+}
+
+/// A webhook that fails its first `failures` deliveries with 500, recording every request it is sent.
+async fn start_webhook(failures: u64) -> (Arc<Mutex<Vec<Delivery>>>, String) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let recorded = seen.clone();
     let app = axum::Router::new().route(
         "/hook",
-        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
             let recorded = recorded.clone();
             async move {
+                let headers = headers
+                    .iter()
+                    .map(|(name, value)| {
+                        (name.to_string(), value.to_str().unwrap_or("").to_string())
+                    })
+                    .collect();
                 let mut seen = recorded.lock().unwrap();
-                seen.push(body);
+                seen.push(Delivery { headers, body });
                 if seen.len() as u64 <= failures {
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR
                 } else {
@@ -514,12 +544,13 @@ async fn new_requests_are_announced_to_the_webhook_which_is_retried() {
         requested(&call(&gw, &key, &token, "pay.send", payment(2)).await),
         id
     );
-    let bodies = seen.lock().unwrap().clone();
+    let deliveries = seen.lock().unwrap().clone();
     let expires_at = approval(&gw, &id).await["expires_at"].clone();
-    for body in &bodies {
+    for delivery in &deliveries {
+        assert_eq!(delivery.header("content-type"), "application/json");
         assert_eq!(
-            body,
-            &json!({"approval_id": id, "tool": "pay.send", "session_id": "exec-hook",
+            delivery.json(),
+            json!({"approval_id": id, "tool": "pay.send", "session_id": "exec-hook",
                     "sub": "agent-1", "expires_at": expires_at,
                     "console_url": format!("https://console.example/#/approvals/{id}")})
         );
@@ -534,6 +565,115 @@ async fn new_requests_are_announced_to_the_webhook_which_is_retried() {
     .await;
     let (key, token) = gw.session("exec-nohook").await;
     requested(&call(&gw, &key, &token, "pay.send", payment(2)).await);
+}
+
+/// A fresh Standard Webhooks secret: `whsec_` and the base64 of 32 random bytes.
+fn webhook_secret() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).unwrap();
+    format!("whsec_{}", STANDARD.encode(bytes))
+}
+
+/// The pinned standardwebhooks that scripts/test.sh installs (or `STANDARDWEBHOOKS_PYTHON`, a Python
+/// that can import it).
+fn standardwebhooks_python() -> PathBuf {
+    let path = std::env::var_os("STANDARDWEBHOOKS_PYTHON").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/standardwebhooks/bin/python"),
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh, which installs the pinned standardwebhooks",
+        path.display()
+    );
+    path
+}
+
+/// What the standardwebhooks library says of `delivery` under `secret`: whether it verifies, and its
+/// verdict line.
+fn verify_with_standardwebhooks(dir: &Path, secret: &str, delivery: &Delivery) -> (bool, String) {
+    let file = dir.join(format!("delivery-{}.json", uuid::Uuid::new_v4()));
+    let headers: serde_json::Map<String, Value> = delivery
+        .headers
+        .iter()
+        .map(|(name, value)| (name.clone(), json!(value)))
+        .collect();
+    let saved = json!({"headers": headers, "body": delivery.body});
+    std::fs::write(&file, saved.to_string()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/webhooks/verify_signature.py");
+    let output = std::process::Command::new(standardwebhooks_python())
+        .arg(script)
+        .arg(&file)
+        .env("WEBHOOK_SECRET", secret)
+        .output()
+        .unwrap();
+    let verdict = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert!(
+        verdict.starts_with("verified ") || verdict.starts_with("refused: "),
+        "the script failed: {verdict}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), verdict)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_deliveries_verify_with_the_standard_webhooks_library() {
+    let (seen, url) = start_webhook(1).await;
+    let secret = webhook_secret();
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    let extra = format!(
+        "approvals: {{ webhook_url: {url:?}, webhook_secret: \"env:TEST_WEBHOOK_SECRET\" }}\n"
+    );
+    let config = write_config(dir.path(), &keys, &tool_base, "", &extra);
+    let gw = Gateway::spawn_with(Vec::new(), dir.path(), &config, keys, |command| {
+        command.env("TEST_WEBHOOK_SECRET", &secret);
+    });
+    let (key, token) = gw.session("exec-signed").await;
+    let id = requested(&call(&gw, &key, &token, "pay.send", payment(5)).await);
+    until(
+        Duration::from_secs(10),
+        "a failure, then a delivery",
+        || async { seen.lock().unwrap().len() == 2 },
+    )
+    .await;
+    let deliveries = seen.lock().unwrap().clone();
+
+    // One delivery, tried twice: the same id on both tries, each try signed and verified.
+    let delivery_id = deliveries[0].header("webhook-id");
+    assert!(delivery_id.starts_with("msg_"), "{delivery_id}");
+    assert_eq!(deliveries[1].header("webhook-id"), delivery_id);
+    for delivery in &deliveries {
+        assert!(delivery.header("webhook-signature").starts_with("v1,"));
+        let (verified, verdict) = verify_with_standardwebhooks(dir.path(), &secret, delivery);
+        assert!(verified, "{verdict}");
+        assert_eq!(verdict, format!("verified {id}"));
+    }
+
+    // A body changed on the way, or another secret, fails the receiver's check.
+    let mut tampered = deliveries[1].clone();
+    tampered.body = tampered.body.replace("pay.send", "pay.sent");
+    assert_ne!(tampered.body, deliveries[1].body);
+    let (verified, verdict) = verify_with_standardwebhooks(dir.path(), &secret, &tampered);
+    assert!(!verified, "{verdict}");
+    assert_eq!(verdict, "refused: No matching signature found");
+    let (verified, verdict) =
+        verify_with_standardwebhooks(dir.path(), &webhook_secret(), &deliveries[1]);
+    assert!(!verified, "{verdict}");
+}
+
+#[test]
+fn a_malformed_webhook_secret_stops_start_up_without_being_quoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = Keys::new();
+    let extra = "approvals: { webhook_url: \"http://127.0.0.1:9/hook\", webhook_secret: \"whsec_VG9wU2VjcmV0\" }\n";
+    let config = write_config(dir.path(), &keys, "http://127.0.0.1:9", "", extra);
+    assert_refused_at_start_up(
+        &config,
+        "approvals.webhook_secret: must encode 24 to 64 random bytes",
+        "VG9wU2VjcmV0",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

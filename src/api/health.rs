@@ -30,17 +30,29 @@ pub struct Readiness {
     contexts: usize,
 }
 
-/// Ready when the store answers and at least one security context is loaded: with none, no session
-/// can be registered and every call is refused, so traffic should not be sent here yet.
+/// Ready when the store answers, every key set at a JWKS URL has been fetched once, and at least one
+/// security context is loaded: with none, no session can be registered and every call is refused, so
+/// traffic should not be sent here yet.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Readiness),
-        (status = 503, description = "Not ready: the store does not answer (5005) or no security context is loaded (6003)", body = super::openapi::ErrorBody),
+        (status = 503, description = "Not ready: the store does not answer (5005), a key set at a JWKS URL has not been fetched yet (6001), or no security context is loaded (6003)", body = super::openapi::ErrorBody),
     ))]
 pub async fn readyz(axum::extract::State(gw): State) -> Response {
     if let Err(e) = gw.store.ping().await {
         return ApiError::store(format!("not ready: the store does not answer: {e}"))
             .into_response();
+    }
+    let waiting = (gw.agent_tokens.key_set().waiting_for_keys())
+        .or_else(|| gw.operators.key_set().waiting_for_keys());
+    if let Some(waiting) = waiting {
+        // 6001: until the keys arrive, no operator or agent token signed by them can be verified.
+        return ApiError::new(
+            Code::OperatorUnauthenticated,
+            format!("not ready: {waiting}"),
+        )
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .into_response();
     }
     let contexts = gw.contexts.list().len();
     if contexts == 0 {

@@ -132,7 +132,8 @@ impl FromRequestParts<Arc<Gateway>> for Operator {
                 )
             })?;
         gw.operators
-            .verify(token, crate::clock::now_secs())
+            .verify_with_refresh(token, crate::clock::now_secs())
+            .await
             .map(Operator)
             .map_err(|e| {
                 ApiError::new(

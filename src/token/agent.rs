@@ -97,17 +97,38 @@ impl AgentTokenVerifier {
         self.keys.len()
     }
 
-    /// Checks 2, 3 and 4, in that order; `now` is Unix seconds. Returns the shared claims of a cached
-    /// verification when there is one (still re-checking expiry).
+    /// The keys, for the gateway to start their fetching and to ask whether they have arrived.
+    pub(crate) fn key_set(&self) -> &KeySet {
+        &self.keys
+    }
+
+    /// [`AgentTokenVerifier::verify`], after fetching the key sets at URLs again when the token names a
+    /// kid that no key has (at most every 10 s): what a call uses, so that a key the identity provider
+    /// has just published is accepted at once.
+    pub async fn verify_with_refresh(
+        &self,
+        token: &str,
+        now: i64,
+    ) -> Result<Arc<AgentClaims>, TokenError> {
+        self.keys.fetch_for_unknown_kid(token).await;
+        self.verify(token, now)
+    }
+
+    /// Checks 2, 3 and 4, in that order, with the keys at hand; `now` is Unix seconds. Returns the
+    /// shared claims of a cached verification when there is one (still re-checking expiry).
     pub fn verify(&self, token: &str, now: i64) -> Result<Arc<AgentClaims>, TokenError> {
+        // Read before verifying, so that keys replaced meanwhile do not adopt this verification.
+        let epoch = self.keys.cache_epoch();
         // Oversized tokens are refused by the parser below; hashing them first would be wasted work.
-        let cache_key = (token.len() <= MAX_TOKEN_BYTES).then(|| VerifiedTokenCache::key(token));
-        if let Some(cached) = cache_key.and_then(|key| self.cache.get(&key)) {
+        let cache_key = epoch
+            .filter(|_| token.len() <= MAX_TOKEN_BYTES)
+            .map(|epoch| (VerifiedTokenCache::key(token), epoch));
+        if let Some(cached) = cache_key.and_then(|(key, epoch)| self.cache.get(&key, epoch)) {
             return match check_time(cached.exp, cached.nbf, now, self.leeway_secs) {
                 Ok(()) => Ok(cached),
                 Err(err) => {
                     // Past exp the entry can never be useful again; a future nbf one still might.
-                    if let (Some(key), true) = (
+                    if let (Some((key, _)), true) = (
                         cache_key,
                         check_time(cached.exp, None, now, self.leeway_secs).is_err(),
                     ) {
@@ -120,9 +141,9 @@ impl AgentTokenVerifier {
         let claims = self.verify_signature_and_claims(token)?;
         check_time(claims.exp, claims.nbf, now, self.leeway_secs)?;
         let claims = Arc::new(claims);
-        if let Some(key) = cache_key {
+        if let Some((key, epoch)) = cache_key {
             self.cache
-                .insert(key, Arc::clone(&claims), now, self.leeway_secs);
+                .insert(key, Arc::clone(&claims), epoch, now, self.leeway_secs);
         }
         Ok(claims)
     }

@@ -1,9 +1,11 @@
-//! Verification keys: loading them from configuration (inline PEM, PEM file, JWKS file, shared secret),
-//! pinning each to one algorithm, and choosing which keys may check a given token.
+//! Verification keys: loading them from configuration (inline PEM, PEM file, JWKS file, JWKS URL, shared
+//! secret), pinning each to one algorithm, and choosing which keys may check a given token.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -12,16 +14,19 @@ use jsonwebtoken::{Algorithm, DecodingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::jwks_url::{url_for_log, RemoteJwks};
 use super::TokenError;
 
-/// One configured key. Exactly one of `public_key_pem`, `public_key_pem_file`, `jwks_file`, `secret`
-/// is set; `alg` is the only algorithm the key will ever be used with.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One configured key. Exactly one of `public_key_pem`, `public_key_pem_file`, `jwks_file`, `jwks_url`,
+/// `secret` is set; `alg` is the only algorithm the key will ever be used with.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
-    /// `EdDSA`, `ES256`, `RS256` or `HS256` (the last only with `secret`).
-    pub alg: String,
-    /// Matched against a token header's `kid`. Not allowed with `jwks_file` (its keys carry their own).
+    /// `EdDSA`, `ES256`, `RS256` or `HS256` (the last only with `secret`). Required, except with
+    /// `jwks_url`, whose keys are each pinned by their own JWK; there it admits only keys of that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alg: Option<String>,
+    /// Matched against a token header's `kid`. Not allowed with a JWKS (its keys carry their own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,12 +35,25 @@ pub struct KeyConfig {
     pub public_key_pem_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwks_file: Option<PathBuf>,
+    /// A JWK Set fetched over `https://` (`http://` only on a loopback host), and refreshed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_url: Option<String>,
+    /// Seconds between routine fetches of `jwks_url` (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_secs: Option<u64>,
+    /// Seconds for which the last set fetched from `jwks_url` serves while fetches fail (default and
+    /// most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_secs: Option<u64>,
+    /// A PEM bundle: the only certificate authorities trusted for `jwks_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// HS256 shared secret (its UTF-8 bytes); at least 32 bytes recommended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
 
-// Hand-written so that a logged configuration never shows the shared secret.
+// Hand-written so that a logged configuration never shows the shared secret, nor a URL's query.
 impl fmt::Debug for KeyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyConfig")
@@ -44,6 +62,10 @@ impl fmt::Debug for KeyConfig {
             .field("public_key_pem", &self.public_key_pem.as_ref().map(|_| "…"))
             .field("public_key_pem_file", &self.public_key_pem_file)
             .field("jwks_file", &self.jwks_file)
+            .field("jwks_url", &self.jwks_url.as_deref().map(url_for_log))
+            .field("refresh_secs", &self.refresh_secs)
+            .field("grace_secs", &self.grace_secs)
+            .field("ca_file", &self.ca_file)
             .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
             .finish()
     }
@@ -90,15 +112,31 @@ impl TokenAlg {
 }
 
 /// A loaded key, usable only with `alg`.
-struct PinnedKey {
+pub(crate) struct PinnedKey {
     alg: TokenAlg,
     kid: Option<String>,
     key: DecodingKey,
 }
 
-/// All keys of one trust domain (agent tokens, or operator tokens).
+impl PinnedKey {
+    pub(crate) fn kid(&self) -> Option<&str> {
+        self.kid.as_deref()
+    }
+}
+
+/// What one key entry of the configuration gives: keys read now, or a key set to fetch from a URL.
+enum Loaded {
+    Fixed(Vec<PinnedKey>),
+    Remote(RemoteJwks),
+}
+
+/// All keys of one trust domain (agent tokens, or operator tokens): those read at start-up and the
+/// key sets fetched from JWKS URLs.
 pub(crate) struct KeySet {
     keys: Vec<PinnedKey>,
+    remote: Vec<Arc<RemoteJwks>>,
+    /// Bumped whenever a fetched set changes, so that what was verified with the old keys is forgotten.
+    epoch: Arc<AtomicU64>,
 }
 
 /// RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
@@ -109,30 +147,39 @@ const MAX_RSA_BITS: usize = 8192;
 
 impl KeySet {
     /// Loads `configs`; `section` (e.g. `agent_tokens`) prefixes every error so it names the entry.
+    /// Key sets at URLs are only checked here; [`KeySet::start_fetching`] fetches them.
     pub(crate) fn load(
         configs: &[KeyConfig],
         base_dir: &Path,
         section: &str,
     ) -> Result<Self, String> {
-        let mut set = KeySet { keys: Vec::new() };
+        let mut set = KeySet {
+            keys: Vec::new(),
+            remote: Vec::new(),
+            epoch: Arc::default(),
+        };
         for (index, config) in configs.iter().enumerate() {
-            let place = format!("{section}.keys[{index}]");
-            let loaded =
-                load_key_config(config, base_dir).map_err(|err| format!("{place}: {err}"))?;
-            set.add(loaded).map_err(|err| format!("{place}: {err}"))?;
+            set.add_config(config, base_dir, &format!("{section}.keys[{index}]"))?;
         }
         Ok(set)
     }
 
-    /// Adds keys from one more config entry (used for the gateway's own minting key).
+    /// Adds the keys of one more config entry (also used for the gateway's own minting key).
     pub(crate) fn add_config(
         &mut self,
         config: &KeyConfig,
         base_dir: &Path,
         place: &str,
     ) -> Result<(), String> {
-        let loaded = load_key_config(config, base_dir).map_err(|err| format!("{place}: {err}"))?;
-        self.add(loaded).map_err(|err| format!("{place}: {err}"))
+        let loaded = load_key_config(config, base_dir, place, &self.epoch)
+            .map_err(|err| format!("{place}: {err}"))?;
+        match loaded {
+            Loaded::Fixed(keys) => self.add(keys).map_err(|err| format!("{place}: {err}")),
+            Loaded::Remote(remote) => {
+                self.remote.push(Arc::new(remote));
+                Ok(())
+            }
+        }
     }
 
     fn add(&mut self, loaded: Vec<PinnedKey>) -> Result<(), String> {
@@ -149,8 +196,67 @@ impl KeySet {
         Ok(())
     }
 
+    /// The keys trusted now: those read at start-up and those of every fetched set still in its grace.
     pub(crate) fn len(&self) -> usize {
-        self.keys.len()
+        let fetched: usize = self
+            .remote
+            .iter()
+            .filter_map(|remote| remote.usable())
+            .map(|set| set.keys.len())
+            .sum();
+        self.keys.len() + fetched
+    }
+
+    /// Fetches every key set at a URL once, then keeps each refreshed on a task of its own. A set that
+    /// cannot be fetched now is retried there; its tokens are refused until it arrives. The gateway
+    /// calls this once.
+    pub(crate) async fn start_fetching(&self) {
+        futures_util::future::join_all(self.remote.iter().map(RemoteJwks::start)).await;
+    }
+
+    /// The first key set at a URL that has never been fetched, described for `/readyz`: the gateway is
+    /// not ready while there is one.
+    pub(crate) fn waiting_for_keys(&self) -> Option<String> {
+        self.remote
+            .iter()
+            .find(|remote| !remote.ever_fetched())
+            .map(|remote| remote.describe_unusable())
+    }
+
+    /// The version of the trusted keys that a verified token may be cached under, or None while a key
+    /// set at a URL is unusable (then nothing is cached, so nothing outlives the grace period).
+    pub(crate) fn cache_epoch(&self) -> Option<u64> {
+        self.remote
+            .iter()
+            .all(|remote| remote.usable().is_some())
+            .then(|| self.epoch.load(Ordering::Acquire))
+    }
+
+    /// When `token` names a kid that no trusted key has, asks every key set at a URL to fetch again
+    /// (each at most every 10 s, one fetch shared by all callers) and waits for those fetches.
+    pub(crate) async fn fetch_for_unknown_kid(&self, token: &str) {
+        if self.remote.is_empty() {
+            return;
+        }
+        // A token that does not parse is refused by the verification that follows.
+        let Some(kid) = super::jwt::parse(token).ok().and_then(|parsed| parsed.kid) else {
+            return;
+        };
+        if self.has_kid(&kid) {
+            return;
+        }
+        futures_util::future::join_all(self.remote.iter().map(|remote| remote.fetch_on_demand()))
+            .await;
+    }
+
+    fn has_kid(&self, kid: &str) -> bool {
+        let fixed = self.keys.iter().any(|key| key.kid() == Some(kid));
+        fixed
+            || self
+                .remote
+                .iter()
+                .filter_map(|remote| remote.usable())
+                .any(|set| set.keys.iter().any(|key| key.kid() == Some(kid)))
     }
 
     /// Checks 2 and 3 up to the issuer: the token parses, verifies with a pinned key, and names the
@@ -175,6 +281,7 @@ impl KeySet {
 
     /// Check 3's signature part. Only keys pinned to the header's algorithm are candidates; among them a
     /// header `kid` narrows the choice to keys with that kid (keys configured without a kid stay eligible).
+    /// Keys of a fetched set past its grace period are not candidates.
     pub(crate) fn verify(
         &self,
         header_alg: &str,
@@ -187,15 +294,22 @@ impl KeySet {
                 "token algorithm `{header_alg}` is refused (accepted: EdDSA, ES256, RS256, HS256 where configured)"
             ))
         })?;
-        let mut same_alg = self.keys.iter().filter(|key| key.alg == alg).peekable();
-        if same_alg.peek().is_none() {
+        let fetched: Vec<_> = self.remote.iter().filter_map(|r| r.usable()).collect();
+        let same_alg: Vec<&PinnedKey> = self
+            .keys
+            .iter()
+            .chain(fetched.iter().flat_map(|set| set.keys.iter()))
+            .filter(|key| key.alg == alg)
+            .collect();
+        if same_alg.is_empty() {
             return Err(TokenError::Invalid(format!(
-                "no key is configured for token algorithm {}",
-                alg.name()
+                "no key is configured for token algorithm {}{}",
+                alg.name(),
+                self.unusable_note()
             )));
         }
         let mut tried = 0usize;
-        for key in same_alg.filter(|key| match (kid, key.kid.as_deref()) {
+        for key in same_alg.into_iter().filter(|key| match (kid, key.kid()) {
             (Some(wanted), Some(have)) => wanted == have,
             _ => true,
         }) {
@@ -213,15 +327,26 @@ impl KeySet {
         }
         if tried == 0 {
             return Err(TokenError::Invalid(format!(
-                "no {} key with kid `{}` is configured",
+                "no {} key with kid `{}` is configured{}",
                 alg.name(),
-                kid.unwrap_or_default()
+                kid.unwrap_or_default(),
+                self.unusable_note()
             )));
         }
         Err(TokenError::Invalid(format!(
-            "token signature does not verify with any configured {} key",
-            alg.name()
+            "token signature does not verify with any configured {} key{}",
+            alg.name(),
+            self.unusable_note()
         )))
+    }
+
+    /// Why some fetched keys were not candidates, for the refusal's message ("" when all are usable).
+    fn unusable_note(&self) -> String {
+        self.remote
+            .iter()
+            .filter(|remote| remote.usable().is_none())
+            .map(|remote| format!("; {}", remote.describe_unusable()))
+            .collect()
     }
 }
 
@@ -240,23 +365,29 @@ fn read_text(base_dir: &Path, path: &Path, field: &str) -> Result<String, String
         .map_err(|err| format!("{field}: cannot read {}: {err}", full.display()))
 }
 
-fn load_key_config(config: &KeyConfig, base_dir: &Path) -> Result<Vec<PinnedKey>, String> {
-    let alg = TokenAlg::from_name(&config.alg).ok_or_else(|| {
-        format!(
-            "alg `{}` is not supported (use EdDSA, ES256, RS256 or HS256)",
-            config.alg
-        )
-    })?;
+fn load_key_config(
+    config: &KeyConfig,
+    base_dir: &Path,
+    place: &str,
+    epoch: &Arc<AtomicU64>,
+) -> Result<Loaded, String> {
+    let alg = match config.alg.as_deref() {
+        None => None,
+        Some(name) => Some(TokenAlg::from_name(name).ok_or_else(|| {
+            format!("alg `{name}` is not supported (use EdDSA, ES256, RS256 or HS256)")
+        })?),
+    };
     let sources = [
         config.public_key_pem.is_some(),
         config.public_key_pem_file.is_some(),
         config.jwks_file.is_some(),
+        config.jwks_url.is_some(),
         config.secret.is_some(),
     ];
     let source_count = sources.iter().filter(|set| **set).count();
     if source_count != 1 {
         return Err(format!(
-            "exactly one of public_key_pem, public_key_pem_file, jwks_file, secret must be set ({source_count} are)"
+            "exactly one of public_key_pem, public_key_pem_file, jwks_file, jwks_url, secret must be set ({source_count} are)"
         ));
     }
     if let Some(kid) = &config.kid {
@@ -264,6 +395,30 @@ fn load_key_config(config: &KeyConfig, base_dir: &Path) -> Result<Vec<PinnedKey>
             return Err("kid must not be empty".to_owned());
         }
     }
+    if config.jwks_url.is_some() {
+        if alg == Some(TokenAlg::Hs256) {
+            return Err("HS256 keys come from `secret` only, not from a JWKS".to_owned());
+        }
+        if config.kid.is_some() {
+            return Err("kid cannot be set with jwks_url; the JWKs carry their own kid".to_owned());
+        }
+        return RemoteJwks::new(config, base_dir, place, alg, epoch.clone()).map(Loaded::Remote);
+    }
+    if config.refresh_secs.is_some() || config.grace_secs.is_some() || config.ca_file.is_some() {
+        return Err(
+            "refresh_secs, grace_secs and ca_file apply only to a jwks_url entry".to_owned(),
+        );
+    }
+    let alg = alg.ok_or("alg is required (EdDSA, ES256, RS256 or HS256)")?;
+    load_fixed_key(config, alg, base_dir).map(Loaded::Fixed)
+}
+
+/// A key entry read now: a secret, a PEM, or a JWKS file.
+fn load_fixed_key(
+    config: &KeyConfig,
+    alg: TokenAlg,
+    base_dir: &Path,
+) -> Result<Vec<PinnedKey>, String> {
     // HS256 only with a secret, a secret only with HS256: a public key must never double as an HMAC key.
     if (alg == TokenAlg::Hs256) != config.secret.is_some() {
         return Err(if alg == TokenAlg::Hs256 {
@@ -460,6 +615,9 @@ const COMMON_JWK_MEMBERS: &[&str] = &[
     "kty", "alg", "use", "key_ops", "kid", "x5c", "x5t", "x5t#S256", "x5u",
 ];
 
+/// Members that only a private or secret JWK has (RFC 7518 6.2.2, 6.3.2, 6.4).
+const PRIVATE_JWK_MEMBERS: &[&str] = &["d", "p", "q", "dp", "dq", "qi", "oth", "k"];
+
 /// Loads every key of a JWKS document, each pinned to `alg`. A key whose own `kty`/`crv`/`alg` says it
 /// is for something else makes the whole file invalid (fail closed) rather than being skipped.
 fn keys_from_jwks(alg: TokenAlg, text: &str) -> Result<Vec<PinnedKey>, String> {
@@ -485,11 +643,77 @@ fn keys_from_jwks(alg: TokenAlg, text: &str) -> Result<Vec<PinnedKey>, String> {
     entries
         .iter()
         .enumerate()
-        .map(|(index, entry)| jwk_to_key(alg, entry).map_err(|err| format!("keys[{index}]: {err}")))
+        .map(|(index, entry)| {
+            jwk_to_key(alg, entry, Members::Strict).map_err(|err| format!("keys[{index}]: {err}"))
+        })
         .collect()
 }
 
-fn jwk_to_key(alg: TokenAlg, entry: &Value) -> Result<PinnedKey, String> {
+/// The keys of a JWK Set fetched from an identity provider, and why each other JWK was skipped. Each
+/// key is pinned by its own `kty`/`crv`/`alg`; `pin`, when the entry names one, admits only that
+/// algorithm. A JWK that is unknown, contradicts itself or holds private material is skipped, never
+/// trusted loosely; a document that is not a JWK Set is an error (the last good set stays in use).
+pub(crate) fn keys_from_fetched_jwks(
+    body: &[u8],
+    pin: Option<TokenAlg>,
+) -> Result<(Vec<PinnedKey>, Vec<String>), String> {
+    let document = crate::strict_json::parse_strict_json(body)
+        .map_err(|err| format!("not valid JSON: {err}"))?;
+    let Some(Value::Array(entries)) = document.get("keys") else {
+        return Err("not a JWK Set: no `keys` array".to_owned());
+    };
+    let mut keys = Vec::new();
+    let mut skipped = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let pinned = jwk_alg(entry).and_then(|alg| match pin {
+            Some(pin) if pin != alg => Err(format!(
+                "a {} key, and this entry admits {} only",
+                alg.name(),
+                pin.name()
+            )),
+            _ => jwk_to_key(alg, entry, Members::IgnoreUnknown),
+        });
+        match pinned {
+            Ok(key) => keys.push(key),
+            Err(err) => skipped.push(format!("keys[{index}]: {err}")),
+        }
+    }
+    Ok((keys, skipped))
+}
+
+/// The one algorithm a JWK is used with, from its key type; an `alg` member must agree with it.
+fn jwk_alg(entry: &Value) -> Result<TokenAlg, String> {
+    let Value::Object(jwk) = entry else {
+        return Err("not a JSON object".to_owned());
+    };
+    let kty = jwk_string(jwk, "kty")?.ok_or("`kty` is missing")?;
+    let by_type = match kty {
+        "OKP" => TokenAlg::EdDsa,
+        "EC" => TokenAlg::Es256,
+        "RSA" => TokenAlg::Rs256,
+        // A symmetric key published at a URL would let anyone who reads it sign tokens.
+        "oct" => return Err("kty `oct`: shared secrets are never taken from a JWK Set".to_owned()),
+        other => return Err(format!("kty `{other}` is not supported")),
+    };
+    match jwk_string(jwk, "alg")? {
+        Some(own) if own != by_type.name() => Err(format!(
+            "alg `{own}` with kty `{kty}`: only {} is accepted for this key type",
+            by_type.name()
+        )),
+        _ => Ok(by_type),
+    }
+}
+
+/// Which JWK members besides the key's own are allowed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Members {
+    /// A file the operator wrote: any unknown member is a mistake worth refusing.
+    Strict,
+    /// A set an identity provider publishes: providers add members of their own (`issuer`, …).
+    IgnoreUnknown,
+}
+
+fn jwk_to_key(alg: TokenAlg, entry: &Value, members: Members) -> Result<PinnedKey, String> {
     let Value::Object(jwk) = entry else {
         return Err("not a JSON object".to_owned());
     };
@@ -507,13 +731,19 @@ fn jwk_to_key(alg: TokenAlg, entry: &Value) -> Result<PinnedKey, String> {
         ));
     }
     for name in jwk.keys() {
-        if !COMMON_JWK_MEMBERS.contains(&name.as_str()) && !curve_members.contains(&name.as_str()) {
-            return Err(match name.as_str() {
-                "d" | "p" | "q" | "dp" | "dq" | "qi" | "oth" | "k" => {
-                    format!("holds private key material (`{name}`); configure public keys only")
-                }
-                _ => format!("member `{name}` is not allowed in an {} JWK", alg.name()),
-            });
+        if COMMON_JWK_MEMBERS.contains(&name.as_str()) || curve_members.contains(&name.as_str()) {
+            continue;
+        }
+        if PRIVATE_JWK_MEMBERS.contains(&name.as_str()) {
+            return Err(format!(
+                "holds private key material (`{name}`); configure public keys only"
+            ));
+        }
+        if members == Members::Strict {
+            return Err(format!(
+                "member `{name}` is not allowed in an {} JWK",
+                alg.name()
+            ));
         }
     }
     if let Some(own_alg) = jwk_string(jwk, "alg")? {

@@ -99,12 +99,10 @@ impl TokenMinter {
     /// `AgentTokenVerifier::new` already adds it when `issuer_key` is set.
     pub fn verifying_key_config(&self) -> KeyConfig {
         KeyConfig {
-            alg: "EdDSA".to_owned(),
+            alg: Some("EdDSA".to_owned()),
             kid: Some(self.kid.clone()),
             public_key_pem: Some(self.public_key_pem.clone()),
-            public_key_pem_file: None,
-            jwks_file: None,
-            secret: None,
+            ..KeyConfig::default()
         }
     }
 }
@@ -381,7 +379,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, minter) = minter_in(dir.path(), None, None);
         let entry = minter.verifying_key_config();
-        assert_eq!(entry.alg, "EdDSA");
+        assert_eq!(entry.alg.as_deref(), Some("EdDSA"));
         assert!(entry
             .public_key_pem
             .as_deref()

@@ -120,6 +120,22 @@ impl OperatorVerifier {
         self.keys.len()
     }
 
+    /// The keys, for the gateway to start their fetching and to ask whether they have arrived.
+    pub(crate) fn key_set(&self) -> &KeySet {
+        &self.keys
+    }
+
+    /// [`OperatorVerifier::verify`], after fetching the key sets at URLs again when the token names a
+    /// kid that no key has (at most every 10 s).
+    pub async fn verify_with_refresh(
+        &self,
+        bearer_token: &str,
+        now: i64,
+    ) -> Result<OperatorClaims, TokenError> {
+        self.keys.fetch_for_unknown_kid(bearer_token).await;
+        self.verify(bearer_token, now)
+    }
+
     /// `bearer_token` is the token itself (the API layer strips `Bearer `). Same order as agent tokens:
     /// shape, signature, `iss`/`aud`/`sub`/`exp`/`scope`, then time.
     pub fn verify(&self, bearer_token: &str, now: i64) -> Result<OperatorClaims, TokenError> {

@@ -3,7 +3,8 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use jsonwebtoken::{Algorithm, EncodingKey};
+use ed25519_dalek::pkcs8::DecodePublicKey;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
 use serde_json::{json, Value};
 
 use super::KeyConfig;
@@ -20,12 +21,10 @@ pub(crate) const HS256_SECRET: &str = "0123456789abcdef0123456789abcdef";
 
 pub(crate) fn key_entry(alg: &str, public_pem: &str, kid: Option<&str>) -> KeyConfig {
     KeyConfig {
-        alg: alg.to_owned(),
+        alg: Some(alg.to_owned()),
         kid: kid.map(str::to_owned),
         public_key_pem: Some(public_pem.to_owned()),
-        public_key_pem_file: None,
-        jwks_file: None,
-        secret: None,
+        ..KeyConfig::default()
     }
 }
 
@@ -35,12 +34,10 @@ pub(crate) fn ed25519_key_entry(public_pem: &str, kid: Option<&str>) -> KeyConfi
 
 pub(crate) fn secret_entry(secret: &str, kid: Option<&str>) -> KeyConfig {
     KeyConfig {
-        alg: "HS256".to_owned(),
+        alg: Some("HS256".to_owned()),
         kid: kid.map(str::to_owned),
-        public_key_pem: None,
-        public_key_pem_file: None,
-        jwks_file: None,
         secret: Some(secret.to_owned()),
+        ..KeyConfig::default()
     }
 }
 
@@ -86,4 +83,26 @@ pub(crate) fn ed25519_signing_key(private_pem: &str) -> EncodingKey {
 pub(crate) fn agent_claims(exp: i64) -> Value {
     json!({"sub": "agent-7", "scp": "agent-runtime", "exec_id": "exec-42", "wid": "c-1",
            "jti": "jti-1", "iat": 1_000, "exp": exp})
+}
+
+/// Public JWKs of an Ed25519 key and of the fixed ES256 and RS256 keys.
+pub(crate) fn ed_jwk(public_pem: &str, kid: &str) -> Value {
+    let key = ed25519_dalek::VerifyingKey::from_public_key_pem(public_pem).expect("Ed25519 key");
+    json!({"kty": "OKP", "crv": "Ed25519", "x": b64(key.as_bytes()), "kid": kid, "alg": "EdDSA", "use": "sig"})
+}
+
+pub(crate) fn es256_jwk(kid: &str) -> Value {
+    let key = DecodingKey::from_ec_pem(ES256_PUBLIC.as_bytes()).expect("EC key");
+    let point = key.try_get_as_bytes().expect("point");
+    let (x, y) = point.get(1..).expect("uncompressed point").split_at(32);
+    json!({"kty": "EC", "crv": "P-256", "x": b64(x), "y": b64(y), "kid": kid})
+}
+
+pub(crate) fn rs256_jwk(kid: &str) -> Value {
+    let key = DecodingKey::from_rsa_pem(RS256_PUBLIC.as_bytes()).expect("RSA key");
+    let components = jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER
+        .key_utils
+        .rsa_pub_components_from_public_key;
+    let (n, e) = components(key.try_get_as_bytes().expect("der")).expect("components");
+    json!({"kty": "RSA", "n": b64(&n), "e": b64(&e), "kid": kid, "alg": "RS256"})
 }

@@ -24,6 +24,7 @@ pub use config::{HttpUpstreamConfig, McpUpstreamConfig, UpstreamConfig};
 
 use config::Target;
 use http::HttpUpstream;
+pub(crate) use http::{read_capped, CappedReadError};
 use mcp::{McpTarget, McpUpstream};
 
 /// The most the gateway reads of one answer, whatever the capability allows: it bounds memory when

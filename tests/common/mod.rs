@@ -237,6 +237,33 @@ pub fn write_config(
     extra_upstreams: &str,
     extra: &str,
 ) -> PathBuf {
+    let agent_keys = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]",
+        keys.agent_public
+    );
+    let operator_keys = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]",
+        keys.operator_public
+    );
+    write_config_with_keys(
+        dir,
+        &agent_keys,
+        &operator_keys,
+        tool_base,
+        extra_upstreams,
+        extra,
+    )
+}
+
+/// Like [`write_config`], with the `keys:` of `agent_tokens` and of `operator_auth` given as YAML.
+pub fn write_config_with_keys(
+    dir: &Path,
+    agent_keys: &str,
+    operator_keys: &str,
+    tool_base: &str,
+    extra_upstreams: &str,
+    extra: &str,
+) -> PathBuf {
     std::fs::create_dir_all(dir.join("policies")).unwrap();
     std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
     std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
@@ -248,9 +275,9 @@ policies_dir: policies
 agent_tokens:
   issuer: orchestrator
   audience: sealgate-agents
-  keys: [ {{ alg: EdDSA, public_key_pem: {agent:?} }} ]
+  keys: {agent_keys}
 operator_auth:
-  keys: [ {{ alg: EdDSA, public_key_pem: {operator:?} }} ]
+  keys: {operator_keys}
 upstreams:
   tool: {{ http: {{ url: "{tool_base}/rpc" }}, timeout_ms: 2000, headers: {{ Authorization: "env:TEST_TOOL_CREDENTIAL" }} }}
   limited: {{ http: {{ url: "{tool_base}/rpc" }} }}
@@ -262,9 +289,7 @@ upstreams:
   pay: {{ http: {{ url: "{tool_base}/rpc" }} }}
 {extra_upstreams}
 audit: {{ file: audit.jsonl }}
-{extra}"#,
-        agent = keys.agent_public,
-        operator = keys.operator_public,
+{extra}"#
     );
     let path = dir.join("sealgate.yaml");
     std::fs::write(&path, config).unwrap();
@@ -639,6 +664,22 @@ pub fn run_cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+/// Runs `serve` and `serve --check` on `config`: both must refuse it, say `expected`, and never print
+/// `secret` (a value the configuration holds that no message may quote).
+pub fn assert_refused_at_start_up(config: &Path, expected: &str, secret: &str) {
+    let config = config.to_str().unwrap();
+    for args in [
+        &["serve", "--config", config][..],
+        &["serve", "--check", "--config", config][..],
+    ] {
+        let (status, output) =
+            run_cli_with_env(args, &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")]);
+        assert_ne!(status, 0, "{args:?}: {output}");
+        assert!(output.contains(expected), "{args:?}: {output}");
+        assert!(!output.contains(secret), "{args:?}: {output}");
+    }
 }
 
 /// `count` gateway processes on one PostgreSQL store: each has a folder of its own (data, audit file,

@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ed25519_dalek::pkcs8::DecodePublicKey;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -148,7 +147,7 @@ fn hs256_is_only_for_secrets_and_secrets_only_for_hs256() {
     let err = config_error(vec![key_entry("HS256", RS256_PUBLIC, None)]);
     assert!(err.contains("HS256 needs `secret`"), "{err}");
     let mut ed_with_secret = secret_entry(HS256_SECRET, None);
-    ed_with_secret.alg = "EdDSA".into();
+    ed_with_secret.alg = Some("EdDSA".into());
     let err = config_error(vec![ed_with_secret]);
     assert!(err.contains("only allowed with alg HS256"), "{err}");
     let err = config_error(vec![secret_entry("", None)]);
@@ -549,12 +548,9 @@ fn pem_files_are_read_relative_to_base_dir() {
     std::fs::create_dir(dir.path().join("keys")).expect("mkdir");
     std::fs::write(dir.path().join("keys/agents.pub.pem"), ES256_PUBLIC).expect("write");
     let entry = KeyConfig {
-        alg: "ES256".into(),
-        kid: None,
-        public_key_pem: None,
+        alg: Some("ES256".into()),
         public_key_pem_file: Some("keys/agents.pub.pem".into()),
-        jwks_file: None,
-        secret: None,
+        ..KeyConfig::default()
     };
     let cfg = AgentTokenConfig {
         keys: vec![entry.clone()],
@@ -606,34 +602,10 @@ fn no_keys_is_allowed_and_refuses_every_token() {
 
 fn jwks_entry(alg: &str, path: &Path) -> KeyConfig {
     KeyConfig {
-        alg: alg.into(),
-        kid: None,
-        public_key_pem: None,
-        public_key_pem_file: None,
+        alg: Some(alg.into()),
         jwks_file: Some(path.to_path_buf()),
-        secret: None,
+        ..KeyConfig::default()
     }
-}
-
-fn ed_jwk(public_pem: &str, kid: &str) -> Value {
-    let key = ed25519_dalek::VerifyingKey::from_public_key_pem(public_pem).expect("Ed25519 key");
-    json!({"kty": "OKP", "crv": "Ed25519", "x": b64(key.as_bytes()), "kid": kid, "alg": "EdDSA", "use": "sig"})
-}
-
-fn es256_jwk(kid: &str) -> Value {
-    let key = DecodingKey::from_ec_pem(ES256_PUBLIC.as_bytes()).expect("EC key");
-    let point = key.try_get_as_bytes().expect("point");
-    let (x, y) = point.get(1..).expect("uncompressed point").split_at(32);
-    json!({"kty": "EC", "crv": "P-256", "x": b64(x), "y": b64(y), "kid": kid})
-}
-
-fn rs256_jwk(kid: &str) -> Value {
-    let key = DecodingKey::from_rsa_pem(RS256_PUBLIC.as_bytes()).expect("RSA key");
-    let components = jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER
-        .key_utils
-        .rsa_pub_components_from_public_key;
-    let (n, e) = components(key.try_get_as_bytes().expect("der")).expect("components");
-    json!({"kty": "RSA", "n": b64(&n), "e": b64(&e), "kid": kid, "alg": "RS256"})
 }
 
 fn write_jwks(dir: &Path, name: &str, keys: Vec<Value>) -> std::path::PathBuf {
