@@ -84,6 +84,11 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                         return ExitCode::FAILURE;
                     }
                 };
+            // A call whose argument names are equal under case folding never reaches the policy (1000).
+            if let Err(e) = crate::strict_json::refuse_case_folded_names(&arguments) {
+                eprintln!("--args: {e}");
+                return ExitCode::FAILURE;
+            }
             if let Err(e) = crate::envelope::ToolName::parse(&tool) {
                 eprintln!("--tool: {e}");
                 return ExitCode::FAILURE;

@@ -15,6 +15,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use super::arguments::single;
 use super::paths::{excerpt, PathRule};
 use crate::envelope::json_kind;
 
@@ -121,11 +122,13 @@ impl CommandRule {
         })
     }
 
-    /// Checks the `command` (and `args`) arguments of one call. On success returns the call's words,
-    /// so that a capability with a `path_allowlist` can check the paths among them
-    /// ([`CommandWords::check_paths`]).
+    /// Checks the `command` (and `args`) arguments of one call, found by name without regard to ASCII
+    /// case as the path and URL arguments are (SPEC 6.3 r3): a tool that reads `Args` as `args` runs
+    /// it. On success returns the call's words, so that a capability with a `path_allowlist` can
+    /// check the paths among them ([`CommandWords::check_paths`]).
     pub fn check<'a>(&self, arguments: &'a Map<String, Value>) -> Result<CommandWords<'a>, String> {
-        let args: &[Value] = match arguments.get("args") {
+        let command = single(arguments, "command")?;
+        let args: &[Value] = match single(arguments, "args")? {
             None => &[],
             Some(Value::Array(items)) => items,
             Some(other) => {
@@ -141,7 +144,7 @@ impl CommandRule {
         // Whether a `#` has begun a word so far: joined into one shell text, a comment in the command
         // or in one element runs on into the next elements.
         let mut after_comment = false;
-        match arguments.get("command") {
+        match command {
             None => return Err("argument \"command\" is missing".to_string()),
             Some(Value::String(text)) => {
                 let split = split_shell_text(text, &mut after_comment)
@@ -175,7 +178,7 @@ impl CommandRule {
         // Next to a string command, a tool may join `args` into the same shell text (SPEC 6.3 r2): each
         // element obeys the string's shell-syntax rule, and the words it would split into are checked
         // as paths as well as the element itself.
-        let shell_text = matches!(arguments.get("command"), Some(Value::String(_)));
+        let shell_text = matches!(command, Some(Value::String(_)));
         let mut split_args = Vec::new();
         for (index, item) in args.iter().enumerate() {
             let word = literal_word(item)
@@ -769,6 +772,25 @@ mod tests {
         ] {
             assert!(
                 rule.check(&args(json!({ "command": refused }))).is_err(),
+                "{refused} allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn command_and_args_are_found_by_any_case() {
+        let rule = git_rule();
+        assert!(rule
+            .check(&args(json!({ "Command": "git status" })))
+            .is_ok());
+        for refused in [
+            json!({ "COMMAND": "rm -rf /" }),
+            json!({ "command": "git status", "Args": ["; rm -rf /"] }),
+            json!({ "command": "git", "ARGS": ["push"] }),
+            json!({ "command": "git status", "Command": "rm -rf /" }),
+        ] {
+            assert!(
+                rule.check(&args(refused.clone())).is_err(),
                 "{refused} allowed"
             );
         }
