@@ -253,6 +253,31 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         deny["rule"],
         json!({"kind": "capability", "index": 0, "pattern": "fs.*"})
     );
+    // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
+    let (_, capitals) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.read", "arguments": {"Path": "/etc/a"}})),
+        )
+        .await;
+    assert_eq!(capitals["code"], 2002, "{capitals}");
+    let (status, twins) = gw
+        .operator(
+            Method::POST,
+            path,
+            Some(&reader),
+            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a", "PATH": "/etc/a"}})),
+        )
+        .await;
+    assert_eq!((status, code(&twins)), (422, 6005), "{twins}");
+    assert!(
+        twins["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("arguments: ") && m.contains("ASCII case folding")),
+        "{twins}"
+    );
     let (_, denied) = gw
         .operator(
             Method::POST,
@@ -484,6 +509,19 @@ fn policy_cli_checks_and_explains() {
     );
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("duplicate key"), "{out}");
+    // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
+    let (status, out) = explain("fs.read_file", r#"{"Path": "/etc/passwd"}"#);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.starts_with("deny  code: 2002"), "{out}");
+    let (status, out) = explain(
+        "fs.read_file",
+        r#"{"path": "/workspace/a", "PATH": "/etc/passwd"}"#,
+    );
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with("--args: the names") && out.contains("ASCII case folding"),
+        "{out}"
+    );
 
     // A policy file that is a link to nothing is a broken file, not an absent one.
     let linked = tempfile::tempdir().unwrap();
