@@ -2,14 +2,8 @@
 //! small built-in JSON-RPC tool behind it, driven over real HTTP exactly as an orchestrator and an agent
 //! would drive it. Nothing is simulated: every line printed is what the gateway answered.
 
-/// `println!` that ignores a closed stdout (`sealgate demo | head`): the tour goes on silently, so that its
-/// folder, private keys included, is still removed at the end.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
+// Output goes through `say!` (lib.rs): with stdout closed (`sealgate demo | head`) the tour goes on
+// silently, so that its folder, private keys included, is still removed at the end.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

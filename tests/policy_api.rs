@@ -531,6 +531,33 @@ fn policy_cli_checks_and_explains() {
     assert!(out.contains("gone.yaml"), "{out}");
 }
 
+/// A reader that stops early (`sealgate policy explain … | head -1`) gets no panic: the answer is
+/// written into a pipe whose reading end is already closed.
+#[test]
+fn policy_explain_into_a_closed_pipe_exits_cleanly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args([
+            "policy",
+            "explain",
+            "--context",
+            "agent-runtime",
+            "--tool",
+            "fs.read_file",
+        ])
+        .args(["--args", r#"{"path": "/etc/passwd"}"#, "--policies"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/policies"))
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn bench_counts_of_zero_are_refused_before_anything_runs() {
     let (status, out) = run_cli(&[

@@ -51,9 +51,9 @@ pub fn run(command: PolicyCommand) -> ExitCode {
         PolicyCommand::Check { dir } => match load_dir(&dir) {
             Ok(contexts) => {
                 for context in &contexts {
-                    println!("ok  {}  (version {})", context.spec.name, context.version);
+                    say!("ok  {}  (version {})", context.spec.name, context.version);
                 }
-                println!(
+                say!(
                     "{} security context(s) valid in {}",
                     contexts.len(),
                     dir.display()
@@ -113,15 +113,15 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 rule["pattern"].as_str().unwrap_or("-")
             );
             match answer["decision"].as_str() {
-                Some("allow") => println!("allow  rule: {rule_text}"),
-                _ => println!(
+                Some("allow") => say!("allow  rule: {rule_text}"),
+                _ => say!(
                     "deny  code: {} {}  rule: {rule_text}\n{}",
                     answer["code"],
                     answer["name"].as_str().unwrap_or("?"),
                     answer["message"].as_str().unwrap_or("")
                 ),
             }
-            println!("{answer}");
+            say!("{answer}");
             ExitCode::SUCCESS
         }
     }
