@@ -227,24 +227,12 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
 
     // Evaluate explains a decision without calling anything.
     let path = "/v1/security-contexts/api/evaluate";
-    let (status, allow) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}})),
-        )
-        .await;
+    let evaluate = |body: Value| gw.operator(Method::POST, path, Some(&reader), Some(body));
+    let (status, allow) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}})).await;
     assert_eq!(status, 200);
     assert_eq!(allow["decision"], "allow");
-    let (_, deny) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}})),
-        )
-        .await;
+    let (_, deny) = evaluate(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}})).await;
     assert_eq!(
         (deny["decision"].as_str(), deny["code"].as_u64()),
         (Some("deny"), Some(2002))
@@ -254,23 +242,11 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         json!({"kind": "capability", "index": 0, "pattern": "fs.*"})
     );
     // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
-    let (_, capitals) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"Path": "/etc/a"}})),
-        )
-        .await;
+    let (_, capitals) = evaluate(json!({"tool": "fs.read", "arguments": {"Path": "/etc/a"}})).await;
     assert_eq!(capitals["code"], 2002, "{capitals}");
-    let (status, twins) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a", "PATH": "/etc/a"}})),
-        )
-        .await;
+    let (status, twins) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a", "PATH": "/etc/a"}}))
+            .await;
     assert_eq!((status, code(&twins)), (422, 6005), "{twins}");
     assert!(
         twins["error"]["message"]
@@ -278,14 +254,7 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
             .is_some_and(|m| m.starts_with("arguments: ") && m.contains("ASCII case folding")),
         "{twins}"
     );
-    let (_, denied) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.delete"})),
-        )
-        .await;
+    let (_, denied) = evaluate(json!({"tool": "fs.delete"})).await;
     assert_eq!(
         (denied["code"].as_u64(), denied["rule"]["kind"].as_str()),
         (Some(2001), Some("deny_list"))
@@ -301,14 +270,8 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         )
         .await;
     let draft = json!({"deny_list": ["fs.read"], "capabilities": [{"tool_pattern": "fs.*"}]});
-    let (status, drafted) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}, "draft": draft})),
-        )
-        .await;
+    let (status, drafted) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}, "draft": draft})).await;
     assert_eq!(status, 200, "{drafted}");
     assert_eq!(
         (drafted["code"].as_u64(), drafted["rule"]["kind"].as_str()),
@@ -334,14 +297,7 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         ),
         (json!({"name": "other", "capabilities": []}), "draft: name"),
     ] {
-        let (status, refused) = gw
-            .operator(
-                Method::POST,
-                path,
-                Some(&reader),
-                Some(json!({"tool": "fs.read", "draft": bad_draft})),
-            )
-            .await;
+        let (status, refused) = evaluate(json!({"tool": "fs.read", "draft": bad_draft})).await;
         assert_eq!((status, code(&refused)), (422, 6005), "{refused}");
         assert!(
             refused["error"]["message"]
