@@ -69,10 +69,6 @@ async fn a_capability_without_claim_claims_only_calls_with_a_key() {
         .admin(Method::PUT, "/v1/security-contexts/plain", Some(plain))
         .await;
     assert_eq!(status, 201, "{body}");
-    let (_, read) = gw
-        .admin(Method::GET, "/v1/security-contexts/plain", None)
-        .await;
-    assert_eq!(read["capabilities"][0]["claim"], "explicit", "{read}");
     let (key, token) = gw.session_in("exec-plain", "plain").await;
 
     let state = |id, text| {
@@ -111,6 +107,10 @@ async fn a_capability_without_claim_claims_only_calls_with_a_key() {
         first["receipt"]["request_id"]
     );
     assert_eq!(tool.count(), 4, "the keyed retry did not run again");
+    let (_, read) = gw
+        .admin(Method::GET, "/v1/security-contexts/plain", None)
+        .await;
+    assert_eq!(read["capabilities"][0]["claim"], "explicit", "{read}");
 }
 
 #[tokio::test]
