@@ -19,7 +19,11 @@ use serde_json::{json, Value};
 use crate::{clock, envelope, token};
 
 /// The contexts that `setup` writes: the same tool without and with a durable claim.
-const CONTEXTS: [(&str, &str); 2] = [("bench-off", "    claim: off\n"), ("bench-claim", "")];
+/// `bench-claim` claims every call without asking for keys (`auto`), so that each call pays for a claim.
+const CONTEXTS: [(&str, &str); 2] = [
+    ("bench-off", "    claim: off\n"),
+    ("bench-claim", "    claim: auto\n"),
+];
 const AGENT_ISSUER: &str = "orchestrator";
 const AGENT_AUDIENCE: &str = "sealgate-agents";
 /// Tokens and sessions outlive the longest soak (a million calls at today's speed).

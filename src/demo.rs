@@ -2,14 +2,8 @@
 //! small built-in JSON-RPC tool behind it, driven over real HTTP exactly as an orchestrator and an agent
 //! would drive it. Nothing is simulated: every line printed is what the gateway answered.
 
-/// `println!` that ignores a closed stdout (`sealgate demo | head`): the tour goes on silently, so that its
-/// folder, private keys included, is still removed at the end.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
+// Output goes through `say!` (lib.rs): with stdout closed (`sealgate demo | head`) the tour goes on
+// silently, so that its folder, private keys included, is still removed at the end.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -220,6 +214,13 @@ fn call(id: u64, tool: &str, arguments: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
 }
 
+/// A call that carries an idempotency key: a side effect that the agent wants run once (SPEC 7.1).
+fn keyed_call(id: u64, tool: &str, arguments: Value, key: &str) -> Value {
+    let mut payload = call(id, tool, arguments);
+    payload["params"]["_meta"] = json!({ "idempotency_key": key });
+    payload
+}
+
 /// Strings longer than this (tokens, signatures, keys) are shown by their first `SHOWN_CHARS` only.
 const LONG_CHARS: usize = 40;
 const SHOWN_CHARS: usize = 16;
@@ -321,19 +322,23 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         h.console_token,
         CONSOLE_TOKEN_SECS / 60
     );
-    say!("policy: context \"demo\" lets demo.* tools touch paths under /workspace only");
+    say!(
+        "policy: context \"demo\" lets demo.* tools touch paths under /workspace only; reads take no \
+         claim, and a write is claimed when it carries an idempotency key (claim: explicit, the default)"
+    );
     say!("each step shows the request sent (→, long strings cut at …) and the gateway's answer (←)\n");
 
     say!("1. the orchestrator registers session exec-demo-1 and receives a gateway-minted agent token");
     let (key, token) = h.register("exec-demo-1").await?;
 
-    let write = call(
+    let write = keyed_call(
         1,
         "demo.write_file",
         json!({"path": "/workspace/notes.txt", "content": "hello"}),
+        "write-notes-1",
     );
     let first = envelope::sign_envelope(&key, write.clone(), &token, crate::clock::now_secs());
-    say!("2. an allowed write inside /workspace");
+    say!("2. an allowed write inside /workspace, with the idempotency key write-notes-1");
     let (status, body) = h.post_envelope(&first).await?;
     say!("{}", outcome(status, &body));
     say!(
@@ -344,7 +349,7 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
     let mut retry_payload = write.clone();
     retry_payload["id"] = json!(2);
     let retry = envelope::sign_envelope(&key, retry_payload, &token, crate::clock::now_secs());
-    say!("3. the agent retries the same write");
+    say!("3. the agent retries the write with the same key (a new envelope: another JSON-RPC id)");
     let (status, body) = h.post_envelope(&retry).await?;
     say!("{}", outcome(status, &body));
     say!(

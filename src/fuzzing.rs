@@ -6,6 +6,7 @@
 //! parser panics or breaks a promise it makes; the promises checked are listed on each function. The
 //! fixed keys below exist only here: nothing in the gateway trusts them.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -16,9 +17,9 @@ use serde_json::{json, Map, Value};
 
 use crate::envelope::{
     decode_signature, jcs, parse_call, parse_envelope, sign_envelope, signature_text,
-    signing_key_from_text, SessionKey,
+    signing_key_from_text, Call, SessionKey,
 };
-use crate::policy::paths::normalize_absolute;
+use crate::policy::paths::{normalize_absolute, DEFAULT_PATH_ARGUMENTS};
 use crate::policy::{decide, parse_context_json, parse_context_yaml, Pattern, SecurityContext};
 use crate::strict_json::{
     parse_strict_json, parse_strict_json_with, AUDIT_LINES, MAX_DEPTH, MAX_SAFE_INTEGER,
@@ -221,7 +222,12 @@ pub fn envelope(data: &[u8]) {
         Some(Value::from(envelope.timestamp))
     );
     assert!(signed.remove("payload").is_some() && signed.is_empty());
-    let _ = parse_call(&envelope.payload);
+    if let Ok(Call::ToolsCall { arguments, .. }) = parse_call(&envelope.payload) {
+        assert!(
+            !has_case_folded_twins(&Value::Object(arguments)),
+            "accepted arguments with two names equal under ASCII case folding"
+        );
+    }
     if let Ok(signature) = decode_signature(&envelope.signature) {
         let again = decode_signature(&signature_text(&signature)).map(|s| s.to_bytes());
         assert_eq!(again, Ok(signature.to_bytes()));
@@ -255,6 +261,18 @@ pub fn envelope(data: &[u8]) {
     let mut moved = resent;
     moved.timestamp ^= 1;
     assert!(moved.verify_signature(&key).is_err());
+}
+
+/// Whether some object in `value` holds two names equal under ASCII case folding (SPEC 6.3 r3).
+fn has_case_folded_twins(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => {
+            let folded: BTreeSet<String> = map.keys().map(|k| k.to_ascii_lowercase()).collect();
+            folded.len() != map.len() || map.values().any(has_case_folded_twins)
+        }
+        Value::Array(items) => items.iter().any(has_case_folded_twins),
+        _ => false,
+    }
 }
 
 /// The agent token verifier (checks 2–4) with the fuzz key. The first byte chooses what the rest is:
@@ -316,12 +334,15 @@ pub fn jwt(data: &[u8]) {
     }
 }
 
-/// The command check (SPEC 6.3 commands) through `decide`, with a fixed allowlist and with one whose
-/// entries come from the input. The first byte chooses the form: a string `command` (plus `args`
-/// after NUL bytes) or an array `command`.
+/// The command check (SPEC 6.3 commands) through `decide`, with a fixed allowlist, with the same one
+/// under `path_allowlist: [/workspace]`, and with one whose entries come from the input. The first
+/// byte chooses the form: a string `command` (plus `args` after NUL bytes) or an array `command`.
 ///
 /// Promises: an allowed string command splits into words with POSIX quoting; the first word of an
 /// allowed call is allowlisted, and for `git` its first non-option word is an allowlisted subcommand.
+/// Under the path allowlist (SPEC 6.3 r3), an allowed call's shell text holds no unquoted glob, `~`,
+/// `{` nor word-leading `=`, and no word nor `NAME=VALUE` value leaves `/workspace`: an absolute one
+/// normalises inside it, a relative one never climbs with `..`.
 pub fn commands(data: &[u8]) {
     let Some((mode, rest)) = data.split_first() else {
         return;
@@ -365,6 +386,16 @@ pub fn commands(data: &[u8]) {
             );
         }
     }
+    if decide(
+        Some(fixtures().commands_in_workspace),
+        &any_tool(),
+        "cmd.run",
+        &arguments,
+    )
+    .is_allow()
+    {
+        assert_stays_in_workspace(mode % 2 == 0, &arguments);
+    }
     // The same call against an allowlist made of the input's own words.
     let context = json!({
         "name": "fuzz-commands-entries",
@@ -373,6 +404,65 @@ pub fn commands(data: &[u8]) {
     if let Ok(context) = parse_context_json(&context) {
         let _ = decide(Some(&context), &any_tool(), "cmd.run", &arguments);
     }
+}
+
+/// SPEC 6.3 r3's promise for a command allowed under `path_allowlist: [/workspace]`: `shell` says
+/// whether `command` (and `args`) are shell text.
+fn assert_stays_in_workspace(shell: bool, arguments: &Map<String, Value>) {
+    let texts: Vec<&str> = arguments
+        .values()
+        .flat_map(|value| match value {
+            Value::String(text) => vec![text.as_str()],
+            Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut words = Vec::new();
+    for text in texts {
+        if shell {
+            assert!(
+                !expands_unquoted(text),
+                "allowed shell expansion in {text:?}"
+            );
+            words.extend(shell_words::split(text).unwrap_or_default());
+        } else {
+            words.push(text.to_owned());
+        }
+    }
+    for word in &words {
+        // A word, or the parts of a `NAME=VALUE` or `--option=VALUE` word; an absolute word as a whole too.
+        let whole = word.starts_with('/') || !word.contains('=');
+        let values = word.split('=').chain(whole.then_some(word.as_str()));
+        for value in values {
+            let inside = match normalise_model(value) {
+                Some(path) => path == "/workspace" || path.starts_with("/workspace/"),
+                None => !value.starts_with('/') && !value.split('/').any(|part| part == ".."),
+            };
+            assert!(inside, "allowed {value:?} in {word:?}");
+        }
+    }
+}
+
+/// Whether shell text holds, outside quotes and unescaped, a character that a shell expands into
+/// paths (`*`, `?`, `[`, `~`, `{`), or `=` at the start of a word: a model of POSIX quoting that shares
+/// nothing with the splitter under test.
+fn expands_unquoted(text: &str) -> bool {
+    let (mut single, mut double, mut escaped, mut word_start) = (false, false, false, true);
+    for c in text.chars() {
+        let unquoted = !single && !double && !escaped;
+        if unquoted && (matches!(c, '*' | '?' | '[' | '~' | '{') || (c == '=' && word_start)) {
+            return true;
+        }
+        word_start = unquoted && matches!(c, ' ' | '\t');
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if !single => escaped = true,
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The URL check (SPEC 6.3 domains) through `decide`: URLs from the input (split at NUL bytes) under a
@@ -564,12 +654,20 @@ const DECIDE_KEYS: &[&str] = &[
     "url",
     "uri",
     "urls",
+    // SPEC 6.3 r3: names match without regard to ASCII case.
+    "Path",
+    "FILE",
+    "URL",
+    "Command",
+    "ARGS",
 ];
 
 /// `decide` on a fixed context with an arbitrary tool name (before the first NUL) and arguments (JSON
 /// when the rest is a JSON object, else values cut from it under the keys the checks read).
 ///
-/// Promise: it answers, without a context too, and never allows a tool on the deny list.
+/// Promises: it answers, without a context too, and never allows a tool on the deny list; an allowed
+/// `fs.*` call has every path argument, whatever the case of its name (SPEC 6.3 r3), inside the
+/// allowlist.
 pub fn policy_decide(data: &[u8]) {
     let (tool, rest) = match data.iter().position(|b| *b == 0) {
         Some(cut) => (&data[..cut], &data[cut + 1..]),
@@ -587,9 +685,38 @@ pub fn policy_decide(data: &[u8]) {
             tool != "fs.delete" && !tool.starts_with("secrets."),
             "allowed {tool:?}"
         );
+        if tool.starts_with("fs.") {
+            assert_path_arguments_inside(&arguments);
+        }
     }
     assert!(!decide(None, &patterns, &tool, &arguments).is_allow());
     let _ = Pattern::parse(&tool);
+}
+
+/// Every value under a default path argument name, in any case, is a path inside the decide
+/// fixture's `fs.*` allowlist.
+fn assert_path_arguments_inside(arguments: &Map<String, Value>) {
+    for (name, value) in arguments {
+        if !DEFAULT_PATH_ARGUMENTS
+            .iter()
+            .any(|key| key.eq_ignore_ascii_case(name))
+        {
+            continue;
+        }
+        let paths = match value {
+            Value::Array(items) => items.iter().collect(),
+            single => vec![single],
+        };
+        for path in paths {
+            let inside = path.as_str().and_then(normalise_model).is_some_and(|path| {
+                ["/workspace", "/tmp/x"].iter().any(|directory| {
+                    path.strip_prefix(directory)
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+                })
+            });
+            assert!(inside, "allowed {name:?}: {path}");
+        }
+    }
 }
 
 fn decide_arguments(bytes: &[u8]) -> Map<String, Value> {
@@ -617,6 +744,7 @@ fn decide_arguments(bytes: &[u8]) -> Map<String, Value> {
 /// The fixed contexts of the policy targets, loaded once (they are never changed).
 struct Fixtures {
     commands: &'static SecurityContext,
+    commands_in_workspace: &'static SecurityContext,
     domains: &'static SecurityContext,
     paths: &'static SecurityContext,
     decide: &'static SecurityContext,
@@ -627,6 +755,15 @@ name: fuzz-commands
 capabilities:
   - tool_pattern: "cmd.run"
     command_allowlist: ["git", "ls"]
+    subcommand_allowlist: { git: ["status", "log", "diff"] }
+"#;
+
+const COMMANDS_IN_WORKSPACE_CONTEXT: &str = r#"
+name: fuzz-commands-in-workspace
+capabilities:
+  - tool_pattern: "cmd.run"
+    path_allowlist: ["/workspace"]
+    command_allowlist: ["git", "ls", "cat", "dd", "make", "curl"]
     subcommand_allowlist: { git: ["status", "log", "diff"] }
 "#;
 
@@ -663,6 +800,7 @@ fn fixtures() -> &'static Fixtures {
     static FIXTURES: OnceLock<Fixtures> = OnceLock::new();
     FIXTURES.get_or_init(|| Fixtures {
         commands: fixed_context(COMMANDS_CONTEXT),
+        commands_in_workspace: fixed_context(COMMANDS_IN_WORKSPACE_CONTEXT),
         domains: fixed_context(DOMAINS_CONTEXT),
         paths: fixed_context(PATHS_CONTEXT),
         decide: fixed_context(DECIDE_CONTEXT),

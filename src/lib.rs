@@ -1,4 +1,14 @@
 //! sealgate: a security gateway for AI agent tool calls (see README.md and SPEC.md).
+
+/// `println!` that ignores a closed stdout (`sealgate demo | head`, `sealgate policy explain … | head -1`):
+/// a reader that stops early must never turn a command's output into a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 pub mod api;
 pub mod approval;
 pub mod audit;

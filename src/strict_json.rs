@@ -10,6 +10,8 @@
 //! integer literal outside ±[`MAX_SAFE_INTEGER`] (unless the caller's rules say otherwise), a number
 //! that is not finite as f64, raw control characters in strings, and unpaired UTF-16 surrogates in `\u`
 //! escapes. Recursion is bounded by the depth limit, so no input can overflow the stack.
+//! [`refuse_case_folded_names`] holds a tool call's `arguments` to one more rule: no two names equal
+//! under ASCII case folding (SPEC 6.3 r3).
 //!
 //! **Who reads with which rules.** The differences are deliberate, and they are all here:
 //!
@@ -28,6 +30,7 @@
 //! (`api::json_body` also asks serde_json whether a body is JSON at all, but only to choose HTTP 400
 //! over 422; the value it acts on comes from here.)
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Map, Number, Value};
@@ -94,11 +97,11 @@ enum PathSegment {
     Index(usize),
 }
 
-/// A refusal: what is wrong, at which byte, and under which keys / indexes.
+/// A refusal: what is wrong, at which byte (when it is read from bytes), and under which keys / indexes.
 #[derive(Debug)]
 struct ParseError {
     problem: String,
-    offset: usize,
+    offset: Option<usize>,
     /// Innermost segment first: each enclosing container appends its own segment while the error
     /// travels up, so the happy path never pays for path bookkeeping.
     reversed_path: Vec<PathSegment>,
@@ -108,7 +111,16 @@ impl ParseError {
     fn new(problem: impl Into<String>, offset: usize) -> Self {
         ParseError {
             problem: problem.into(),
-            offset,
+            offset: Some(offset),
+            reversed_path: Vec::new(),
+        }
+    }
+
+    /// A problem of a value already parsed, which has no byte offset.
+    fn in_value(problem: impl Into<String>) -> Self {
+        ParseError {
+            problem: problem.into(),
+            offset: None,
             reversed_path: Vec::new(),
         }
     }
@@ -129,8 +141,64 @@ impl fmt::Display for ParseError {
                 PathSegment::Key(key) => write!(f, "[{}]", quote_excerpt(key))?,
             }
         }
-        write!(f, " (byte {})", self.offset)
+        match self.offset {
+            Some(offset) => write!(f, " (byte {offset})"),
+            None => Ok(()),
+        }
     }
+}
+
+/// Refuses an object, at any depth of `object`, that holds two names equal under ASCII case folding
+/// (SPEC 6.3 r3): many tools' JSON decoders match names without regard to case, so of `path` and
+/// `Path` the policy might check one while the tool reads the other. The message names both, and where
+/// (`$` is `object` itself).
+pub fn refuse_case_folded_names(object: &Map<String, Value>) -> Result<(), String> {
+    case_folded_names_in_object(object).map_err(|error| error.to_string())
+}
+
+fn case_folded_names_in_object(object: &Map<String, Value>) -> Result<(), ParseError> {
+    if let Some((one, other)) = case_folded_twins(object) {
+        return Err(ParseError::in_value(format!(
+            "the names {} and {} are equal under ASCII case folding",
+            quote_excerpt(one),
+            quote_excerpt(other)
+        )));
+    }
+    for (key, value) in object {
+        case_folded_names_in_value(value)
+            .map_err(|error| error.inside(PathSegment::Key(key.clone())))?;
+    }
+    Ok(())
+}
+
+fn case_folded_names_in_value(value: &Value) -> Result<(), ParseError> {
+    match value {
+        Value::Object(object) => case_folded_names_in_object(object),
+        Value::Array(items) => items.iter().enumerate().try_for_each(|(index, item)| {
+            case_folded_names_in_value(item)
+                .map_err(|error| error.inside(PathSegment::Index(index)))
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Two names of `object` equal under ASCII case folding, if any. Names without an ASCII capital are
+/// already distinct from each other, so only names with one are folded (no allocation otherwise).
+fn case_folded_twins(object: &Map<String, Value>) -> Option<(&str, &str)> {
+    let mut folded: HashMap<String, &str> = HashMap::new();
+    for name in object
+        .keys()
+        .filter(|name| name.bytes().any(|b| b.is_ascii_uppercase()))
+    {
+        let lower = name.to_ascii_lowercase();
+        if let Some((twin, _)) = object.get_key_value(&lower) {
+            return Some((twin, name));
+        }
+        if let Some(twin) = folded.insert(lower, name) {
+            return Some((twin, name));
+        }
+    }
+    None
 }
 
 fn is_plain_identifier(key: &str) -> bool {
@@ -618,6 +686,36 @@ mod tests {
 
         let escaped = refused(br#"{"a":1,"\u0061":2}"#);
         assert!(escaped.starts_with("duplicate key \"a\""), "{escaped}");
+    }
+
+    #[test]
+    fn names_equal_under_ascii_case_folding_are_refused_at_any_depth() {
+        let check = |text: &str| match parse_strict_json(text.as_bytes()) {
+            Ok(Value::Object(object)) => refuse_case_folded_names(&object),
+            other => panic!("{text} is not an object: {other:?}"),
+        };
+        assert_eq!(
+            check(r#"{"path": 1, "Path": 2}"#),
+            Err("the names \"path\" and \"Path\" are equal under ASCII case folding at $".into())
+        );
+        assert_eq!(
+            check(r#"{"a": [{}, {"x": {"URL": 1, "uRl": 2}}]}"#),
+            Err(
+                "the names \"URL\" and \"uRl\" are equal under ASCII case folding at $.a[1].x"
+                    .into()
+            )
+        );
+        assert!(check(r#"{"ok": 1, "odd key": {"K": 1, "k": 2}}"#)
+            .is_err_and(|message| message.ends_with("at $[\"odd key\"]")));
+        for accepted in [
+            r#"{"path": 1, "paths": 2, "Pathx": 3}"#,
+            r#"{"a": {"b": 1}, "c": {"B": 2}}"#,
+            r#"{"\u00e4": 1, "\u00c4": 2}"#,
+            r#"{"list": [{"k": 1}, {"K": 2}]}"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(check(accepted), Ok(()), "{accepted}");
+        }
     }
 
     #[test]

@@ -446,7 +446,7 @@ async fn a_call_that_never_left_keeps_its_grant_and_the_claim_comes_first() {
     let (gw, tool) = Gateway::start(dir.path(), "").await;
     let spec = json!({"capabilities": [
         {"tool_pattern": "down.*", "claim": "off", "approval": {"required": true}},
-        {"tool_pattern": "pay.*", "approval": {"required": true}}
+        {"tool_pattern": "pay.*", "claim": "auto", "approval": {"required": true}}
     ]});
     let (key, token) = session_on(&gw, "claimed", spec, "exec-claimed").await;
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{code, tool_call, Gateway};
+use common::{code, keyed_call, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::json;
 
@@ -55,6 +55,62 @@ async fn thirty_two_identical_calls_reach_the_tool_once() {
         answers.windows(2).all(|w| w[0] == w[1]),
         "every SKIP returns the stored answer"
     );
+}
+
+/// SPEC 7.1 r3: a capability that does not say `claim:` is `explicit`. Without an idempotency key two
+/// identical writes both run (`running`, `done`, `running` must end at `running`, which `auto` silently
+/// skipped); with a key, the retry is a SKIP and the tool ran once.
+#[tokio::test]
+async fn a_capability_without_claim_claims_only_calls_with_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let plain = json!({"capabilities": [{"tool_pattern": "tool.*"}]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/plain", Some(plain))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (key, token) = gw.session_in("exec-plain", "plain").await;
+
+    let state = |id, text| {
+        tool_call(
+            id,
+            "tool.write",
+            json!({"path": "/workspace/state", "text": text}),
+        )
+    };
+    for (id, text) in [(1, "running"), (2, "done"), (3, "running")] {
+        let (status, body) = gw.call(&key, &token, state(id, text)).await;
+        assert_eq!(
+            (status, body["receipt"]["claim"].as_str()),
+            (200, Some("NONE")),
+            "{body}"
+        );
+        assert_eq!(body["payload"]["result"]["echo"]["text"], text, "{body}");
+    }
+    assert_eq!(tool.count(), 3, "every unkeyed write ran");
+
+    let pay = |id| keyed_call(id, "tool.pay", json!({"amount": 5}), "pay-7");
+    let (status, first) = gw.call(&key, &token, pay(4)).await;
+    assert_eq!(
+        (status, first["receipt"]["claim"].as_str()),
+        (200, Some("PROCEED")),
+        "{first}"
+    );
+    let (status, retry) = gw.call(&key, &token, pay(5)).await;
+    assert_eq!(
+        (status, retry["receipt"]["claim"].as_str()),
+        (200, Some("SKIP")),
+        "{retry}"
+    );
+    assert_eq!(
+        retry["receipt"]["request_id"],
+        first["receipt"]["request_id"]
+    );
+    assert_eq!(tool.count(), 4, "the keyed retry did not run again");
+    let (_, read) = gw
+        .admin(Method::GET, "/v1/security-contexts/plain", None)
+        .await;
+    assert_eq!(read["capabilities"][0]["claim"], "explicit", "{read}");
 }
 
 #[tokio::test]

@@ -72,6 +72,17 @@ fn the_demo_shows_each_request_and_removes_its_folder() {
         envelopes[3]["payload"]["params"]["arguments"]["path"], "/workspace/secret.txt",
         "the altered envelope is shown as sent"
     );
+    // A keyed retry (SPEC 7.1 r3): the write and its retry carry the same key, and the tool ran once.
+    let key = &envelopes[0]["payload"]["params"]["_meta"]["idempotency_key"];
+    assert!(key.is_string(), "{printed}");
+    assert_eq!(
+        &envelopes[1]["payload"]["params"]["_meta"]["idempotency_key"],
+        key
+    );
+    assert!(
+        printed.contains("the tool really ran 1 time(s)"),
+        "{printed}"
+    );
 
     assert!(
         left_in(tmp.path()).is_empty(),

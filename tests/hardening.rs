@@ -7,14 +7,9 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{code, tool_call, Gateway};
+use common::{code, keyed_call, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::{json, Value};
-
-fn keyed_call(id: u64, tool: &str, arguments: Value, key: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-           "params": {"name": tool, "arguments": arguments, "_meta": {"idempotency_key": key}}})
-}
 
 async fn audit_events(gw: &Gateway, query: &str) -> Vec<Value> {
     let (status, page) = gw

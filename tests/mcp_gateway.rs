@@ -41,7 +41,8 @@ async fn real_mcp_servers_behind_the_gateway() {
         dir.path().join("policies/mcp.yaml"),
         format!(
             "name: mcp\ndeny_list: [\"fs.move_file\", \"fs.edit_file\", \"every.get-env\"]\ncapabilities:\n  \
-             - tool_pattern: \"fs.*\"\n    path_allowlist: [{workspace:?}]\n  - tool_pattern: \"every.*\"\n",
+             - tool_pattern: \"fs.*\"\n    path_allowlist: [{workspace:?}]\n    claim: auto\n  \
+             - tool_pattern: \"every.*\"\n    claim: auto\n",
             workspace = workspace.to_string_lossy()
         ),
     )

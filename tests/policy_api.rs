@@ -227,24 +227,12 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
 
     // Evaluate explains a decision without calling anything.
     let path = "/v1/security-contexts/api/evaluate";
-    let (status, allow) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}})),
-        )
-        .await;
+    let evaluate = |body: Value| gw.operator(Method::POST, path, Some(&reader), Some(body));
+    let (status, allow) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}})).await;
     assert_eq!(status, 200);
     assert_eq!(allow["decision"], "allow");
-    let (_, deny) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}})),
-        )
-        .await;
+    let (_, deny) = evaluate(json!({"tool": "fs.read", "arguments": {"path": "/etc/a"}})).await;
     assert_eq!(
         (deny["decision"].as_str(), deny["code"].as_u64()),
         (Some("deny"), Some(2002))
@@ -253,14 +241,20 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         deny["rule"],
         json!({"kind": "capability", "index": 0, "pattern": "fs.*"})
     );
-    let (_, denied) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.delete"})),
-        )
-        .await;
+    // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
+    let (_, capitals) = evaluate(json!({"tool": "fs.read", "arguments": {"Path": "/etc/a"}})).await;
+    assert_eq!(capitals["code"], 2002, "{capitals}");
+    let (status, twins) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a", "PATH": "/etc/a"}}))
+            .await;
+    assert_eq!((status, code(&twins)), (422, 6005), "{twins}");
+    assert!(
+        twins["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("arguments: ") && m.contains("ASCII case folding")),
+        "{twins}"
+    );
+    let (_, denied) = evaluate(json!({"tool": "fs.delete"})).await;
     assert_eq!(
         (denied["code"].as_u64(), denied["rule"]["kind"].as_str()),
         (Some(2001), Some("deny_list"))
@@ -276,14 +270,8 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         )
         .await;
     let draft = json!({"deny_list": ["fs.read"], "capabilities": [{"tool_pattern": "fs.*"}]});
-    let (status, drafted) = gw
-        .operator(
-            Method::POST,
-            path,
-            Some(&reader),
-            Some(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}, "draft": draft})),
-        )
-        .await;
+    let (status, drafted) =
+        evaluate(json!({"tool": "fs.read", "arguments": {"path": "/srv/a"}, "draft": draft})).await;
     assert_eq!(status, 200, "{drafted}");
     assert_eq!(
         (drafted["code"].as_u64(), drafted["rule"]["kind"].as_str()),
@@ -309,14 +297,7 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         ),
         (json!({"name": "other", "capabilities": []}), "draft: name"),
     ] {
-        let (status, refused) = gw
-            .operator(
-                Method::POST,
-                path,
-                Some(&reader),
-                Some(json!({"tool": "fs.read", "draft": bad_draft})),
-            )
-            .await;
+        let (status, refused) = evaluate(json!({"tool": "fs.read", "draft": bad_draft})).await;
         assert_eq!((status, code(&refused)), (422, 6005), "{refused}");
         assert!(
             refused["error"]["message"]
@@ -484,6 +465,19 @@ fn policy_cli_checks_and_explains() {
     );
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("duplicate key"), "{out}");
+    // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
+    let (status, out) = explain("fs.read_file", r#"{"Path": "/etc/passwd"}"#);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.starts_with("deny  code: 2002"), "{out}");
+    let (status, out) = explain(
+        "fs.read_file",
+        r#"{"path": "/workspace/a", "PATH": "/etc/passwd"}"#,
+    );
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with("--args: the names") && out.contains("ASCII case folding"),
+        "{out}"
+    );
 
     // A policy file that is a link to nothing is a broken file, not an absent one.
     let linked = tempfile::tempdir().unwrap();
@@ -491,6 +485,33 @@ fn policy_cli_checks_and_explains() {
     let (status, out) = run_cli(&["policy", "check", linked.path().to_str().unwrap()]);
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("gone.yaml"), "{out}");
+}
+
+/// A reader that stops early (`sealgate policy explain … | head -1`) gets no panic: the answer is
+/// written into a pipe whose reading end is already closed.
+#[test]
+fn policy_explain_into_a_closed_pipe_exits_cleanly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args([
+            "policy",
+            "explain",
+            "--context",
+            "agent-runtime",
+            "--tool",
+            "fs.read_file",
+        ])
+        .args(["--args", r#"{"path": "/etc/passwd"}"#, "--policies"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/policies"))
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

@@ -352,7 +352,8 @@ async fn call_that_cuts_the_store(
 }
 
 const CUT_POLICY: &str = "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\", claim: off }\n";
-const CLAIMED_CUT_POLICY: &str = "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\" }\n";
+const CLAIMED_CUT_POLICY: &str =
+    "name: cut\ncapabilities:\n  - { tool_pattern: \"cut.*\", claim: auto }\n";
 
 #[tokio::test]
 async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {

@@ -252,6 +252,9 @@ pub async fn evaluate(
     };
     crate::envelope::ToolName::parse(&request.tool)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;
+    // Refused as the gateway refuses such a call's payload (1000), before any policy is asked.
+    crate::strict_json::refuse_case_folded_names(&request.arguments)
+        .map_err(|e| ApiError::new(Code::InvalidRequest, format!("arguments: {e}")))?;
     Ok(axum::Json(policy::cli::explain(
         &context,
         &request.tool,

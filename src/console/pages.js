@@ -322,7 +322,7 @@ function capabilityTable(spec) {
     (spec.capabilities || []).map((cap) => {
       const others = Object.fromEntries(Object.entries(cap).filter(([k]) => !known.includes(k)));
       return el('tr', {},
-        el('td', {}, el('code', {}, cap.tool_pattern)), el('td', {}, cap.claim || 'auto'),
+        el('td', {}, el('code', {}, cap.tool_pattern)), el('td', {}, cap.claim || 'explicit'),
         el('td', {}, (cap.path_allowlist || []).join(', ') || '–'),
         el('td', {}, cap.rate_limit ? `${cap.rate_limit.calls} per ${cap.rate_limit.per_seconds} s` : '–'),
         el('td', {}, cap.max_response_size ? `${cap.max_response_size} B` : '–'),

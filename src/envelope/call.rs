@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::strict_json::quote_excerpt;
+use crate::strict_json::{quote_excerpt, refuse_case_folded_names};
 
 /// Longest tool name, in bytes (SPEC section 2).
 pub const MAX_TOOL_NAME_BYTES: usize = 128;
@@ -130,7 +130,8 @@ impl Call {
 /// Refused: a `jsonrpc` other than `"2.0"`; an `id` that is missing, null, a boolean, an array or an
 /// object (notifications get no answer, so they cannot be authorised calls); any other method; for
 /// `tools/call`, `params` that is not an object, a missing or invalid `name`, `arguments` that is
-/// present but not an object; `params._meta` that is not an object or an `idempotency_key` that is not
+/// present but not an object or that holds, at any depth, two names equal under ASCII case folding
+/// (SPEC 6.3 r3); `params._meta` that is not an object or an `idempotency_key` that is not
 /// a string of 1–256 bytes; and any field that a JSON-RPC request or these params do not define.
 pub fn parse_call(payload: &Value) -> Result<Call, String> {
     let Value::Object(fields) = payload else {
@@ -227,7 +228,11 @@ fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, String> {
     };
     let arguments = match params.get("arguments") {
         None => Map::new(),
-        Some(Value::Object(arguments)) => arguments.clone(),
+        Some(Value::Object(arguments)) => {
+            refuse_case_folded_names(arguments)
+                .map_err(|problem| format!("payload.params.arguments: {problem}"))?;
+            arguments.clone()
+        }
         Some(other) => {
             return Err(format!(
                 "payload.params.arguments must be an object, found {}",
@@ -427,6 +432,14 @@ mod tests {
         assert!(with("/params/name", json!("fs/read")).contains("payload.params.name: tool name"));
         assert!(with("/params/arguments", json!("x")).contains("arguments must be an object"));
         assert!(with("/params/arguments", Value::Null).contains("arguments must be an object"));
+        assert_eq!(
+            with(
+                "/params/arguments",
+                json!({"opts": {"Path": "/etc", "path": "/w"}})
+            ),
+            "payload.params.arguments: the names \"path\" and \"Path\" are equal under ASCII case \
+             folding at $.opts"
+        );
         assert!(with("/params/_meta", json!("k")).contains("_meta must be an object"));
         let key_error = |key: Value| with("/params/_meta", json!({"idempotency_key": key}));
         assert!(key_error(json!("")).contains("0 bytes long"));

@@ -51,9 +51,9 @@ pub fn run(command: PolicyCommand) -> ExitCode {
         PolicyCommand::Check { dir } => match load_dir(&dir) {
             Ok(contexts) => {
                 for context in &contexts {
-                    println!("ok  {}  (version {})", context.spec.name, context.version);
+                    say!("ok  {}  (version {})", context.spec.name, context.version);
                 }
-                println!(
+                say!(
                     "{} security context(s) valid in {}",
                     contexts.len(),
                     dir.display()
@@ -84,6 +84,11 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                         return ExitCode::FAILURE;
                     }
                 };
+            // A call whose argument names are equal under case folding never reaches the policy (1000).
+            if let Err(e) = crate::strict_json::refuse_case_folded_names(&arguments) {
+                eprintln!("--args: {e}");
+                return ExitCode::FAILURE;
+            }
             if let Err(e) = crate::envelope::ToolName::parse(&tool) {
                 eprintln!("--tool: {e}");
                 return ExitCode::FAILURE;
@@ -108,15 +113,15 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 rule["pattern"].as_str().unwrap_or("-")
             );
             match answer["decision"].as_str() {
-                Some("allow") => println!("allow  rule: {rule_text}"),
-                _ => println!(
+                Some("allow") => say!("allow  rule: {rule_text}"),
+                _ => say!(
                     "deny  code: {} {}  rule: {rule_text}\n{}",
                     answer["code"],
                     answer["name"].as_str().unwrap_or("?"),
                     answer["message"].as_str().unwrap_or("")
                 ),
             }
-            println!("{answer}");
+            say!("{answer}");
             ExitCode::SUCCESS
         }
     }

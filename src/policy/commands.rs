@@ -15,6 +15,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use super::arguments::single;
 use super::paths::{excerpt, PathRule};
 use crate::envelope::json_kind;
 
@@ -23,9 +24,17 @@ const OPERATORS: &[char] = &[';', '|', '&', '>', '<', '(', ')', '\n'];
 
 /// Characters that start an expansion: refused outside single quotes.
 const EXPANSIONS: &[char] = &['$', '`'];
-/// Characters that, unquoted, make a shell expand a word into paths (tilde and brace expansion):
-/// harmless to the command check, refused under a `path_allowlist`.
-const PATH_EXPANSIONS: &[char] = &['~', '{'];
+/// Characters that, unquoted, make a shell expand a word into paths: tilde and brace expansion and
+/// the glob characters (`/workspace/.?/etc` matches `/workspace/../etc`). Harmless to the command
+/// check, refused under a `path_allowlist` (SPEC 6.3 r3).
+const PATH_EXPANSIONS: &[char] = &['~', '{', '*', '?', '['];
+
+/// Unquoted at the start of a word, zsh replaces `=name` with the path of the program `name`.
+const LEADING_EXPANSION: char = '=';
+
+/// Characters after which a tool may read the rest of a word as a path of its own: `NAME=VALUE`
+/// and `--option=VALUE`, and path lists such as `/workspace/a:/etc` or `-Wl,-rpath,/etc`.
+const VALUE_SEPARATORS: &[char] = &['=', ':', ','];
 
 /// A compiled command rule: which base commands may run and, for some, which subcommands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,11 +122,13 @@ impl CommandRule {
         })
     }
 
-    /// Checks the `command` (and `args`) arguments of one call. On success returns the call's words,
-    /// so that a capability with a `path_allowlist` can check the paths among them
-    /// ([`CommandWords::check_paths`]).
+    /// Checks the `command` (and `args`) arguments of one call, found by name without regard to ASCII
+    /// case as the path and URL arguments are (SPEC 6.3 r3): a tool that reads `Args` as `args` runs
+    /// it. On success returns the call's words, so that a capability with a `path_allowlist` can
+    /// check the paths among them ([`CommandWords::check_paths`]).
     pub fn check<'a>(&self, arguments: &'a Map<String, Value>) -> Result<CommandWords<'a>, String> {
-        let args: &[Value] = match arguments.get("args") {
+        let command = single(arguments, "command")?;
+        let args: &[Value] = match single(arguments, "args")? {
             None => &[],
             Some(Value::Array(items)) => items,
             Some(other) => {
@@ -128,20 +139,20 @@ impl CommandRule {
             }
         };
         let mut words = Vec::new();
-        // Words a shell would expand into paths ([`ShellWord::expands`]).
+        // Words a shell would expand into paths, with the character that expands ([`ShellWord::expands`]).
         let mut expanding = Vec::new();
         // Whether a `#` has begun a word so far: joined into one shell text, a comment in the command
         // or in one element runs on into the next elements.
         let mut after_comment = false;
-        match arguments.get("command") {
+        match command {
             None => return Err("argument \"command\" is missing".to_string()),
             Some(Value::String(text)) => {
                 let split = split_shell_text(text, &mut after_comment)
                     .map_err(|problem| format!("argument \"command\": {problem}"))?;
                 for (index, word) in split.into_iter().enumerate() {
                     let at = WordAt::CommandText(index + 1);
-                    if word.expands {
-                        expanding.push(at);
+                    if let Some(expansion) = word.expands {
+                        expanding.push((at, expansion));
                     }
                     words.push((at, Cow::Owned(word.text)));
                 }
@@ -167,7 +178,7 @@ impl CommandRule {
         // Next to a string command, a tool may join `args` into the same shell text (SPEC 6.3 r2): each
         // element obeys the string's shell-syntax rule, and the words it would split into are checked
         // as paths as well as the element itself.
-        let shell_text = matches!(arguments.get("command"), Some(Value::String(_)));
+        let shell_text = matches!(command, Some(Value::String(_)));
         let mut split_args = Vec::new();
         for (index, item) in args.iter().enumerate() {
             let word = literal_word(item)
@@ -177,8 +188,8 @@ impl CommandRule {
                     .map_err(|problem| format!("argument \"args\"[{index}]: {problem}"))?;
                 for (number, word) in split.into_iter().enumerate() {
                     let at = WordAt::ArgsText(index, number + 1);
-                    if word.expands {
-                        expanding.push(at);
+                    if let Some(expansion) = word.expands {
+                        expanding.push((at, expansion));
                     }
                     split_args.push((at, Cow::Owned(word.text)));
                 }
@@ -246,57 +257,113 @@ impl fmt::Display for WordAt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandWords<'a> {
     words: Vec<(WordAt, Cow<'a, str>)>,
-    /// The words of shell text that hold an unquoted `~` or `{`.
-    expanding: Vec<WordAt>,
+    /// The words of shell text that a shell would expand into paths, with the character that does it.
+    expanding: Vec<(WordAt, char)>,
 }
 
 impl CommandWords<'_> {
-    /// The capability's `path_allowlist` over the command (SPEC 6.3 r2, code 2002): every word that is
-    /// an absolute path, and the value of every option word whose value is an absolute path, written
-    /// `--option=VALUE`, `-o=VALUE` or attached as in `-C/etc`. A relative path that climbs with `..`,
-    /// and shell text that a shell would expand into paths (an unquoted `~` or `{`), are refused, since
-    /// where they lead cannot be checked here.
+    /// The capability's `path_allowlist` over the command (SPEC 6.3 r2 and r3, code 2002). Shell text
+    /// that a shell would expand into paths (an unquoted glob, `~`, `{`, or a leading `=`) is refused,
+    /// since where it leads cannot be checked here. Then every word, and every value a tool may read
+    /// as a path inside a word ([`embedded_values`]), must pass [`check_path_value`].
     pub fn check_paths(&self, paths: &PathRule) -> Result<(), String> {
-        if let Some(at) = self.expanding.first() {
+        if let Some((at, expansion)) = self.expanding.first() {
             return Err(format!(
-                "{at} holds an unquoted '~' or '{{', which a shell expands into paths that \
+                "{at} holds an unquoted {expansion:?}, which a shell expands into paths that \
                  path_allowlist cannot check; quote it"
             ));
         }
         for (at, word) in &self.words {
-            if word.starts_with('/') {
-                paths
-                    .check_value(word)
+            // A relative word with separators is checked by its parts: `--output=/workspace/../x`
+            // climbs with `..` only inside its value.
+            let whole = word.strip_prefix('@').unwrap_or(word);
+            if whole.starts_with('/') || !whole.contains(VALUE_SEPARATORS) {
+                check_path_value(word, paths)
                     .map_err(|problem| format!("{at} (a path) {problem}"))?;
-                continue;
             }
-            let value = option_value(word);
-            if let Some(value) = value.filter(|value| value.starts_with('/')) {
-                paths
-                    .check_value(value)
-                    .map_err(|problem| format!("{at} (an option value) {problem}"))?;
-            } else if value.unwrap_or(word).split('/').any(|part| part == "..") {
-                // A relative path starts from the tool's working directory, which this check does
-                // not know: climbing out of it could leave the allowlist (`ls ../../etc`).
-                return Err(format!(
-                    "{at} climbs with '..' from a working directory that path_allowlist cannot see"
-                ));
+            for value in embedded_values(word).map_err(|problem| format!("{at} {problem}"))? {
+                check_path_value(value, paths)
+                    .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
             }
         }
         Ok(())
     }
 }
 
-/// The value of an option word: after `--NAME=` or `-NAME=`, or attached to a short option's letters
-/// as in `-C/etc` or `-I../x` (any run of letters before it might end in one that takes a value).
-fn option_value(word: &str) -> Option<&str> {
-    if let Some(long) = word.strip_prefix("--") {
-        return long.split_once('=').map(|(_, value)| value);
+/// One word, or a value inside one: an absolute path must pass `paths`; a relative one must not climb
+/// with `..`, since it starts from the tool's working directory, which this check does not know
+/// (`ls ../../etc`). A leading `@` is dropped first: many tools read `@FILE` as the contents of FILE
+/// (compilers' response files, `curl -d @FILE`, argparse's `fromfile_prefix_chars`).
+fn check_path_value(value: &str, paths: &PathRule) -> Result<(), String> {
+    let value = value.strip_prefix('@').unwrap_or(value);
+    if value.starts_with('/') {
+        paths.check_value(value)
+    } else if value.split('/').any(|part| part == "..") {
+        Err("climbs with '..' from a working directory that path_allowlist cannot see".to_string())
+    } else {
+        Ok(())
     }
-    let letters = word.strip_prefix('-')?;
+}
+
+/// The values that a tool may read as paths inside one word (SPEC 6.3 r3): the parts between `=`,
+/// `:` and `,` (`if=/etc/shadow`, `--output=/etc/x`, `-Dkey=/etc/x`, `/workspace/a:/etc`), and the
+/// value attached to a short option's letters (`-O/etc/x`; in `-xvf/etc/x` any letter might be the
+/// one that takes it). The `//host/…` part of a URL is no local path: it is checked as the relative
+/// `host/…`. A `file:` URL names one in a form this check does not read (percent-encoding, a host),
+/// so it is refused.
+fn embedded_values(word: &str) -> Result<Vec<&str>, String> {
+    let parts = separated_parts(word);
+    let mut values = Vec::new();
+    let mut is_authority = false;
+    for (index, &(part, separator)) in parts.iter().enumerate() {
+        let scheme = separator == Some(':') && is_url_scheme(part);
+        if scheme && part.eq_ignore_ascii_case("file") {
+            return Err("holds a file: URL, which path_allowlist cannot check".to_string());
+        }
+        match part.strip_prefix("//").filter(|_| is_authority) {
+            // `host/path` is relative: only a `..` in it is refused.
+            Some(host_and_path) => values.push(host_and_path),
+            None if parts.len() > 1 => values.push(part),
+            None => {}
+        }
+        values.extend(attached_value(part));
+        is_authority = scheme
+            && parts
+                .get(index + 1)
+                .is_some_and(|(next, _)| next.starts_with("//"));
+    }
+    Ok(values)
+}
+
+/// `word` cut at every [`VALUE_SEPARATORS`] character, each part with the separator that ends it.
+fn separated_parts(word: &str) -> Vec<(&str, Option<char>)> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (at, separator) in word.match_indices(VALUE_SEPARATORS) {
+        parts.push((&word[start..at], separator.chars().next()));
+        start = at + separator.len();
+    }
+    parts.push((&word[start..], None));
+    parts
+}
+
+/// A URL scheme (RFC 3986): a letter, then letters, digits, `+`, `-` and `.`.
+fn is_url_scheme(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// The value attached to a short option's letters, as in `-C/etc` or `-I../x`: what follows the
+/// first character that no option letter is.
+fn attached_value(word: &str) -> Option<&str> {
+    let letters = word
+        .strip_prefix('-')
+        .filter(|rest| !rest.starts_with('-'))?;
     let value_at = letters.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))?;
-    let rest = &letters[value_at..];
-    Some(rest.strip_prefix('=').unwrap_or(rest))
+    Some(&letters[value_at..])
 }
 
 /// An argv element from a JSON array: must be a string without NUL. The problem reads after the
@@ -388,11 +455,16 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
                     return refuse("is shell syntax outside quotes")
                 }
                 other => {
-                    if other == '#' && current.is_none() {
+                    let starts_word = current.is_none();
+                    if other == '#' && starts_word {
                         *after_comment = true;
                     }
                     let word = current.get_or_insert_with(ShellWord::default);
-                    word.expands |= PATH_EXPANSIONS.contains(&other);
+                    if PATH_EXPANSIONS.contains(&other)
+                        || (starts_word && other == LEADING_EXPANSION)
+                    {
+                        word.expands.get_or_insert(other);
+                    }
                     word.text.push(other);
                 }
             },
@@ -449,9 +521,9 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
 #[derive(Debug, Default, PartialEq, Eq)]
 struct ShellWord {
     text: String,
-    /// Holds an unquoted `~` or `{`: a shell's tilde or brace expansion could turn it into a path
-    /// (`~/.ssh`, `{/etc/shadow,a}`) that the path check never sees.
-    expands: bool,
+    /// The first unquoted character that could make a shell expand the word into a path that the
+    /// path check never sees (`~/.ssh`, `{/etc/shadow,a}`, `/workspace/.?/etc`, zsh's `=git`).
+    expands: Option<char>,
 }
 
 fn is_unquoted_hazard(c: char) -> bool {
@@ -706,6 +778,25 @@ mod tests {
     }
 
     #[test]
+    fn command_and_args_are_found_by_any_case() {
+        let rule = git_rule();
+        assert!(rule
+            .check(&args(json!({ "Command": "git status" })))
+            .is_ok());
+        for refused in [
+            json!({ "COMMAND": "rm -rf /" }),
+            json!({ "command": "git status", "Args": ["; rm -rf /"] }),
+            json!({ "command": "git", "ARGS": ["push"] }),
+            json!({ "command": "git status", "Command": "rm -rf /" }),
+        ] {
+            assert!(
+                rule.check(&args(refused.clone())).is_err(),
+                "{refused} allowed"
+            );
+        }
+    }
+
+    #[test]
     fn command_of_another_type_or_missing() {
         let rule = git_rule();
         for refused in [
@@ -776,10 +867,17 @@ mod tests {
             json!({ "command": "ls -la /workspace" }),
             json!({ "command": "git diff --stat", "args": ["/workspace/a"] }),
             json!({ "command": ["git", "diff", "--output=/workspace/../workspace/x"] }),
-            json!({ "command": "git log", "args": ["x=/etc"] }),
-            // Quoted, or with no shell to read them, `~` and `{` are plain characters.
+            // Quoted, escaped, or with no shell to read them, `~`, `{`, globs and `=` are plain text.
             json!({ "command": "ls '~' \"{/etc,a}\"" }),
             json!({ "command": ["ls", "~root", "{/etc,a}"] }),
+            json!({ "command": "ls '/workspace/.?/etc' \"*\" \\[a] '=git' a=b" }),
+            json!({ "command": ["ls", "/workspace/*", "=git"] }),
+            // Values inside words that stay inside the allowlist, or are no paths.
+            json!({ "command": "git log --grep=a=/workspace" }),
+            json!({ "command": "git diff /workspace/a:b /workspace/c,d" }),
+            json!({ "command": "git log --format=%h,%s --grep=https://example.com/a" }),
+            json!({ "command": "git log --grep=git@github.com:org/repo" }),
+            json!({ "command": "git diff -I./include/x @/workspace/list" }),
             json!({ "command": "git log -n3 --format=a/b" }),
             json!({ "command": "git log HEAD..main" }),
             json!({ "command": "git diff a/b" }),
@@ -817,6 +915,29 @@ mod tests {
             // An option's value attached to its name.
             json!({ "command": "git diff -O/etc/order" }),
             json!({ "command": "git diff --stat -C/etc" }),
+            // Globs a shell expands into paths (SPEC 6.3 r3), and zsh's `=program`.
+            json!({ "command": "ls /workspace/.?/etc/passwd" }),
+            json!({ "command": "ls /workspace/.[.]/etc/shadow" }),
+            json!({ "command": "ls /workspace/*" }),
+            json!({ "command": "ls =git" }),
+            json!({ "command": "git", "args": ["diff", "/workspace/.?/x"] }),
+            // Values inside a word: NAME=VALUE, values of values, lists, @FILE, file: URLs.
+            json!({ "command": "git diff if=/etc/shadow" }),
+            json!({ "command": "git diff DESTDIR=/" }),
+            json!({ "command": "git log", "args": ["x=/etc"] }),
+            json!({ "command": ["git", "diff", "if=/etc/shadow"] }),
+            json!({ "command": "git log --grep=a=/etc" }),
+            json!({ "command": "git diff if=../../etc/shadow" }),
+            json!({ "command": "git diff /workspace/a:/etc/shadow" }),
+            json!({ "command": "git diff /workspace:x" }),
+            json!({ "command": "git diff -Wl,-rpath,/etc" }),
+            json!({ "command": "git diff --no-index @/etc/shadow a" }),
+            json!({ "command": "git diff -d@/etc/passwd" }),
+            json!({ "command": "git diff --src=file:///etc/passwd" }),
+            json!({ "command": "git diff FILE:/etc/passwd" }),
+            json!({ "command": "git diff https://example.com/a,/etc/shadow" }),
+            json!({ "command": "git diff x://../../etc/shadow" }),
+            json!({ "command": "git diff https:///etc/shadow" }),
         ];
         for call in refused {
             assert_eq!(
@@ -889,7 +1010,21 @@ mod tests {
         let path_cases = [
             (
                 json!({ "command": "git diff --output=/etc/x" }),
-                "argument \"command\": word 3 (an option value) is outside path_allowlist",
+                "argument \"command\": word 3 (a value inside it) is outside path_allowlist",
+            ),
+            (
+                json!({ "command": "ls /workspace/.?/etc" }),
+                "argument \"command\": word 2 holds an unquoted '?', which a shell expands into \
+                 paths that path_allowlist cannot check; quote it",
+            ),
+            (
+                json!({ "command": "ls ../x" }),
+                "argument \"command\": word 2 (a path) climbs with '..' from a working directory \
+                 that path_allowlist cannot see",
+            ),
+            (
+                json!({ "command": "git diff --src=file:///x" }),
+                "argument \"command\": word 3 holds a file: URL, which path_allowlist cannot check",
             ),
             (
                 json!({ "command": "git", "args": ["diff", "x /secret/MARKER"] }),

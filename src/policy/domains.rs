@@ -14,10 +14,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use serde_json::{Map, Value};
 use url::{Host, Url};
 
+use super::arguments::named;
 use super::paths::excerpt;
 use crate::envelope::json_kind;
 
-/// Argument keys whose values are URLs (SPEC 6.3).
+/// Argument keys whose values are URLs (SPEC 6.3), matched without regard to ASCII case (r3).
 pub const URL_ARGUMENTS: &[&str] = &["url", "uri", "urls"];
 
 /// A compiled `domain_allowlist`.
@@ -79,13 +80,12 @@ impl DomainRule {
     /// index) and the rule it broke, never the URL nor any part of it (SPEC 9.1 r2): userinfo and
     /// query strings carry secrets.
     pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
-        for key in URL_ARGUMENTS {
-            match arguments.get(*key) {
-                None => {}
-                Some(Value::String(url)) => self
+        for (key, value) in named(arguments, URL_ARGUMENTS) {
+            match value {
+                Value::String(url) => self
                     .check_one(url)
                     .map_err(|problem| format!("argument {key:?}: {problem}"))?,
-                Some(Value::Array(items)) => {
+                Value::Array(items) => {
                     for (index, item) in items.iter().enumerate() {
                         match item {
                             Value::String(url) => self.check_one(url).map_err(|problem| {
@@ -100,7 +100,7 @@ impl DomainRule {
                         }
                     }
                 }
-                Some(other) => {
+                other => {
                     return Err(format!(
                         "argument {key:?}: expected a URL string or an array of them, got {}",
                         json_kind(other)
@@ -437,6 +437,7 @@ mod tests {
         let allowed = [
             json!({}),
             json!({ "href": "https://evil.test/" }),
+            json!({ "URL": "https://example.com/", "link": "https://evil.test/" }),
             json!({ "urls": [] }),
             json!({ "urls": ["https://example.com/a", "http://example.com/b"] }),
             json!({ "url": "https://example.com/", "uri": "https://example.com/x" }),
@@ -453,6 +454,10 @@ mod tests {
             json!({ "url": { "host": "example.com" } }),
             json!({ "urls": ["https://example.com/", 1] }),
             json!({ "urls": [["https://example.com/"]] }),
+            // Names match without regard to ASCII case (SPEC 6.3 r3).
+            json!({ "URL": "https://evil.test/" }),
+            json!({ "Uri": "https://evil.test/" }),
+            json!({ "url": "https://example.com/", "URLs": ["https://evil.test/"] }),
         ];
         for call in refused {
             assert!(

@@ -445,7 +445,8 @@ capabilities:
         assert_eq!(context.capabilities.len(), 3);
         assert_eq!(context.capabilities[0].claim, ClaimMode::Off);
         assert_eq!(context.capabilities[0].max_response_size, Some(1_048_576));
-        assert_eq!(context.capabilities[1].claim, ClaimMode::Auto);
+        // No `claim:` means explicit (SPEC 7.1 r3).
+        assert_eq!(context.capabilities[1].claim, ClaimMode::Explicit);
         assert_eq!(
             context.capabilities[1]
                 .rate_limit

@@ -2,6 +2,7 @@
 //! and hot reload, tool patterns, the path/command/domain argument checks, and `decide()`, which
 //! returns a decision together with the rule that made it. Knows nothing about the store or HTTP.
 
+pub mod arguments;
 pub mod cli;
 pub mod commands;
 pub mod decide;

@@ -160,10 +160,12 @@ pub struct RateLimit {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClaimMode {
-    /// With the caller's idempotency key, or else one derived from the call.
-    #[default]
+    /// With the caller's idempotency key, or else one derived from the call: an identical call later
+    /// in the same execution is a SKIP. Must be chosen (SPEC 7.1 r3).
     Auto,
-    /// Only when the caller gives an idempotency key.
+    /// Only when the caller gives an idempotency key. The default (SPEC 7.1 r3): `auto` by default
+    /// silently skipped reads and writes that an agent repeated on purpose.
+    #[default]
     Explicit,
     /// Never.
     Off,
@@ -227,9 +229,9 @@ impl JsonSchema for ClaimMode {
 
     fn json_schema(_generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "auto (default), explicit or off; the boolean false (a YAML 1.1 reading of a bare off) means off",
+            "description": "explicit (default: a claim only for a call with an idempotency key), auto or off; the boolean false (a YAML 1.1 reading of a bare off) means off",
             "oneOf": [
-                { "type": "string", "enum": ["auto", "explicit", "off"] },
+                { "type": "string", "enum": ["explicit", "auto", "off"] },
                 { "const": false }
             ]
         })
@@ -612,7 +614,7 @@ mod tests {
             json,
             Some(serde_json::json!({
                 "name": "c", "deny_list": [],
-                "capabilities": [{"tool_pattern": "fs.*", "path_allowlist": ["/w"], "claim": "auto"}]
+                "capabilities": [{"tool_pattern": "fs.*", "path_allowlist": ["/w"], "claim": "explicit"}]
             }))
         );
     }
@@ -623,7 +625,7 @@ mod tests {
             serde_json::json!({"name": "c", "capabilities": [{"tool_pattern": "x"}]}),
         );
         let long = spec_from_json(serde_json::json!({
-            "name": "c", "deny_list": [], "capabilities": [{"tool_pattern": "x", "claim": "auto"}]
+            "name": "c", "deny_list": [], "capabilities": [{"tool_pattern": "x", "claim": "explicit"}]
         }));
         let short = SecurityContext::compile(short, ContextSource::Store).map(|c| c.version);
         let long = SecurityContext::compile(long, ContextSource::Store).map(|c| c.version);

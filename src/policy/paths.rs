@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use super::arguments::named;
 use crate::envelope::json_kind;
 
 /// Argument keys that hold paths when a capability does not name its own `path_arguments`.
@@ -33,7 +34,7 @@ const EXCERPT_CHARS: usize = 80;
 pub struct PathRule {
     /// Normalised absolute directories; `/` allows every absolute path.
     allowed_directories: Vec<String>,
-    /// Argument keys whose values are paths, compared exactly (case-sensitive).
+    /// Argument keys whose values are paths, matched without regard to ASCII case (SPEC 6.3 r3).
     path_arguments: Vec<String>,
 }
 
@@ -89,13 +90,12 @@ impl PathRule {
     /// Checks every path-valued argument of one call. The error names the argument (and the array
     /// index) and the rule it broke, never the value (SPEC 9.1 r2).
     pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
-        for key in &self.path_arguments {
-            match arguments.get(key) {
-                None => {}
-                Some(Value::String(path)) => self
+        for (key, value) in named(arguments, &self.path_arguments) {
+            match value {
+                Value::String(path) => self
                     .check_value(path)
                     .map_err(|problem| format!("argument {key:?} {problem}"))?,
-                Some(Value::Array(items)) => {
+                Value::Array(items) => {
                     for (index, item) in items.iter().enumerate() {
                         match item {
                             Value::String(path) => self.check_value(path).map_err(|problem| {
@@ -110,7 +110,7 @@ impl PathRule {
                         }
                     }
                 }
-                Some(other) => {
+                other => {
                     return Err(format!(
                         "argument {key:?}: expected a path string or an array of them, got {}",
                         json_kind(other)
@@ -397,8 +397,15 @@ mod tests {
             call.insert(key.to_string(), json!("/etc/passwd"));
             assert!(workspace.check(&call).is_err(), "key {key} not checked");
         }
+        // Matched without regard to ASCII case (SPEC 6.3 r3): a tool's decoder may read `Path` as `path`.
+        for key in ["Path", "FILE", "cWd", "Paths"] {
+            let call = args(json!({ key: ["/etc/passwd"] }));
+            assert!(workspace.check(&call).is_err(), "key {key} not checked");
+        }
         assert!(workspace
-            .check(&args(json!({ "target": "/etc/passwd", "Path": "/etc" })))
+            .check(&args(
+                json!({ "target": "/etc/passwd", "pathname": "/etc" })
+            ))
             .is_ok());
         assert!(workspace.check(&Map::new()).is_ok());
     }

@@ -26,16 +26,21 @@ capabilities:
     claim: explicit
   - tool_pattern: "tool.*"
     path_allowlist: ["/workspace"]
+    claim: auto
   - tool_pattern: "limited.*"
     rate_limit: { calls: 2, per_seconds: 60 }
     claim: off
   - tool_pattern: "big.*"
     max_response_size: 64
+    claim: auto
   - tool_pattern: "slow.*"
+    claim: auto
   - tool_pattern: "second.*"
     claim: off
   - tool_pattern: "bad.*"
+    claim: auto
   - tool_pattern: "down.*"
+    claim: auto
   - tool_pattern: "noroute.*"
   - tool_pattern: "pay.*"
     claim: off
@@ -635,6 +640,12 @@ impl Gateway {
 
 pub fn tool_call(id: u64, name: &str, arguments: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+}
+
+/// A `tools/call` carrying `params._meta.idempotency_key` (SPEC 7.1).
+pub fn keyed_call(id: u64, name: &str, arguments: Value, key: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments, "_meta": {"idempotency_key": key}}})
 }
 
 /// The error code of a refusal body (panics with the body when there is none).
