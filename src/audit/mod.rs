@@ -82,10 +82,6 @@ pub struct Recorded {
 pub enum AuditError {
     #[error("audit {0}")]
     Store(#[from] crate::store::StoreError),
-    #[error("audit worker thread failed: {0}")]
-    Worker(String),
-    #[error("audit file could not be written: {0}")]
-    FileSink(String),
     /// The event breaks the SPEC 9.1 table (a bug in the caller).
     #[error("audit event is invalid: {0}")]
     InvalidEvent(String),
@@ -258,21 +254,21 @@ impl AuditLog {
                 if shared {
                     sink = sink.per_replica_log();
                 }
-                Some(Arc::new(Mutex::new(sink)))
+                Some(sink)
             }
             None if cfg.rotate_bytes.is_some() => {
                 return Err("audit.rotate_bytes is set but audit.file is not".to_owned());
             }
             None => None,
         };
+        let copies = sink::Copies::start(file, cfg.stdout)?;
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let suppressed = Arc::new(AtomicU64::new(0));
         let shed = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             backend: Arc::clone(&backend),
             head: Some(head.unwrap_or_else(ChainHead::genesis)),
-            file,
-            stdout: cfg.stdout,
+            copies,
             max_batch: options.max_batch,
             report_interval: options.suppressed_report_interval,
             suppressed: Arc::clone(&suppressed),

@@ -3,7 +3,7 @@
 //! Each file must verify on its own with `sealgate audit verify`, so the sink never appends a batch that
 //! does not link to the file's last line: after a failed write, a crash between the store and the file,
 //! or a torn last line, it first rotates the file away and starts a new one (the store still holds every
-//! event). All calls are blocking; the writer runs them on a blocking thread.
+//! event). All calls are blocking: [`Copies`] runs them on a thread of its own, after the store's commit.
 //!
 //! With a store shared by replicas the file is instead a per-replica log (SPEC 12): the events this
 //! replica wrote, with the other replicas' seqs missing in between, so it is not a whole chain and only
@@ -343,6 +343,62 @@ fn read_last_line(file: &mut File, len: u64) -> io::Result<Option<String>> {
 
 /// Writes events to standard output, one JSON line each. Standard output has no durability to offer, so
 /// a failure is logged rather than failing the calls.
+/// The copies of the chain beside the store — the file and standard output — written on a thread of their
+/// own after each commit, so that no caller waits for them. A copy that fails is reported (log and
+/// `sealgate_audit_sink_errors_total`); the file catches up from the store at the next start.
+pub(crate) struct Copies {
+    tx: Option<std::sync::mpsc::Sender<Vec<Value>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Copies {
+    /// None when there is nothing to copy to.
+    pub(crate) fn start(file: Option<FileSink>, stdout: bool) -> Result<Option<Copies>, String> {
+        if file.is_none() && !stdout {
+            return Ok(None);
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Value>>();
+        let thread = std::thread::Builder::new()
+            .name("sealgate-audit-copies".into())
+            .spawn(move || {
+                let mut file = file;
+                for batch in rx {
+                    let lines: Vec<String> = batch.iter().map(Value::to_string).collect();
+                    if let Some(sink) = file.as_mut() {
+                        if let Err(error) = sink.write_batch(&batch, &lines) {
+                            tracing::error!(target: "audit", %error, "audit file copy failed; the store holds the events");
+                            metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "file")
+                                .increment(1);
+                        }
+                    }
+                    if stdout {
+                        write_stdout(&lines);
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the audit copy thread: {e}"))?;
+        Ok(Some(Copies {
+            tx: Some(tx),
+            thread: Some(thread),
+        }))
+    }
+
+    /// Queues a committed batch.
+    pub(crate) fn send(&self, batch: Vec<Value>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(batch);
+        }
+    }
+
+    /// Writes what is queued and stops.
+    pub(crate) fn finish(mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 pub(crate) fn write_stdout(lines: &[String]) {
     let stdout = io::stdout();
     let mut out = stdout.lock();

@@ -1,14 +1,14 @@
 //! The single writer task: group commit of audit events.
 //!
 //! Callers queue an event with a reply channel; the writer takes every event waiting (up to a cap),
-//! chains them, appends them to the store, and then makes the batch durable: the store's sync (which also
-//! covers every store write made before these events were queued), then the file's on a blocking thread.
-//! Only then does it answer every caller. One sync per batch is the group commit that lets durable calls
-//! keep up with many concurrent callers. One writer per process, and an append that is a compare-and-set
+//! chains them, appends them to the store, and then makes the batch durable with the store's sync (which
+//! also covers every store write made before these events were queued). Only then does it answer every
+//! caller, and hand the batch to the copies (the file, standard output) on a thread of their own. One sync
+//! per batch is the group commit that lets durable calls keep up with many concurrent callers. One writer per process, and an append that is a compare-and-set
 //! on the chain head, mean one chain with no forks even when several replicas share the store.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -17,7 +17,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::chain::{format_at, seal};
 use super::event::{AuditEvent, Decision, EventType};
-use super::sink::{write_stdout, FileSink};
+use super::sink::Copies;
 use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
 use crate::store::StoreError;
 
@@ -73,8 +73,8 @@ pub(crate) struct Writer {
     /// The chain head after the last durable batch; `None` after a failure, so the next batch re-reads it
     /// from the store instead of trusting what this task believed.
     pub(crate) head: Option<ChainHead>,
-    pub(crate) file: Option<Arc<Mutex<FileSink>>>,
-    pub(crate) stdout: bool,
+    /// Where committed batches are copied (the file and standard output), when anywhere.
+    pub(crate) copies: Option<Copies>,
     pub(crate) max_batch: usize,
     pub(crate) report_interval: Duration,
     pub(crate) suppressed: Arc<AtomicU64>,
@@ -127,6 +127,10 @@ impl Writer {
         let summaries = self.summaries();
         if !summaries.is_empty() {
             self.commit(summaries).await;
+        }
+        if let Some(copies) = self.copies.take() {
+            // The file holds every committed event when shutdown returns.
+            let _ = tokio::task::spawn_blocking(move || copies.finish()).await;
         }
         for waiter in shutdown_waiters {
             let _ = waiter.send(());
@@ -311,51 +315,22 @@ impl Writer {
             .map(|(job, recorded)| (job.reply, recorded, job.count_decision))
             .collect();
 
-        // The store first: it is the record of truth, and the file must never hold an event that the
-        // store could lose.
+        // The store is the record of truth: once its commit holds the batch, the callers are answered
+        // and the copies (file, stdout) follow off the reply path (SPEC 12 r3: the file is a copy,
+        // written after the commit and extended from the store at start-up).
         if let Err(e) = self.backend.sync().await {
             self.head = None;
             tracing::error!(target: "audit", error = %e, "audit store sync failed");
             fail_pending(pending, &AuditError::Store(e));
             return;
         }
-        // The store holds the batch, so the chain moved on whatever the file sink does.
         self.head = Some(new_head);
-        let file = self.file.clone();
-        let stdout = self.stdout;
-        let outcome = run_blocking(move || {
-            let lines: Vec<String> = chained.iter().map(Value::to_string).collect();
-            if let Some(file) = file {
-                let mut sink = file.lock().unwrap_or_else(PoisonError::into_inner);
-                sink.write_batch(&chained, &lines)
-                    .map_err(AuditError::FileSink)?;
-            }
-            if stdout {
-                write_stdout(&lines);
-            }
-            Ok(chained)
-        })
-        .await;
-
-        let chained = match outcome {
-            Ok(Ok(chained)) => chained,
-            Ok(Err(error)) => {
-                // The callers still get an error because the operator asked for a durable file too.
-                tracing::error!(target: "audit", error = %error, "audit file sink failed");
-                metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "file")
-                    .increment(1);
-                fail_pending(pending, &error);
-                return;
-            }
-            Err(e) => {
-                fail_pending(pending, &AuditError::Worker(e));
-                return;
-            }
-        };
-
         for (event, (reply, recorded, count_decision)) in chained.iter().zip(pending) {
             count_metrics(event, count_decision);
             answer(reply, Ok(recorded));
+        }
+        if let Some(copies) = &self.copies {
+            copies.send(chained);
         }
     }
 }
@@ -405,18 +380,6 @@ fn chain(batch: &mut Vec<Job>, head: &ChainHead) -> (Vec<Value>, Vec<Recorded>, 
         hash: prev_hash,
     };
     (chained, receipts, head)
-}
-
-/// Runs the batch's file write off the runtime (once per batch, never per event); a panic there becomes an
-/// error.
-async fn run_blocking<T, F>(work: F) -> Result<T, String>
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| format!("audit worker thread failed: {e}"))
 }
 
 fn answer(reply: Option<Reply>, result: Result<Recorded, AuditError>) {
