@@ -10,6 +10,7 @@ pub mod config_check;
 pub mod demo;
 pub mod envelope;
 pub mod error;
+pub mod evidence;
 pub mod fuzzing;
 pub mod gateway;
 pub mod logging;

@@ -95,3 +95,43 @@ pub async fn export(
     )
         .into_response())
 }
+
+/// `GET /v1/audit/checkpoints?from_seq=&limit=&cursor=` (SPEC 14): the signed checkpoints of the chain,
+/// newest first, down to `from_seq`.
+#[utoipa::path(get, path = "/v1/audit/checkpoints", operation_id = "audit_checkpoints", tag = "audit",
+    params(
+        ("from_seq" = Option<u64>, Query, description = "List checkpoints at or after this seq; 1 by default"),
+        ("limit" = Option<u64>, Query, description = "1–1000, 100 by default"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+    ),
+    security(("operator" = ["seal.audit.read"])),
+    responses((status = 200, description = "A page of AuditCheckpoint events", body = AuditPageDoc)))]
+pub async fn checkpoints(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.audit.read")?;
+    let params = super::query_params(raw.as_deref(), &["from_seq", "limit", "cursor"])?;
+    let min_seq = match params.get("from_seq") {
+        None => 1,
+        Some(raw) => raw.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                Code::InvalidRequest,
+                "from_seq must be a non-negative integer",
+            )
+        })?,
+    };
+    let query = AuditQuery {
+        r#type: Some(crate::audit::EventType::AuditCheckpoint),
+        min_seq: Some(min_seq),
+        limit: super::limit_param(&params, crate::audit::DEFAULT_LIMIT)?,
+        cursor: params.get("cursor").cloned(),
+        ..AuditQuery::default()
+    };
+    query
+        .validate()
+        .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
+    Ok(axum::Json(page).into_response())
+}

@@ -36,6 +36,9 @@ struct ErrorDetail {
     trace_id: String,
     #[serde(default)]
     details: Option<Value>,
+    /// The signed receipt of a refused call that passed check 8 (SPEC 14).
+    #[serde(default)]
+    receipt: Option<Value>,
 }
 
 #[derive(utoipa::OpenApi)]

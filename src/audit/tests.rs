@@ -102,6 +102,7 @@ fn event_type_names_are_the_spec_strings() {
         "ApprovalDenied",
         "ApprovalUsed",
         "ApprovalExpired",
+        "AuditCheckpoint",
     ];
     assert_eq!(EventType::ALL.len(), names.len());
     for (event_type, name) in EventType::ALL.iter().zip(names) {

@@ -416,6 +416,27 @@ pub trait Store: AuditBackend {
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+
+    /// Keeps a key that a replica signs with (SPEC 14), unless its kid is kept already, so that every
+    /// replica's `/v1/keys` lists every key that any of them signed with. A store that one process owns
+    /// (the embedded one) keeps nothing: that process's own keys are the whole set.
+    async fn signing_key_publish(&self, _key: &SigningKeyRecord) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Every key kept by [`Store::signing_key_publish`], oldest first.
+    async fn signing_keys(&self) -> StoreResult<Vec<SigningKeyRecord>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A public key that a replica signs receipts and checkpoints with (SPEC 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningKeyRecord {
+    /// The first 16 hex digits of hex(SHA-256(public_key)).
+    pub kid: String,
+    pub public_key: [u8; 32],
+    /// The replica that published it first.
+    pub replica_id: String,
 }
 
 /// One page of a listing, filled in listing order: up to `limit` records that `keep` accepts.

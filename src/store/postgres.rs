@@ -18,8 +18,8 @@ use tokio_postgres::NoTls;
 use super::sled_store::{budget_bytes, budget_count};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
-    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store,
-    StoreError, StoreResult, StoredContext,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
+    SigningKeyRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0002_context_version.sql"),
     include_str!("migrations/0003_counter_keys_bytea.sql"),
     include_str!("migrations/0004_approvals.sql"),
+    include_str!("migrations/0005_signing_keys.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -968,6 +969,43 @@ impl Store for PgStore {
             .await
             .map_err(db)?;
         rows.iter().map(|row| decode(row.get(0))).collect()
+    }
+
+    async fn signing_key_publish(&self, key: &SigningKeyRecord) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "INSERT INTO signing_keys (kid, public_key, replica_id) VALUES ($1, $2, $3) \
+                 ON CONFLICT (kid) DO NOTHING",
+                &[&key.kid, &key.public_key.as_slice(), &key.replica_id],
+            )
+            .await
+            .map(|_| ())
+            .map_err(db)
+    }
+
+    async fn signing_keys(&self) -> StoreResult<Vec<SigningKeyRecord>> {
+        let rows = self
+            .conn()
+            .await?
+            .query_prepared(
+                "SELECT kid, public_key, replica_id FROM signing_keys ORDER BY published_at, kid",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                let bytes: Vec<u8> = row.get(1);
+                Ok(SigningKeyRecord {
+                    kid: row.get(0),
+                    public_key: bytes.as_slice().try_into().map_err(|_| {
+                        StoreError::Corrupt("a stored signing key is not 32 bytes".into())
+                    })?,
+                    replica_id: row.get(2),
+                })
+            })
+            .collect()
     }
 }
 
