@@ -25,6 +25,13 @@ if [ ! -x target/schemathesis/bin/schemathesis ]; then
   python3 -m venv target/schemathesis
   target/schemathesis/bin/pip install --quiet --disable-pip-version-check schemathesis==4.32.5
 fi
+# tests/evidence.rs verifies receipts and checkpoints with code we did not write: Python `cryptography` (above)
+# over JCS from the `rfc8785` package (PyPI, pinned), in a venv that also sees the system's cryptography.
+if ! target/evidence-venv/bin/python -c 'import cryptography, importlib.metadata as m
+assert m.version("rfc8785") == "0.1.4"' >/dev/null 2>&1; then
+  python3 -m venv --system-site-packages target/evidence-venv
+  target/evidence-venv/bin/pip install --quiet --disable-pip-version-check rfc8785==0.1.4
+fi
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by

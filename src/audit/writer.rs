@@ -345,6 +345,7 @@ impl Writer {
             options,
             after_batch: self.checkpoint_owed,
             cover: self.checkpoint_cover.as_ref(),
+            replica: self.replica.as_deref(),
         })
     }
 
@@ -472,6 +473,8 @@ struct CheckpointPlan<'a> {
     options: &'a CheckpointOptions,
     after_batch: bool,
     cover: Option<&'a ChainHead>,
+    /// Named in checkpoints as in every event of this writer (SPEC 12).
+    replica: Option<&'a str>,
 }
 
 /// Seals the batch after `head`, with the checkpoints `plan` asks for. Jobs whose event cannot be sealed
@@ -537,7 +540,12 @@ fn append_checkpoint(
         .signer
         .checkpoint(head)
         .map_err(AuditError::InvalidEvent)
-        .and_then(|event| seal_next(event, head));
+        .and_then(|mut event| {
+            if let Some(replica) = plan.replica {
+                event.insert("replica".to_owned(), Value::from(replica));
+            }
+            seal_next(event, head)
+        });
     match sealed {
         Ok((event, recorded)) => {
             *head = ChainHead {

@@ -1411,6 +1411,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn signing_keys_are_kept_once_per_kid_for_every_replica() {
+        let db = TestDatabase::create().await;
+        let (a, b) = (
+            PgStore::connect(&db.url).await.unwrap(),
+            PgStore::connect(&db.url).await.unwrap(),
+        );
+        let key = |kid: &str, byte: u8, replica: &str| SigningKeyRecord {
+            kid: kid.into(),
+            public_key: [byte; 32],
+            replica_id: replica.into(),
+        };
+        a.signing_key_publish(&key("aaaa", 1, "r0")).await.unwrap();
+        b.signing_key_publish(&key("bbbb", 2, "r1")).await.unwrap();
+        // A restart publishes again; the first record stays.
+        b.signing_key_publish(&key("aaaa", 1, "r1")).await.unwrap();
+        let kept = a.signing_keys().await.unwrap();
+        assert_eq!(kept, [key("aaaa", 1, "r0"), key("bbbb", 2, "r1")]);
+    }
+
+    #[tokio::test]
     async fn migrations_run_once_and_a_newer_schema_is_refused() {
         let db = TestDatabase::create().await;
         let store = PgStore::connect(&db.url).await.unwrap();

@@ -241,6 +241,16 @@ pub fn write_config(
     std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
     std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
     let store = store_line(extra);
+    let postgres = !store.is_empty() || extra.contains("store: \"postgres");
+    // On PostgreSQL a replica signs with a key it is given (SPEC 14); on the embedded store it makes one.
+    let store = if postgres && !extra.contains("signing:") {
+        format!(
+            "{store}signing: {{ key_file: {:?} }}\n",
+            signing_key_file(dir)
+        )
+    } else {
+        store
+    };
     let config = format!(
         r#"listen: "127.0.0.1:0"
 {store}data_dir: data
@@ -268,6 +278,25 @@ audit: {{ file: audit.jsonl }}
     );
     let path = dir.join("sealgate.yaml");
     std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// A fresh Ed25519 signing key in `dir/signing.key` (PKCS#8 PEM, mode 0600), as a replica is given one.
+pub fn signing_key_file(dir: &Path) -> PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = dir.join("signing.key");
+    if !path.exists() {
+        let key = sealgate::envelope::generate_signing_key().unwrap();
+        let pem = sealgate::envelope::signing_key_to_pkcs8_pem(&key).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        file.write_all(pem.as_bytes()).unwrap();
+    }
     path
 }
 
