@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 pub use checkpoint::{signed_bytes as checkpoint_signed_bytes, CHAIN};
 pub use jwks::KeyRing;
 pub use key::{kid_of, PublicKey, GENERATED_KEY_FILE};
-pub use receipt::{Statement, Verified};
+pub use receipt::{verify as verify_receipt, Statement, Verified};
 pub use verify::{verify_files, TrailReport};
 
 use crate::audit::{AuditConfig, CheckpointOptions};
