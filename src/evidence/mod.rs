@@ -115,6 +115,44 @@ impl Evidence {
     }
 }
 
+/// What one receipt of a typical call costs, and its Ed25519 signature alone, each the mean of `count`
+/// (`sealgate bench sign`): the CPU that SPEC 14 adds to a call.
+pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
+    let signer = Signer::new(crate::envelope::generate_signing_key()?)?;
+    let digest = "0".repeat(64);
+    let answer = serde_json::json!({"jsonrpc": "2.0", "id": 7,
+        "result": {"content": [{"type": "text", "text": "ran tool.write"}]}});
+    let serde_json::Value::Object(fields) = serde_json::json!({"request_id": digest, "claim": "PROCEED",
+        "action_ref": digest, "claimed_at": "2026-12-01T10:00:00.000Z",
+        "event_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "context": "agent-runtime",
+        "context_version": digest})
+    else {
+        return Err("the bench receipt is not an object".to_owned());
+    };
+    let statement = Statement {
+        decision: crate::audit::Decision::Allow,
+        code: None,
+        session_id: Some("exec-bench"),
+        sub: Some("agent-bench"),
+        tool: Some("tool.write"),
+        payload_sha256: &digest,
+        answer: Some(&answer),
+        event_seq: 1,
+    };
+    let runs = u32::try_from(count).map_err(|_| "count is too large".to_owned())?;
+    let started = std::time::Instant::now();
+    for _ in 0..count {
+        std::hint::black_box(receipt::sign(&signer, "bench", fields.clone(), &statement));
+    }
+    let receipts = started.elapsed() / runs;
+    let message = crate::envelope::jcs_object(&fields);
+    let started = std::time::Instant::now();
+    for _ in 0..count {
+        std::hint::black_box(signer.sign(&message));
+    }
+    Ok((receipts, started.elapsed() / runs))
+}
+
 fn shared_store(config: &Config) -> bool {
     config.store != "embedded"
 }
