@@ -51,6 +51,14 @@ async fn key_set(gw: &Gateway) -> Value {
     response.json().await.unwrap()
 }
 
+/// The kids of a JWK Set, in its order.
+fn kids_of(set: &Value) -> Vec<String> {
+    let keys = set["keys"].as_array().unwrap();
+    keys.iter()
+        .map(|k| k["kid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 /// `GET /v1/audit/export`, as the JSON lines it streams.
 async fn export(gw: &Gateway) -> String {
     let response = gw
@@ -570,18 +578,13 @@ async fn a_rotated_key_keeps_what_the_old_one_signed_verifiable() {
     assert_eq!(rotated, config);
     gw.restart();
     let set = key_set(&gw).await;
-    let kids: Vec<&str> = set["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["kid"].as_str().unwrap())
-        .collect();
+    let kids = kids_of(&set);
     assert_eq!(kids.len(), 2, "{set}");
     assert_eq!(kids[1], old_kid, "the retired key follows the current one");
     let (_, status, after) =
         call(&gw, &agent_key, &token, tool_call(2, "tool.off", json!({}))).await;
     assert_eq!(status, 200);
-    assert_eq!(after["receipt"]["sig"]["kid"], kids[0]);
+    assert_eq!(after["receipt"]["sig"]["kid"], kids[0].as_str());
 
     let work = dir.path();
     for (name, body) in [("before.json", &before), ("after.json", &after)] {
@@ -598,7 +601,7 @@ async fn a_rotated_key_keeps_what_the_old_one_signed_verifiable() {
     let exported = save(work, "export.jsonl", &export(&gw).await);
     let (status, out) = run_cli(&["audit", "verify", text(&exported), "--keys", &keys_url(&gw)]);
     assert_eq!(status, 0, "{out}");
-    assert!(out.contains(&old_kid) && out.contains(kids[0]), "{out}");
+    assert!(out.contains(&old_kid) && out.contains(&kids[0]), "{out}");
 
     // Without the retired key, what it signed no longer verifies: the command names the kid.
     let current_only = json!({"keys": [set["keys"][0].clone()]});
@@ -744,21 +747,10 @@ async fn two_replicas_publish_both_keys_and_checkpoint_one_chain() {
         })
         .collect();
     let (key, token) = replicas[0].session("exec-replicas").await;
-    let kids: Vec<Vec<String>> = {
-        let mut kids = Vec::new();
-        for gw in &replicas {
-            let set = key_set(gw).await;
-            kids.push(
-                set["keys"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|k| k["kid"].as_str().unwrap().to_owned())
-                    .collect(),
-            );
-        }
-        kids
-    };
+    let kids = [
+        kids_of(&key_set(&replicas[0]).await),
+        kids_of(&key_set(&replicas[1]).await),
+    ];
     assert_eq!(kids[0].len(), 2, "both replicas' keys: {kids:?}");
     assert_eq!(
         kids[0][0], kids[1][1],

@@ -4,11 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::key::PublicKey;
+use super::key::{unb64url, PublicKey};
 
 /// One key as a JWK.
 pub fn jwk(key: &PublicKey) -> Value {
@@ -85,13 +83,7 @@ fn read_jwk(entry: &Value) -> Result<PublicKey, String> {
         return Err("use must be \"sig\"".to_owned());
     }
     let x = text("x").ok_or("x is missing")?;
-    let bytes = URL_SAFE_NO_PAD
-        .decode(x)
-        .map_err(|e| format!("x is not unpadded base64url: {e}"))?;
-    let bytes: [u8; 32] = bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("x decodes to {} bytes, not 32", bytes.len()))?;
+    let bytes: [u8; 32] = unb64url(x).map_err(|e| format!("x {e}"))?;
     let key = PublicKey::from_bytes(&bytes).map_err(|e| format!("x: {e}"))?;
     match text("kid") {
         Some(kid) if kid == key.kid() => Ok(key),

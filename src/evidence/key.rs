@@ -49,17 +49,22 @@ impl PublicKey {
     /// Strict verification (non-canonical `S` and small-order `R` refused) of an unpadded base64url
     /// signature over `message`.
     pub fn verify(&self, message: &[u8], signature: &str) -> Result<(), String> {
-        let bytes = URL_SAFE_NO_PAD
-            .decode(signature)
-            .map_err(|e| format!("is not unpadded base64url: {e}"))?;
-        let bytes: [u8; 64] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| format!("decodes to {} bytes, not 64", bytes.len()))?;
+        let bytes: [u8; 64] = unb64url(signature)?;
         self.key
             .verify_strict(message, &Signature::from_bytes(&bytes))
             .map_err(|_| format!("does not verify under key {}", self.kid))
     }
+}
+
+/// Exactly `N` bytes from unpadded base64url (a key's `x`, a signature).
+pub fn unb64url<const N: usize>(text: &str) -> Result<[u8; N], String> {
+    let bytes = URL_SAFE_NO_PAD
+        .decode(text)
+        .map_err(|e| format!("is not unpadded base64url: {e}"))?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("decodes to {} bytes, not {N}", bytes.len()))
 }
 
 /// The first 16 hex digits of hex(SHA-256(public key bytes)).
