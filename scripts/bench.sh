@@ -129,11 +129,12 @@ start() {
     PIDS+=("$STARTED")
 }
 
-start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_CONCURRENT_CALLS, _STORE and
-                  # _REPLICA_ID pass on)
+start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_CONCURRENT_CALLS, _STORE,
+                  # _REPLICA_ID and _SIGNING__KEY_FILE pass on)
     start "$1" env SEALGATE_LOG__LEVEL=warn SEALGATE_DATA_DIR="$2" \
         ${SEALGATE_LIMITS__MAX_CONCURRENT_CALLS:+SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$SEALGATE_LIMITS__MAX_CONCURRENT_CALLS} \
         ${SEALGATE_STORE:+SEALGATE_STORE=$SEALGATE_STORE} ${SEALGATE_REPLICA_ID:+SEALGATE_REPLICA_ID=$SEALGATE_REPLICA_ID} \
+        ${SEALGATE_SIGNING__KEY_FILE:+SEALGATE_SIGNING__KEY_FILE=$SEALGATE_SIGNING__KEY_FILE} \
         "$BIN" serve --config "$WORK/gw/sealgate.yaml"
     GW_PID=$STARTED
     GW_URL=$(wait_line "$1" '^sealgate ready on ' "$GW_PID")
@@ -233,6 +234,8 @@ main() {
 
     say "fsync probe on the gateway's data folder"
     record fsync "$("$BIN" bench fsync --dir "$WORK/gw/data" --count "$FSYNCS")"
+    say "the cost of a signed receipt (SPEC 14)"
+    record sign "$("$BIN" bench sign --count 20000)"
 
     say "nginx pass-through, ${SECS}s"
     envelopes bench-off 20000 "$THREADS" "$LOAD/nginx" "$SECS"
@@ -279,13 +282,18 @@ main() {
         PG_DROP="$db"
         store="$POSTGRES/$db"
         say "sealgate on PostgreSQL, durable claims, one replica, ${SECS}s"
-        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-a start_gateway pg-a "$WORK/gw/data-pg-a"
+        # On PostgreSQL each replica is given its signing key (SPEC 14).
+        "$BIN" keygen --out "$WORK/gw" --name signing-pg-a >/dev/null
+        "$BIN" keygen --out "$WORK/gw" --name signing-pg-b >/dev/null
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-a SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-a.key" \
+            start_gateway pg-a "$WORK/gw/data-pg-a"
         local pg_a=$GW_PID pg_a_url=$GW_URL
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
         ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
         rm -f "$LOAD/pg1".*
         say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
-        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b start_gateway pg-b "$WORK/gw/data-pg-b"
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-b.key" \
+            start_gateway pg-b "$WORK/gw/data-pg-b"
         local pg_b=$GW_PID pg_b_url=$GW_URL lb_port
         lb_port=$(free_port)
         start_nginx balancer "$lb_port" 1 "${pg_a_url#http://}" "${pg_b_url#http://}"
@@ -325,6 +333,7 @@ main() {
 }
 
 # ---- the table ----
+us_of_ns() { awk -v ns="$1" 'BEGIN { printf "%.1f µs", ns / 1000 }'; }
 ms() {
     awk -v us="$1" 'BEGIN {
         if (us < 10000) printf "%.2f ms", us / 1000; else if (us < 1e7) printf "%.0f ms", us / 1000
@@ -367,6 +376,7 @@ print_table() {
     echo
     local f50=${R[fsync.p50_us]} f99=${R[fsync.p99_us]}
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
+    echo "- signing (SPEC 14): a call's signed receipt costs $(us_of_ns "${R[sign.receipt_ns]}") of CPU, of which its one Ed25519 signature $(us_of_ns "${R[sign.signature_ns]}") (mean of ${R[sign.receipts]}, in the request's own task); checkpoints add one signature per \`audit.checkpoint_every\` events. Every row above includes it."
     for row in off claim; do
         local r=rate_$row
         echo "- fixed $(num "$RATE") req/s open loop (at most 64 in flight), $(label $row): p99 $(ms "${R[$r.p99_us]}") (p50 $(ms "${R[$r.p50_us]}"), max $(ms "${R[$r.max_us]}"); $(num "${R[$r.rps]}") req/s achieved, $(num "${R[$r.unsent]}") calls unsent when time was up, ${R[$r.non2xx]} errors)"

@@ -20,23 +20,29 @@ if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq && apt-get install -y -qq chromium
 fi
 npm ci --prefix tests/console --no-audit --no-fund --loglevel=error
-# schemathesis (PyPI, pinned) checks the served OpenAPI document against the real binary in tests/openapi.rs.
-if [ ! -x target/schemathesis/bin/schemathesis ]; then
-  python3 -m venv target/schemathesis
-  target/schemathesis/bin/pip install --quiet --disable-pip-version-check schemathesis==4.32.5
-fi
-# tests/connect.rs drives `sealgate connect` from the official MCP SDKs: Python (`mcp` from PyPI, pinned, in a venv
-# of its own) and TypeScript (@modelcontextprotocol/sdk from npm, pinned by tests/connect-clients/package-lock.json).
-if ! target/mcp-python/bin/python -c 'import importlib.metadata as m; assert m.version("mcp") == "2.3.0"' 2>/dev/null; then
-  python3 -m venv target/mcp-python
-  target/mcp-python/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
-fi
+# Python tools from PyPI, each pinned and in a venv of its own under target/venvs (their dependencies
+# differ); a venv is made again only when its pins change.
+python_tools() {
+  local name=$1; shift
+  local dir=target/venvs/$name
+  if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
+    rm -rf "$dir"
+    python3 -m venv --system-site-packages "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+    echo "$*" > "$dir/.pins"
+  fi
+}
+# schemathesis checks the served OpenAPI document against the real binary (tests/openapi.rs).
+python_tools schemathesis schemathesis==4.32.5
+# The official MCP Python SDK drives `sealgate connect` (tests/connect.rs); the TypeScript SDK
+# (@modelcontextprotocol/sdk, pinned by tests/connect-clients/package-lock.json) does too.
+python_tools mcp mcp==2.3.0
 npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
-# standardwebhooks (PyPI, pinned) checks the signed approval webhooks as a receiver would, in tests/approvals.rs.
-if ! target/standardwebhooks/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then
-  python3 -m venv target/standardwebhooks
-  target/standardwebhooks/bin/pip install --quiet --disable-pip-version-check standardwebhooks==1.1.0
-fi
+# standardwebhooks checks the signed approval webhooks as a receiver would (tests/approvals.rs).
+python_tools standardwebhooks standardwebhooks==1.1.0
+# rfc8785 (JCS), with the system's `cryptography`, verifies receipts and checkpoints with code we did not
+# write (tests/evidence.rs).
+python_tools evidence rfc8785==0.1.4
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by

@@ -82,6 +82,11 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 300, value_parser = at_least_one)]
         count: usize,
     },
+    /// Time COUNT signed receipts of a typical call (SPEC 14): the CPU that signing adds to each call.
+    Sign {
+        #[arg(long, default_value_t = 20_000, value_parser = at_least_one)]
+        count: usize,
+    },
     /// Make CALLS calls spread over all the registered sessions (for the memory reading).
     Soak {
         #[command(flatten)]
@@ -153,6 +158,15 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
             connections,
         } => fixed_rate(&target, rate, secs, connections).await,
         BenchCommand::Fsync { dir, count } => fsync_times(&dir, count),
+        BenchCommand::Sign { count } => {
+            let (receipt, signature) = crate::evidence::receipt_cost(count)?;
+            println!(
+                "receipts={count} receipt_ns={} signature_ns={}",
+                receipt.as_nanos(),
+                signature.as_nanos()
+            );
+            Ok(())
+        }
         BenchCommand::Soak {
             target,
             calls,

@@ -34,6 +34,8 @@ pub struct Config {
     pub log: LogConfig,
     pub console: ConsoleConfig,
     pub approvals: Approvals,
+    /// The gateway's signing key for receipts and audit checkpoints (SPEC 14).
+    pub signing: crate::evidence::SigningConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -132,6 +134,7 @@ impl Default for Config {
             log: LogConfig::default(),
             console: ConsoleConfig::default(),
             approvals: Approvals::default(),
+            signing: crate::evidence::SigningConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -179,6 +182,10 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("audit.include_payloads", EnvValue::Json),
     ("audit.rotate_bytes", EnvValue::Json),
     ("audit.unauthenticated_per_second", EnvValue::Json),
+    ("audit.checkpoint_every", EnvValue::Json),
+    ("audit.checkpoint_secs", EnvValue::Json),
+    ("signing.key_file", EnvValue::Text),
+    ("signing.previous_public_keys", EnvValue::Json),
     ("log.level", EnvValue::Text),
     ("log.format", EnvValue::Text),
     ("console.enabled", EnvValue::Json),
@@ -279,6 +286,12 @@ impl Config {
             (Some(0), _) => return fail("audit.rotate_bytes", "must be at least 1"),
             (Some(_), None) => return fail("audit.rotate_bytes", "is set but audit.file is not"),
             _ => {}
+        }
+        if self.audit.checkpoint_every == 0 {
+            return fail("audit.checkpoint_every", "must be at least 1");
+        }
+        if self.audit.checkpoint_secs == 0 {
+            return fail("audit.checkpoint_secs", "must be at least 1");
         }
         if self.limits.max_clock_skew_secs < 0 {
             return fail("limits.max_clock_skew_secs", "must not be negative");

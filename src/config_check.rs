@@ -107,6 +107,7 @@ fn check(config: &Config) -> Report {
     if let Some(problem) = store_problem(&config.store) {
         problems.push(problem);
     }
+    problems.extend(crate::evidence::config_problems(config));
     if let Some(file) = &config.audit.file {
         let file = config.resolve(file);
         let folder = file

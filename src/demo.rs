@@ -108,7 +108,7 @@ impl Harness {
              agent_tokens: {{ issuer_key: issuer.pem, audience: sealgate-agents }}\n\
              operator_auth: {{ keys: [ {{ alg: EdDSA, public_key_pem: {operator_public:?} }} ] }}\n\
              upstreams: {{ demo: {{ http: {{ url: \"http://{tool_addr}/rpc\" }}, timeout_ms: 5000 }} }}\n\
-             audit: {{ file: audit.jsonl }}\nconsole: {{ enabled: true }}\n"
+             audit: {{ file: audit.jsonl, checkpoint_every: 5 }}\nconsole: {{ enabled: true }}\n"
         );
         let config = Config::from_yaml(&yaml, dir, &[])?;
         let gateway = Gateway::build(config).await?;
@@ -345,6 +345,7 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         "     receipt request_id {}",
         body["receipt"]["request_id"].as_str().unwrap_or("-")
     );
+    let first_answer = body.clone();
 
     let mut retry_payload = write.clone();
     retry_payload["id"] = json!(2);
@@ -431,6 +432,46 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
             report.events
         ),
         Err(e) => say!("   chain verification FAILED: {e}"),
+    }
+    prove_with_public_keys(h, &first_answer).await
+}
+
+/// The tour's last step: evidence that needs no trust in the gateway (SPEC 14). The receipt of step 2
+/// and the audit file are checked with nothing but the public keys that `GET /v1/keys` publishes.
+async fn prove_with_public_keys(h: &Harness, answer: &Value) -> Result<(), String> {
+    say!("\n9. proof with the public key alone: GET /v1/keys (no token), then the receipt of step 2 and the chain");
+    say!("   → GET /v1/keys");
+    let set: Value = h
+        .client
+        .get(format!("{}/v1/keys", h.base))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let keys = crate::evidence::KeyRing::from_jwks(&set)?;
+    say!("   ← {}", abridged(&set));
+    match crate::evidence::verify_receipt(answer, &keys, None) {
+        Ok(verified) => say!(
+            "   `sealgate receipt verify --keys KEYS response.json` → signed by kid {}: {} (audit event seq {})",
+            verified.kid,
+            verified.decision,
+            verified.event_seq
+        ),
+        Err(problems) => say!("   receipt verification FAILED: {}", problems.join("; ")),
+    }
+    let audit_file = h.dir.join("audit.jsonl");
+    match crate::evidence::verify_files(std::slice::from_ref(&audit_file), Some(&keys)) {
+        Ok(report) => say!(
+            "   `sealgate audit verify audit.jsonl --keys KEYS` → chain intact, {} checkpoints signed by kid {}; \
+             {} events after the last (signed by the next one)",
+            report.checkpoints,
+            report.kids.join(", "),
+            report.unsigned_tail
+        ),
+        Err(e) => say!("   checkpoint verification FAILED: {e}"),
     }
     Ok(())
 }

@@ -105,6 +105,8 @@ pub struct ApiError {
     /// Overrides the table's HTTP status (413 for an oversized body, 400 for a control body that is not JSON).
     pub status: Option<StatusCode>,
     pub retry_after_secs: Option<u64>,
+    /// The signed receipt of a refusal after check 8 (SPEC 14), answered as `error.receipt`.
+    pub receipt: Option<Value>,
 }
 
 impl ApiError {
@@ -115,6 +117,7 @@ impl ApiError {
             details: None,
             status: None,
             retry_after_secs: None,
+            receipt: None,
         }
     }
 
@@ -125,6 +128,11 @@ impl ApiError {
 
     pub fn with_status(mut self, status: StatusCode) -> Self {
         self.status = Some(status);
+        self
+    }
+
+    pub fn with_receipt(mut self, receipt: Value) -> Self {
+        self.receipt = Some(receipt);
         self
     }
 
@@ -148,8 +156,13 @@ impl ApiError {
             // The request's trace (its `traceparent`), so the body joins its audit events and log line.
             "trace_id": crate::trace::current_trace_id().unwrap_or_else(crate::trace::new_trace_id),
         });
-        if let (Some(details), Some(obj)) = (&self.details, error.as_object_mut()) {
-            obj.insert("details".into(), details.clone());
+        if let Some(obj) = error.as_object_mut() {
+            if let Some(details) = &self.details {
+                obj.insert("details".into(), details.clone());
+            }
+            if let Some(receipt) = &self.receipt {
+                obj.insert("receipt".into(), receipt.clone());
+            }
         }
         json!({"protocol": "seal/v1", "status": "error", "error": error})
     }

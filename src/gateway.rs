@@ -39,6 +39,8 @@ pub struct Gateway {
     pub metrics: PrometheusHandle,
     /// Announces new approval requests (SPEC 13).
     pub notifier: crate::approval::Notifier,
+    /// Signs receipts and audit checkpoints; publishes `/v1/keys` (SPEC 14).
+    pub evidence: crate::evidence::Evidence,
     /// Keeps the policy folder watched for as long as the gateway lives.
     _policy_watcher: WatcherHandle,
 }
@@ -153,8 +155,10 @@ impl Gateway {
             file: config.audit.file.as_ref().map(|f| config.resolve(f)),
             ..config.audit.clone()
         };
+        let evidence = crate::evidence::Evidence::start(&config, store.as_ref()).await?;
         let options = crate::audit::WriterOptions {
             replica: Some(config.replica_id.clone()),
+            checkpoints: Some(evidence.checkpoint_options(&config.audit)),
             ..crate::audit::WriterOptions::default()
         };
         // A networked store is shared by replicas: the audit file is then this replica's own log.
@@ -182,6 +186,7 @@ impl Gateway {
             audit,
             metrics,
             notifier,
+            evidence,
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();

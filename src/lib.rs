@@ -21,6 +21,7 @@ pub mod connect;
 pub mod demo;
 pub mod envelope;
 pub mod error;
+pub mod evidence;
 pub mod fuzzing;
 pub mod gateway;
 pub mod logging;

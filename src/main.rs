@@ -74,6 +74,11 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Signed receipt tools.
+    Receipt {
+        #[command(subcommand)]
+        command: ReceiptCommand,
+    },
     /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
     Health {
         #[arg(long, default_value = "http://127.0.0.1:8089/readyz")]
@@ -122,8 +127,30 @@ enum PolicyCommand {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Verify the hash chain of a JSON-lines audit export; names the first broken event.
-    Verify { file: PathBuf },
+    /// Verify the hash chain of JSON-lines audit files (archives and an export, as one chain) and, with
+    /// --keys, every signed checkpoint; names the first broken event.
+    Verify {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The gateway's JWK Set: a file, or the http(s) URL of its /v1/keys.
+        #[arg(long)]
+        keys: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReceiptCommand {
+    /// Verify the signed receipt of a saved /v1/invoke response body (exit 0 only when all holds).
+    Verify {
+        /// The gateway's JWK Set: a file, or the http(s) URL of its /v1/keys.
+        #[arg(long)]
+        keys: String,
+        /// The response body as saved.
+        response: PathBuf,
+        /// The envelope that was sent, to check the receipt's payload_sha256.
+        #[arg(long)]
+        envelope: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -215,40 +242,27 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             return Ok(sealgate::policy::cli::run(command_to_policy(command)))
         }
         Command::Audit {
-            command: AuditCommand::Verify { file },
-        } => return Ok(audit_verify(&file)),
+            command: AuditCommand::Verify { files, keys },
+        } => return Ok(sealgate::evidence::cli::audit_verify(&files, keys.as_deref()).await),
+        Command::Receipt {
+            command:
+                ReceiptCommand::Verify {
+                    keys,
+                    response,
+                    envelope,
+                },
+        } => {
+            return Ok(sealgate::evidence::cli::receipt_verify(
+                &keys,
+                &response,
+                envelope.as_deref(),
+            )
+            .await)
+        }
         Command::Bench { command } => sealgate::bench::run(command).await?,
         Command::Health { url } => return Ok(health::check(&url).await),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `sealgate audit verify FILE`: exit 0 with a summary, or 1 naming the first broken event.
-fn audit_verify(file: &std::path::Path) -> ExitCode {
-    let opened = match std::fs::File::open(file) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot open {}: {e}", file.display());
-            return ExitCode::FAILURE;
-        }
-    };
-    match sealgate::audit::verify_chain(std::io::BufReader::new(opened)) {
-        Ok(report) => {
-            println!(
-                "ok: {} events, seq {}..{}, chain intact (first prev_hash {}, last hash {})",
-                report.events,
-                report.first_seq,
-                report.last_seq,
-                report.first_prev_hash,
-                report.last_hash
-            );
-            ExitCode::SUCCESS
-        }
-        Err(broken) => {
-            eprintln!("broken: {broken}");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 fn command_to_policy(command: PolicyCommand) -> sealgate::policy::cli::PolicyCommand {

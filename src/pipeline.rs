@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use ed25519_dalek::Signature;
 use serde_json::{json, Map, Value};
 
-use crate::audit::{AuditEvent, Decision as Verdict, EventType};
+use crate::audit::{AuditEvent, Decision as Verdict, EventType, Recorded};
 use crate::claim::{self, Taken, Withheld};
 use crate::clock;
 use crate::envelope::{self, Call, Envelope};
@@ -79,6 +79,8 @@ struct CallFacts {
     session_id: Option<String>,
     claims: Option<Arc<AgentClaims>>,
     tool: Option<String>,
+    /// The session's security context, when it exists (with its version: the receipt's `context`).
+    context: Option<String>,
     context_version: Option<String>,
     request_id: Option<String>,
     claim: Option<&'static str>,
@@ -90,6 +92,10 @@ struct CallFacts {
     replay_record: Option<SeenSignature>,
     /// Some of the call may have reached the tool: its refusal event is then retried (SPEC 3 r2).
     forwarded: bool,
+    /// Check 8's two halves: the timestamp is in the window, and the signature was new when its replay
+    /// record was written. Every answer after both carries a signed receipt (SPEC 14).
+    in_window: bool,
+    signature_new: bool,
 }
 
 impl CallFacts {
@@ -137,6 +143,50 @@ impl CallFacts {
         event
     }
 
+    fn passed_check_8(&self) -> bool {
+        self.in_window && self.signature_new
+    }
+
+    /// What the receipt says of the call besides the answer (SPEC 14), for evidence to sign.
+    fn statement<'a>(
+        &'a self,
+        code: Option<Code>,
+        answer: Option<&'a Value>,
+        recorded: &Recorded,
+    ) -> crate::evidence::Statement<'a> {
+        crate::evidence::Statement {
+            decision: if code.is_some() {
+                Verdict::Deny
+            } else {
+                Verdict::Allow
+            },
+            code: code.map(Code::number),
+            session_id: self.session_id.as_deref(),
+            sub: self.claims.as_ref().map(|claims| claims.sub.as_str()),
+            tool: self.tool.as_deref().filter(|tool| *tool != LIST_TOOLS),
+            payload_sha256: &self.payload_sha256,
+            answer,
+            event_seq: recorded.seq,
+        }
+    }
+
+    /// Section 10's receipt fields that this call has (SPEC 7.3, 10).
+    fn receipt_fields(&self, event_id: &str) -> Map<String, Value> {
+        let known = [
+            ("request_id", self.request_id.as_deref()),
+            ("claim", self.claim),
+            ("action_ref", self.action_ref.as_deref()),
+            ("claimed_at", self.claimed_at.as_deref()),
+            ("event_id", Some(event_id)),
+            ("context", self.context.as_deref()),
+            ("context_version", self.context_version.as_deref()),
+        ];
+        known
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|value| (name.to_owned(), json!(value))))
+            .collect()
+    }
+
     fn note_claim(&mut self, record: &ClaimRecord, outcome: &'static str) {
         self.request_id = Some(record.request_id.clone());
         self.action_ref = Some(record.action_ref.clone());
@@ -144,6 +194,9 @@ impl CallFacts {
         self.claim = Some(outcome);
     }
 }
+
+/// The name `tools/list` calls are audited under; a receipt names no tool for them (SPEC 14).
+const LIST_TOOLS: &str = "tools/list";
 
 /// `POST /v1/invoke`: the whole path of one call. `body` has already been read within the size limit.
 pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAddr>) -> Outcome {
@@ -206,6 +259,7 @@ async fn write_replay_record(gw: &Gateway, facts: &mut CallFacts) -> Result<(), 
         .await
         .map_err(store_refusal)?;
     if first_use {
+        facts.signature_new = true;
         Ok(())
     } else {
         Err(replayed())
@@ -238,6 +292,7 @@ async fn run(
     let call =
         envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
     let context = gw.contexts.get(&session.record.security_context);
+    facts.context = context.as_ref().map(|c| c.spec.name.clone());
     facts.context_version = context.as_ref().map(|c| c.version.clone());
     let (id, tool, arguments, idempotency_key) = match call {
         Call::ToolsList { id } => return list_tools(gw, env, facts, context, &session, id).await,
@@ -360,7 +415,7 @@ async fn run(
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
-    settle(gw, env, facts, &context, pending.as_ref(), answer, started).await
+    settle(gw, env, facts, pending.as_ref(), answer, started).await
 }
 
 /// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
@@ -602,6 +657,7 @@ fn check_window(
             format!("the timestamp is more than {skew} s from the gateway's clock"),
         ));
     }
+    facts.in_window = true;
     Ok(())
 }
 
@@ -746,6 +802,7 @@ async fn admit(
         now_ms: clock::now_millis(),
     };
     let admitted = gw.store.admit(&admission).await.map_err(store_refusal)?;
+    facts.signature_new |= admission.signature.is_some() && admitted != Admitted::Replayed;
     match admitted {
         Admitted::Replayed => Err(replayed()),
         Admitted::RateLimited { retry_after_ms } => {
@@ -805,7 +862,6 @@ async fn settle(
     gw: &Gateway,
     env: &Envelope,
     facts: &CallFacts,
-    context: &SecurityContext,
     pending: Option<&ClaimRecord>,
     answer: Result<Value, UpstreamError>,
     started: Instant,
@@ -837,7 +893,7 @@ async fn settle(
     })
     .await
     .map_err(forwarded_but_unrecorded)?;
-    Ok(success(response, facts, context, &recorded.event_id))
+    Ok(success(gw, response, facts, &recorded))
 }
 
 /// Once a call has reached the tool its outcome must not be dropped by a passing store fault: the write
@@ -919,33 +975,30 @@ async fn skip(
         )
         .await
         .map_err(store_refusal)?;
-    Ok(success(response, facts, context, &recorded.event_id))
+    Ok(success(gw, response, facts, &recorded))
 }
 
-fn success(
-    payload: Value,
-    facts: &CallFacts,
-    context: &SecurityContext,
-    event_id: &str,
-) -> Outcome {
-    let mut receipt = Map::new();
-    if let Some(request_id) = &facts.request_id {
-        receipt.insert("request_id".into(), json!(request_id));
+/// The answer with its signed receipt: section 10's fields and SPEC 14's, `event_seq` the seq of the
+/// event that records it.
+fn success(gw: &Gateway, payload: Value, facts: &CallFacts, recorded: &Recorded) -> Outcome {
+    let fields = facts.receipt_fields(&recorded.event_id);
+    let receipt = gw
+        .evidence
+        .receipt(fields, &facts.statement(None, Some(&payload), recorded));
+    Outcome::Success { payload, receipt }
+}
+
+/// A refusal after check 8 carries a signed receipt of the event that records it (SPEC 14); one before
+/// carries none.
+fn with_receipt(gw: &Gateway, facts: &CallFacts, error: ApiError, recorded: &Recorded) -> ApiError {
+    if !facts.passed_check_8() {
+        return error;
     }
-    receipt.insert("claim".into(), json!(facts.claim.unwrap_or("NONE")));
-    if let Some(action_ref) = &facts.action_ref {
-        receipt.insert("action_ref".into(), json!(action_ref));
-    }
-    if let Some(claimed_at) = &facts.claimed_at {
-        receipt.insert("claimed_at".into(), json!(claimed_at));
-    }
-    receipt.insert("event_id".into(), json!(event_id));
-    receipt.insert("context".into(), json!(context.spec.name));
-    receipt.insert("context_version".into(), json!(context.version));
-    Outcome::Success {
-        payload,
-        receipt: Value::Object(receipt),
-    }
+    let fields = facts.receipt_fields(&recorded.event_id);
+    let receipt = gw
+        .evidence
+        .receipt(fields, &facts.statement(Some(error.code), None, recorded));
+    error.with_receipt(receipt)
 }
 
 /// Records the refusal's event (SPEC 9.1's table, kept in `error.rs`) durably before it is answered, and
@@ -963,7 +1016,8 @@ async fn record_refusal(
     let Some(kind) = refusal.event.or(code.event()) else {
         return refusal.error;
     };
-    let unauthenticated = (1000..=1004).contains(&code.number());
+    // A refusal owed a receipt is never left without its event.
+    let unauthenticated = (1000..=1004).contains(&code.number()) && !facts.passed_check_8();
     if unauthenticated && !gw.audit.admit_unauthenticated(client) {
         metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => code.number().to_string())
             .increment(1);
@@ -983,18 +1037,20 @@ async fn record_refusal(
     }
     if !facts.forwarded {
         return match gw.audit.record(event).await {
-            Ok(_) => refusal.error,
+            Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
             Err(e) => ApiError::store(e),
         };
     }
     if code == Code::StoreUnavailable {
         // The store was already retried for `store_retry_secs` after the forward: one more try, and
         // the answer stays the 5005 that says the call was forwarded.
-        let _ = gw.audit.record(event).await;
-        return refusal.error;
+        return match gw.audit.record(event).await {
+            Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
+            Err(_) => refusal.error,
+        };
     }
     match retry_after_forward(gw, || gw.audit.record(event.clone())).await {
-        Ok(_) => refusal.error,
+        Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
         Err(e) => forwarded_but_unrecorded(e).error,
     }
 }
@@ -1008,7 +1064,7 @@ async fn list_tools(
     session: &LiveSession,
     id: Value,
 ) -> Result<Outcome, Refused> {
-    facts.tool = Some("tools/list".into());
+    facts.tool = Some(LIST_TOOLS.into());
     facts.claim = Some("NONE");
     let Some(context) = context else {
         return Err(missing_context());
@@ -1045,5 +1101,5 @@ async fn list_tools(
         )
         .await
         .map_err(store_refusal)?;
-    Ok(success(response, facts, &context, &recorded.event_id))
+    Ok(success(gw, response, facts, &recorded))
 }

@@ -239,7 +239,7 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     assert_eq!(used.len(), 1);
     assert_eq!(used[0]["approval_id"], first.as_str());
     assert_eq!(of_type(&trail, "ToolCallCompleted").len(), 1);
-    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let file = gw.audit_file().await;
     for secret in ["acct-93-secret", "memo-do-not-log"] {
         assert!(
             !file.contains(secret),
@@ -578,7 +578,10 @@ fn webhook_secret() -> String {
 /// that can import it).
 fn standardwebhooks_python() -> PathBuf {
     let path = std::env::var_os("STANDARDWEBHOOKS_PYTHON").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/standardwebhooks/bin/python"),
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/venvs/standardwebhooks/bin/python")
+        },
         PathBuf::from,
     );
     assert!(

@@ -192,7 +192,7 @@ async fn a_scripted_sequence_yields_exactly_the_expected_events() {
 
     // The marker never reached the trail, neither the store nor the file.
     assert!(!page.to_string().contains(marker));
-    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let file = gw.audit_file().await;
     assert!(!file.contains(marker));
     verify_independently(&read_lines(&dir.path().join("audit.jsonl")));
 }

@@ -118,7 +118,7 @@ fn stdio_plan(setup: &Setup, agent: &Agent, key: &str) -> Value {
 }
 
 fn python() -> PathBuf {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-python/bin/python");
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/venvs/mcp/bin/python");
     assert!(
         python.is_file(),
         "{} is missing: run scripts/test.sh, which installs the pinned MCP Python SDK",

@@ -120,8 +120,20 @@ async fn agent_session(gw: &Gateway, id: &str) -> (ed25519_dalek::SigningKey, St
 #[tokio::test(flavor = "multi_thread")]
 async fn the_console_works_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
-    // The binary users run: the release build.
-    let (gw, _tool) = Gateway::start_release(dir.path(), CONSOLE_ON).await;
+    // The binary users run: the release build; a signed checkpoint every 5 events, for the audit page.
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let config = common::write_config(dir.path(), &keys, &tool_base, "", CONSOLE_ON);
+    let gw = Gateway::spawn_binary(
+        common::release_binary(),
+        Vec::new(),
+        dir.path(),
+        &config,
+        keys,
+        |command| {
+            command.env("SEALGATE_AUDIT__CHECKPOINT_EVERY", "5");
+        },
+    );
 
     // Real state through the API: two sessions, a completed call (a COMMITTED claim), a refusal, and a
     // context kept in the store that the console may edit.

@@ -46,9 +46,13 @@ fn the_demo_shows_each_request_and_removes_its_folder() {
         "← HTTP 200, claim SKIP",
         "refused with 2002",
         "refused with 1002",
+        "→ GET /v1/keys",
+        "`sealgate receipt verify --keys KEYS response.json` → signed by kid ",
+        "`sealgate audit verify audit.jsonl --keys KEYS` → chain intact, ",
     ] {
         assert!(printed.contains(line), "no {line:?} in:\n{printed}");
     }
+    assert!(!printed.contains("verification FAILED"), "{printed}");
     // Every envelope sent is printed as JSON, in its wire shape, with the token and signature cut short.
     let envelopes: Vec<Value> = printed
         .lines()

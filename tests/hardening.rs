@@ -209,7 +209,7 @@ async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
             }
         }
     }
-    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let file = gw.audit_file().await;
     assert!(!file.contains(&"X".repeat(300)));
 }
 
@@ -417,7 +417,7 @@ async fn commands_and_urls_are_refused_by_the_r2_rules_without_quoting_them() {
     // No event, in the store or in the file, quotes a refused value.
     let events = audit_events(&gw, "type=PolicyViolationBlocked").await;
     assert_eq!(events.len(), 5);
-    let file = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let file = gw.audit_file().await;
     for text in [serde_json::to_string(&events).unwrap(), file] {
         for secret in ["SECRET", "rm -rf", "core.pager", "$(id)"] {
             assert!(!text.contains(secret), "an event quotes {secret:?}");
@@ -457,7 +457,7 @@ async fn the_export_streams_the_chain_that_audit_verify_accepts() {
     );
     assert_eq!(
         whole,
-        std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap(),
+        gw.audit_file_through(report.events).await,
         "the export is the chain the file holds"
     );
     let (_, tail) = export("?from_seq=3").await;

@@ -315,6 +315,7 @@ async fn a_callers_traceparent_joins_the_answer_the_audit_events_and_the_query()
     assert_eq!((status, code(&refused)), (422, 6005), "{refused}");
 
     // The trace id is part of the hashed event: the file verifies, and changing one id breaks it.
+    gw.audit_file().await;
     let file = dir.path().join("audit.jsonl");
     let (status, report) = common::run_cli(&["audit", "verify", file.to_str().unwrap()]);
     assert_eq!(status, 0, "{report}");

@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 /// The pinned schemathesis that scripts/test.sh installs (or `SCHEMATHESIS`, a path to the program).
 fn schemathesis() -> PathBuf {
     let path = std::env::var_os("SCHEMATHESIS").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/schemathesis/bin/schemathesis"),
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/venvs/schemathesis/bin/schemathesis")
+        },
         PathBuf::from,
     );
     assert!(

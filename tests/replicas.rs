@@ -480,9 +480,9 @@ async fn the_pending_claim_of_a_replica_killed_mid_call_is_resolved_on_the_other
     assert_eq!(tool.count(), 1, "the tool ran once");
 }
 
-/// The events of a replica's `audit.file`, and the names of rotated files beside it.
-fn audit_file(gw: &Gateway) -> (Vec<Value>, Vec<String>) {
-    let text = std::fs::read_to_string(gw.dir.join("audit.jsonl")).unwrap();
+/// The events of a replica's `audit.file` once it holds `seq`, and the names of rotated files beside it.
+async fn audit_file(gw: &Gateway, seq: u64) -> (Vec<Value>, Vec<String>) {
+    let text = gw.audit_file_through(seq).await;
     let events = text
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
@@ -515,16 +515,15 @@ async fn each_replica_audit_file_holds_the_events_it_wrote() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    let check = |gw: &Gateway, replica: &str| {
-        let (events, rotated) = audit_file(gw);
-        assert!(rotated.is_empty(), "{replica} rotated: {rotated:?}");
+    for (gw, replica) in replicas.iter().zip(["r0", "r1"]) {
         let own: Vec<&Value> = chain.iter().filter(|e| e["replica"] == replica).collect();
         assert!(own.len() >= 20, "{replica} wrote {} events", own.len());
+        let newest = own.last().unwrap()["seq"].as_u64().unwrap();
+        let (events, rotated) = audit_file(gw, newest).await;
+        assert!(rotated.is_empty(), "{replica} rotated: {rotated:?}");
         // Exactly its own events, in order, as they are in the chain.
         assert_eq!(events.iter().collect::<Vec<_>>(), own, "{replica}'s file");
-    };
-    check(&replicas[0], "r0");
-    check(&replicas[1], "r1");
+    }
 
     // Restarted, a replica does not copy the other's events into its file, and goes on appending.
     replicas[1].restart();
@@ -532,7 +531,8 @@ async fn each_replica_audit_file_holds_the_events_it_wrote() {
         .call(&key, &token, tool_call(99, "tool.off", json!({})))
         .await;
     assert_eq!(status, 200, "{body}");
-    let (events, rotated) = audit_file(&replicas[1]);
+    let answered = body["receipt"]["event_seq"].as_u64().unwrap();
+    let (events, rotated) = audit_file(&replicas[1], answered).await;
     assert!(rotated.is_empty(), "r1 rotated: {rotated:?}");
     assert!(events.iter().all(|e| e["replica"] == "r1"));
     let last_seq = |events: &[Value]| events.last().unwrap()["seq"].as_u64().unwrap();

@@ -77,15 +77,7 @@ pub async fn export(
 ) -> Result<Response, ApiError> {
     operator.require("seal.audit.read")?;
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
-    let from_seq = match params.get("from_seq") {
-        None => 1,
-        Some(raw) => raw.parse::<u64>().map_err(|_| {
-            ApiError::new(
-                Code::InvalidRequest,
-                "from_seq must be a non-negative integer",
-            )
-        })?,
-    };
+    let from_seq = from_seq_param(&params)?;
     let lines = futures_util::stream::unfold(gw.audit.export(from_seq), |mut rx| async move {
         rx.recv().await.map(|line| (line, rx))
     });
@@ -94,4 +86,47 @@ pub async fn export(
         axum::body::Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// `GET /v1/audit/checkpoints?from_seq=&limit=&cursor=` (SPEC 14): the signed checkpoints of the chain,
+/// newest first, down to `from_seq`.
+#[utoipa::path(get, path = "/v1/audit/checkpoints", operation_id = "audit_checkpoints", tag = "audit",
+    params(
+        ("from_seq" = Option<u64>, Query, description = "List checkpoints at or after this seq; 1 by default"),
+        ("limit" = Option<u64>, Query, description = "1–1000, 100 by default"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+    ),
+    security(("operator" = ["seal.audit.read"])),
+    responses((status = 200, description = "A page of AuditCheckpoint events", body = AuditPageDoc)))]
+pub async fn checkpoints(
+    axum::extract::State(gw): State,
+    operator: Operator,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    operator.require("seal.audit.read")?;
+    let params = super::query_params(raw.as_deref(), &["from_seq", "limit", "cursor"])?;
+    let query = AuditQuery {
+        r#type: Some(crate::audit::EventType::AuditCheckpoint),
+        min_seq: Some(from_seq_param(&params)?),
+        limit: super::limit_param(&params, crate::audit::DEFAULT_LIMIT)?,
+        cursor: params.get("cursor").cloned(),
+        ..AuditQuery::default()
+    };
+    query
+        .validate()
+        .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
+    Ok(axum::Json(page).into_response())
+}
+
+/// The `from_seq` query parameter of the export and the checkpoint listing; 1 when absent.
+fn from_seq_param(params: &std::collections::HashMap<String, String>) -> Result<u64, ApiError> {
+    params.get("from_seq").map_or(Ok(1), |raw| {
+        raw.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                Code::InvalidRequest,
+                "from_seq must be a non-negative integer",
+            )
+        })
+    })
 }

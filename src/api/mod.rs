@@ -8,6 +8,7 @@ mod console;
 mod contexts;
 mod health;
 mod invoke;
+mod keys;
 pub mod openapi;
 pub mod server;
 mod sessions;
@@ -49,6 +50,8 @@ fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(approvals::deny))
         .routes(routes!(audit::query))
         .routes(routes!(audit::export))
+        .routes(routes!(audit::checkpoints))
+        .routes(routes!(keys::keys))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))

@@ -36,6 +36,9 @@ struct ErrorDetail {
     trace_id: String,
     #[serde(default)]
     details: Option<Value>,
+    /// The signed receipt of a refused call that passed check 8 (SPEC 14).
+    #[serde(default)]
+    receipt: Option<Value>,
 }
 
 #[derive(utoipa::OpenApi)]
@@ -164,7 +167,9 @@ mod tests {
             "/v1/approvals/{approval_id}/grant",
             "/settle/{request_id}",
             "/v1/audit",
+            "/v1/audit/checkpoints",
             "/v1/invoke",
+            "/v1/keys",
             "/metrics",
         ] {
             assert!(paths.contains_key(path), "{path} is missing");
@@ -174,7 +179,10 @@ mod tests {
             for (method, operation) in item.as_object().unwrap() {
                 let id = operation["operationId"].as_str().unwrap();
                 assert!(operation_ids.insert(id), "operationId {id} repeated");
-                let control = path.starts_with("/v1/") && !path.ends_with("invoke")
+                // The agents' endpoint, and the public keys anyone verifies with (SPEC 14), take no
+                // operator token.
+                let public = path.ends_with("invoke") || path == "/v1/keys";
+                let control = path.starts_with("/v1/") && !public
                     || ["/claim", "/audit"].contains(&path.as_str())
                     || path.starts_with("/settle/");
                 assert_eq!(

@@ -215,7 +215,7 @@ fn check_event(event: &Value) -> Result<Linked, (Option<u64>, Option<String>, St
 /// reported. Lines are parsed strictly: a repeated key or trailing text is a break. An empty file is
 /// refused, since a file truncated to nothing would otherwise pass.
 pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
-    let mut report: Option<VerifyReport> = None;
+    let mut walker = ChainWalker::default();
     for (index, line) in reader.lines().enumerate() {
         let line_number = index + 1;
         let line = line.map_err(|e| ChainBreak {
@@ -224,7 +224,22 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
             event_id: None,
             reason: format!("line cannot be read: {e}"),
         })?;
-        let event = parse_strict(&line).map_err(|reason| ChainBreak {
+        walker.push_line(&line, line_number)?;
+    }
+    walker.finish()
+}
+
+/// Follows one chain an event at a time, as [`verify_chain`] does, so that several files (archives
+/// followed by an export) can be checked as one chain and each event looked at further by the caller.
+#[derive(Debug, Default)]
+pub struct ChainWalker {
+    report: Option<VerifyReport>,
+}
+
+impl ChainWalker {
+    /// Checks the next line (its own hash, and its link to the line before); returns its event.
+    pub fn push_line(&mut self, line: &str, line_number: usize) -> Result<Value, ChainBreak> {
+        let event = parse_strict(line).map_err(|reason| ChainBreak {
             line: line_number,
             seq: None,
             event_id: None,
@@ -236,17 +251,16 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
             event_id,
             reason,
         })?;
-        let event_id = event
-            .get("event_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
         let broken = |reason: String| ChainBreak {
             line: line_number,
             seq: Some(linked.seq),
-            event_id: event_id.clone(),
+            event_id: event
+                .get("event_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             reason,
         };
-        match report.as_mut() {
+        match self.report.as_mut() {
             None => {
                 let starts_store = linked.seq == 1;
                 let genesis = linked.prev_hash == GENESIS_HASH;
@@ -257,7 +271,7 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
                         "only seq 1 may have a prev_hash of 64 zeros".to_owned()
                     }));
                 }
-                report = Some(VerifyReport {
+                self.report = Some(VerifyReport {
                     events: 1,
                     first_seq: linked.seq,
                     last_seq: linked.seq,
@@ -285,13 +299,18 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
                 report.last_hash = linked.hash;
             }
         }
+        Ok(event)
     }
-    report.ok_or_else(|| ChainBreak {
-        line: 0,
-        seq: None,
-        event_id: None,
-        reason: "the file holds no events".to_owned(),
-    })
+
+    /// What the chain held; refused when it held no event.
+    pub fn finish(self) -> Result<VerifyReport, ChainBreak> {
+        self.report.ok_or_else(|| ChainBreak {
+            line: 0,
+            seq: None,
+            event_id: None,
+            reason: "the file holds no events".to_owned(),
+        })
+    }
 }
 
 /// Events read from the store per round trip while verifying.

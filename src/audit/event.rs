@@ -34,11 +34,12 @@ pub enum EventType {
     ApprovalDenied,
     ApprovalUsed,
     ApprovalExpired,
+    AuditCheckpoint,
 }
 
 impl EventType {
     /// Every type, in the order of SPEC 9.1.
-    pub const ALL: [EventType; 21] = [
+    pub const ALL: [EventType; 22] = [
         EventType::SessionCreated,
         EventType::SessionRevoked,
         EventType::ToolCallAuthorized,
@@ -60,6 +61,7 @@ impl EventType {
         EventType::ApprovalDenied,
         EventType::ApprovalUsed,
         EventType::ApprovalExpired,
+        EventType::AuditCheckpoint,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +87,7 @@ impl EventType {
             EventType::ApprovalDenied => "ApprovalDenied",
             EventType::ApprovalUsed => "ApprovalUsed",
             EventType::ApprovalExpired => "ApprovalExpired",
+            EventType::AuditCheckpoint => "AuditCheckpoint",
         }
     }
 
@@ -128,7 +131,8 @@ impl EventType {
             EventType::ApprovalGranted
             | EventType::ApprovalDenied
             | EventType::ApprovalUsed
-            | EventType::ApprovalExpired => CodeRule::Forbidden,
+            | EventType::ApprovalExpired
+            | EventType::AuditCheckpoint => CodeRule::Forbidden,
         }
     }
 }
@@ -241,6 +245,7 @@ pub struct AuditEvent {
     suppressed: Option<u64>,
     payload: Option<Value>,
     result: Option<Value>,
+    checkpoint: Option<Value>,
 }
 
 macro_rules! string_setters {
@@ -286,6 +291,7 @@ impl AuditEvent {
             suppressed: None,
             payload: None,
             result: None,
+            checkpoint: None,
         }
     }
 
@@ -415,6 +421,12 @@ impl AuditEvent {
         self
     }
 
+    /// The signed head of an `AuditCheckpoint` (SPEC 14): `{"seq", "hash", "kid", "sig"}`.
+    pub(crate) fn checkpoint(mut self, signed_head: Value) -> Self {
+        self.checkpoint = Some(signed_head);
+        self
+    }
+
     /// Checks the event against SPEC 9.1, fills in what its type implies, and turns it into the JSON
     /// object that the writer chains.
     pub(crate) fn into_object(
@@ -473,6 +485,9 @@ impl AuditEvent {
         }
         if let Some(rule) = self.rule {
             object.insert("rule".to_owned(), rule);
+        }
+        if let Some(checkpoint) = self.checkpoint {
+            object.insert("checkpoint".to_owned(), checkpoint);
         }
         // Payloads and tool answers may hold secrets; SPEC 9.1 keeps them out unless asked for.
         if include_payloads {
@@ -559,6 +574,11 @@ impl AuditEvent {
             if !allowed.contains(&claim) {
                 return Err(format!("{event_type} cannot have claim {claim:?}"));
             }
+        }
+        if (event_type == EventType::AuditCheckpoint) != self.checkpoint.is_some() {
+            return Err(
+                "checkpoint is carried by AuditCheckpoint events, and only by them".to_owned(),
+            );
         }
         if event_type == EventType::PolicyViolationBlocked && self.rule.is_none() {
             return Err("PolicyViolationBlocked must carry the rule that decided".to_owned());

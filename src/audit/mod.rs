@@ -29,10 +29,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
+pub(crate) use chain::is_valid_at;
+pub use chain::ChainWalker;
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
 pub use event::{AuditEvent, Decision, EventType};
 pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
-pub use writer::WriterOptions;
+pub use writer::{CheckpointOptions, CheckpointSigner, WriterOptions};
 
 use sink::FileSink;
 use writer::{Command, Job, Writer};
@@ -54,6 +56,10 @@ pub struct AuditConfig {
     /// Refusals before the token verifies (1000–1004) recorded per second and client address; the rest
     /// are counted and reported every 10 s (SPEC 9.1 r2), so that nobody unauthenticated floods the chain.
     pub unauthenticated_per_second: u32,
+    /// A signed `AuditCheckpoint` follows every event whose seq is a multiple of this (SPEC 14).
+    pub checkpoint_every: u64,
+    /// While events follow the last checkpoint, one is appended at least this often (seconds).
+    pub checkpoint_secs: u64,
 }
 
 impl Default for AuditConfig {
@@ -64,6 +70,8 @@ impl Default for AuditConfig {
             include_payloads: false,
             rotate_bytes: None,
             unauthenticated_per_second: 20,
+            checkpoint_every: 1000,
+            checkpoint_secs: 60,
         }
     }
 }
@@ -231,6 +239,14 @@ impl AuditLog {
         if options.suppressed_report_interval.is_zero() {
             return Err("audit suppressed-report interval must not be zero".to_owned());
         }
+        if let Some(checkpoints) = &options.checkpoints {
+            if checkpoints.every == 0 || checkpoints.interval.is_zero() {
+                return Err(
+                    "audit checkpoints need checkpoint_every and checkpoint_secs of at least 1"
+                        .to_owned(),
+                );
+            }
+        }
         let head = backend
             .head()
             .await
@@ -276,6 +292,11 @@ impl AuditLog {
             rx,
             replica: options.replica.clone(),
             contended_until: None,
+            checkpoints: options.checkpoints.clone(),
+            checkpoint_owed: false,
+            checkpoint_cover: None,
+            unsynced: Vec::new(),
+            unsynced_since: None,
         };
         runtime.spawn(writer.run());
         Ok(AuditLog {

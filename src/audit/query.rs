@@ -51,6 +51,9 @@ pub struct AuditQuery {
     pub limit: usize,
     /// Opaque to clients: the `seq` below which the next page continues.
     pub cursor: Option<String>,
+    /// Events below this seq are not looked at (the checkpoint listing's `from_seq`; not a parameter
+    /// of `GET /v1/audit`).
+    pub min_seq: Option<u64>,
 }
 
 impl Default for AuditQuery {
@@ -67,6 +70,7 @@ impl Default for AuditQuery {
             to: None,
             limit: DEFAULT_LIMIT,
             cursor: None,
+            min_seq: None,
         }
     }
 }
@@ -178,8 +182,12 @@ impl AuditQuery {
                 .map_err(|e| e.to_string())?;
             let exhausted = page.len() < page_size;
             for event in page {
+                let seq = event.get("seq").and_then(Value::as_u64);
+                if seq.zip(self.min_seq).is_some_and(|(seq, min)| seq < min) {
+                    break 'pages;
+                }
                 scanned += 1;
-                last_seq = event.get("seq").and_then(Value::as_u64);
+                last_seq = seq;
                 if self.matches(&event, from.as_deref(), to.as_deref()) {
                     items.push(event);
                 }
@@ -194,9 +202,10 @@ impl AuditQuery {
                 _ => break,
             }
         }
-        // Nothing lies below seq 1, so a page that ends there has no successor.
+        // Nothing lies below seq 1 (or `min_seq`), so a page that ends there has no successor.
+        let floor = self.min_seq.unwrap_or(1).max(1);
         let next_cursor = match last_seq {
-            Some(seq) if stopped_early && seq > 1 => Some(seq.to_string()),
+            Some(seq) if stopped_early && seq > floor => Some(seq.to_string()),
             _ => None,
         };
         Ok(AuditPage { items, next_cursor })

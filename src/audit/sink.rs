@@ -359,7 +359,7 @@ impl Copies {
         }
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Value>>();
         let thread = std::thread::Builder::new()
-            .name("sealgate-audit-copies".into())
+            .name("sg-audit-copies".into())
             .spawn(move || {
                 let mut file = file;
                 for batch in rx {

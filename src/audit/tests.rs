@@ -102,6 +102,7 @@ fn event_type_names_are_the_spec_strings() {
         "ApprovalDenied",
         "ApprovalUsed",
         "ApprovalExpired",
+        "AuditCheckpoint",
     ];
     assert_eq!(EventType::ALL.len(), names.len());
     for (event_type, name) in EventType::ALL.iter().zip(names) {
@@ -335,6 +336,8 @@ async fn payloads_are_dropped_unless_included() {
             .payload(json!({"jsonrpc": "2.0", "params": {"arguments": {"path": MARKER}}}))
             .result(json!({"content": [{"type": "text", "text": MARKER}]}));
         record_ok(&log, event).await;
+        // The file is a copy written after the commit: shutdown waits for it.
+        log.shutdown().await;
         let stored = serde_json::to_string(&backend.events()).unwrap_or_default();
         let file = fs::read_to_string(&path).unwrap_or_default();
         assert_eq!(stored.contains(MARKER), include_payloads);
@@ -1389,4 +1392,92 @@ async fn a_settlement_is_stored_with_its_event_and_only_with_it() {
     assert_eq!(backend.settlements(), [settlement]);
     assert_eq!(backend.events().len(), 1);
     assert_eq!(recorded.seq, 1);
+}
+
+/// Signs nothing: marks the head it is asked to cover, as the gateway's signer would sign it.
+struct MarkingSigner;
+
+impl CheckpointSigner for MarkingSigner {
+    fn checkpoint(&self, head: &ChainHead) -> Result<serde_json::Map<String, Value>, String> {
+        AuditEvent::new(EventType::AuditCheckpoint)
+            .checkpoint(json!({"seq": head.seq, "hash": head.hash, "kid": "test", "sig": "-"}))
+            .into_object(false)
+    }
+}
+
+async fn checkpointed_log(backend: &Arc<MemoryBackend>, every: u64) -> AuditLog {
+    let options = WriterOptions {
+        checkpoints: Some(CheckpointOptions {
+            every,
+            interval: Duration::from_secs(60),
+            signer: Arc::new(MarkingSigner),
+        }),
+        ..WriterOptions::default()
+    };
+    let backend: Arc<dyn AuditBackend> = backend.clone();
+    match AuditLog::start_with(backend, &AuditConfig::default(), options).await {
+        Ok(log) => log,
+        Err(e) => panic!("audit log did not start: {e}"),
+    }
+}
+
+/// The seqs of the checkpoints, each checked to cover the event just before it.
+fn checkpoint_seqs(events: &[Value]) -> Vec<u64> {
+    let mut found = Vec::new();
+    for (index, event) in events.iter().enumerate() {
+        if text(event, "type") != "AuditCheckpoint" {
+            continue;
+        }
+        let before = &events[index - 1];
+        assert_eq!(event["checkpoint"]["seq"], before["seq"], "{event}");
+        assert_eq!(event["checkpoint"]["hash"], before["hash"], "{event}");
+        found.push(event["seq"].as_u64().unwrap_or(0));
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_checkpoint_follows_every_multiple_of_checkpoint_every_and_answers_nobody() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = checkpointed_log(&backend, 3).await;
+    let mut answered = Vec::new();
+    for n in 0..7 {
+        answered.push(record_ok(&log, authorized(n)).await.seq);
+    }
+    // 1 2 3 [4] 5 6 [7] 8 9 [10]: the callers get the seqs of their own events.
+    assert_eq!(answered, [1, 2, 3, 5, 6, 8, 9]);
+    let events = backend.events();
+    assert_eq!(checkpoint_seqs(&events), [4, 7, 10]);
+    assert_eq!(seqs(&events), (1..=10).collect::<Vec<u64>>());
+    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+    assert!(verify_lines(&lines).is_ok());
+}
+
+#[tokio::test]
+async fn a_clean_shutdown_signs_the_tail_once() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = checkpointed_log(&backend, 1000).await;
+    record_ok(&log, authorized(1)).await;
+    record_ok(&log, authorized(2)).await;
+    log.shutdown().await;
+    assert_eq!(checkpoint_seqs(&backend.events()), [3]);
+    // A second writer on the same chain finds its head signed, and adds nothing at its shutdown.
+    let again = checkpointed_log(&backend, 1000).await;
+    again.shutdown().await;
+    assert_eq!(seqs(&backend.events()), [1, 2, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_interval_signs_a_tail_and_leaves_a_signed_head_alone() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = checkpointed_log(&backend, 1000).await;
+    record_ok(&log, authorized(1)).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(checkpoint_seqs(&backend.events()), [2]);
+    // Nothing new since: the next interval adds nothing.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(seqs(&backend.events()), [1, 2]);
+    record_ok(&log, authorized(2)).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(checkpoint_seqs(&backend.events()), [2, 4]);
 }

@@ -54,6 +54,35 @@ pub struct WriterOptions {
     pub suppressed_report_interval: Duration,
     /// The `replica` written into every event (SPEC 12: `replica_id`); none when unset.
     pub replica: Option<String>,
+    /// Signed checkpoints in the chain (SPEC 14); none when unset.
+    pub checkpoints: Option<CheckpointOptions>,
+}
+
+/// Signs the chain's head for an `AuditCheckpoint` event (SPEC 14). The signing key lives in
+/// `evidence`, which implements this; the writer only says which head and when.
+pub trait CheckpointSigner: Send + Sync {
+    /// The unchained `AuditCheckpoint` event that covers `head`, the event it is chained after.
+    fn checkpoint(&self, head: &ChainHead) -> Result<Map<String, Value>, String>;
+}
+
+/// When the writer appends checkpoints, and who signs them.
+#[derive(Clone)]
+pub struct CheckpointOptions {
+    /// A checkpoint follows every event whose seq is a multiple of this: a rule of the chain alone, so
+    /// that replicas sharing it never sign the same range twice.
+    pub every: u64,
+    /// While events follow the last checkpoint, one is appended at least this often.
+    pub interval: Duration,
+    pub signer: Arc<dyn CheckpointSigner>,
+}
+
+impl std::fmt::Debug for CheckpointOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointOptions")
+            .field("every", &self.every)
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for WriterOptions {
@@ -64,6 +93,7 @@ impl Default for WriterOptions {
             unreadable_per_second: None,
             suppressed_report_interval: Duration::from_secs(10),
             replica: None,
+            checkpoints: None,
         }
     }
 }
@@ -85,6 +115,15 @@ pub(crate) struct Writer {
     pub(crate) replica: Option<String>,
     /// Until when batches take turns with other writers instead of racing them for the head.
     pub(crate) contended_until: Option<Instant>,
+    pub(crate) checkpoints: Option<CheckpointOptions>,
+    /// The interval asked for a checkpoint that is not written yet: the next batch ends with one.
+    pub(crate) checkpoint_owed: bool,
+    /// A head to sign on its own, when it is still the chain's head (see [`Writer::sign_tail`]).
+    pub(crate) checkpoint_cover: Option<ChainHead>,
+    /// Events appended but not yet synced (nobody waited for them), with their metric flag.
+    pub(crate) unsynced: Vec<(Value, bool)>,
+    /// When the oldest of them was appended.
+    pub(crate) unsynced_since: Option<Instant>,
 }
 
 impl Writer {
@@ -93,6 +132,14 @@ impl Writer {
         report.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // The first tick completes at once; consume it so reports come one interval apart.
         report.tick().await;
+        let mut checkpoint_tick = self.checkpoints.as_ref().map(|options| {
+            let mut tick = tokio::time::interval(options.interval);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            tick
+        });
+        if let Some(tick) = checkpoint_tick.as_mut() {
+            tick.tick().await;
+        }
         let mut shutdown_waiters = Vec::new();
         loop {
             let first = tokio::select! {
@@ -105,6 +152,14 @@ impl Writer {
                     if !summaries.is_empty() {
                         self.commit(summaries).await;
                     }
+                    continue;
+                }
+                _ = next_tick(checkpoint_tick.as_mut()) => {
+                    self.sign_tail().await;
+                    continue;
+                }
+                _ = sync_deadline(self.unsynced_since) => {
+                    let _ = self.sync().await;
                     continue;
                 }
             };
@@ -127,6 +182,11 @@ impl Writer {
         let summaries = self.summaries();
         if !summaries.is_empty() {
             self.commit(summaries).await;
+        }
+        // A clean shutdown leaves no unsigned tail (SPEC 14), and nothing unsynced.
+        self.sign_tail().await;
+        if self.unsynced_since.is_some() {
+            let _ = self.sync().await;
         }
         if let Some(copies) = self.copies.take() {
             // The file holds every committed event when shutdown returns.
@@ -203,6 +263,32 @@ impl Writer {
         jobs
     }
 
+    /// Appends a checkpoint after the chain's newest event unless it is one (SPEC 14: while events follow
+    /// the last checkpoint, and at a clean shutdown). The head is signed only if it is still the one read
+    /// here, so two replicas never sign the same head; if another writer moved it meanwhile, this
+    /// writer's next batch ends with the checkpoint instead.
+    async fn sign_tail(&mut self) {
+        if self.checkpoints.is_none() {
+            return;
+        }
+        let newest = match self.backend.events_newest_first(None, 1).await {
+            Ok(newest) => newest,
+            Err(e) => {
+                tracing::warn!(target: "audit", error = %e, "cannot read the chain's head to checkpoint it");
+                self.checkpoint_owed = true;
+                return;
+            }
+        };
+        let Some(head) = newest.first().and_then(unsigned_head) else {
+            self.checkpoint_owed = false;
+            return;
+        };
+        self.checkpoint_owed = true;
+        self.checkpoint_cover = Some(head);
+        self.commit(Vec::new()).await;
+        self.checkpoint_cover = None;
+    }
+
     /// The head to chain from: the one this task wrote last, or the store's after a failure.
     async fn current_head(&mut self) -> Result<ChainHead, StoreError> {
         if let Some(head) = &self.head {
@@ -225,8 +311,9 @@ impl Writer {
     ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
         let believed = self.head.clone();
         let mut chained_after = None;
+        let plan = self.plan();
         let mut chainer = |head: &ChainHead| {
-            let (chained, recorded, new_head) = chain(batch, head);
+            let (chained, recorded, new_head) = chain(batch, head, plan.as_ref());
             chained_after = Some((head.clone(), recorded, new_head));
             chained
         };
@@ -258,13 +345,23 @@ impl Writer {
         settlements: &[ClaimSettlement],
     ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
         let head = self.current_head().await?;
-        let (chained, recorded, new_head) = chain(batch, &head);
+        let (chained, recorded, new_head) = chain(batch, &head, self.plan().as_ref());
         if chained.is_empty() {
             return Ok(None);
         }
         self.backend.append(&head, &chained, settlements).await?;
         metrics::counter!("sealgate_audit_batches_total").increment(1);
         Ok(Some((chained, recorded, new_head)))
+    }
+
+    /// What the next append adds to its events: checkpoints, when this writer signs them.
+    fn plan(&self) -> Option<CheckpointPlan<'_>> {
+        self.checkpoints.as_ref().map(|options| CheckpointPlan {
+            options,
+            after_batch: self.checkpoint_owed,
+            cover: self.checkpoint_cover.as_ref(),
+            replica: self.replica.as_deref(),
+        })
     }
 
     /// Chains one batch, makes it durable, and answers its callers.
@@ -309,31 +406,74 @@ impl Writer {
                 }
             }
         };
+        let waited_on = batch.iter().any(|job| job.reply.is_some());
         let pending: Vec<(Option<Reply>, Recorded, bool)> = batch
             .into_iter()
             .zip(recorded)
             .map(|(job, recorded)| (job.reply, recorded, job.count_decision))
             .collect();
-
+        self.head = Some(new_head);
+        if chained.last().is_some_and(is_checkpoint) {
+            self.checkpoint_owed = false;
+        }
+        self.unsynced.extend(Self::metric_flags(&chained, &pending));
+        if !waited_on {
+            // Nobody waits for these events (a call's authorisation without a claim, counts): the next
+            // waited-on batch's commit makes them durable too, so a call costs one commit, not two.
+            self.unsynced_since.get_or_insert_with(Instant::now);
+            return;
+        }
         // The store is the record of truth: once its commit holds the batch, the callers are answered
         // and the copies (file, stdout) follow off the reply path (SPEC 12 r3: the file is a copy,
         // written after the commit and extended from the store at start-up).
+        if let Err(e) = self.sync().await {
+            fail_pending(pending, &e);
+            return;
+        }
+        for (reply, recorded, _) in pending {
+            answer(reply, Ok(recorded));
+        }
+    }
+
+    /// Each chained event with whether it counts as a decision in the metrics (checkpoints, which this
+    /// writer adds, answer nobody and decide nothing).
+    fn metric_flags(
+        chained: &[Value],
+        pending: &[(Option<Reply>, Recorded, bool)],
+    ) -> Vec<(Value, bool)> {
+        let mut flags = pending.iter().map(|(_, _, count)| *count);
+        chained
+            .iter()
+            .map(|event| {
+                let count = !is_checkpoint(event) && flags.next().unwrap_or(false);
+                (event.clone(), count)
+            })
+            .collect()
+    }
+
+    /// Makes every appended event durable, then counts them and hands them to the copies.
+    async fn sync(&mut self) -> Result<(), AuditError> {
+        self.unsynced_since = None;
+        let events = std::mem::take(&mut self.unsynced);
         if let Err(e) = self.backend.sync().await {
             self.head = None;
             tracing::error!(target: "audit", error = %e, "audit store sync failed");
-            fail_pending(pending, &AuditError::Store(e));
-            return;
+            return Err(AuditError::Store(e));
         }
-        self.head = Some(new_head);
-        for (event, (reply, recorded, count_decision)) in chained.iter().zip(pending) {
-            count_metrics(event, count_decision);
-            answer(reply, Ok(recorded));
+        let mut committed = Vec::with_capacity(events.len());
+        for (event, count_decision) in events {
+            count_metrics(&event, count_decision);
+            committed.push(event);
         }
         if let Some(copies) = &self.copies {
-            copies.send(chained);
+            copies.send(committed);
         }
+        Ok(())
     }
 }
+
+/// How long appended events that nobody waits for may stay unsynced when no waited-on batch follows.
+const DEFERRED_SYNC_AFTER: Duration = Duration::from_millis(50);
 
 /// How often one batch is chained again because other replicas moved the head meanwhile.
 const MAX_HEAD_RETRIES: usize = 64;
@@ -346,40 +486,131 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 /// How long a contended writer waits for more events before taking its turn at the head.
 const CONTENDED_LINGER: Duration = Duration::from_millis(1);
 
-/// Seals the batch after `head`. Jobs whose event cannot be sealed are answered with the error and
-/// removed, so `batch`, the events and the receipts stay in step.
-fn chain(batch: &mut Vec<Job>, head: &ChainHead) -> (Vec<Value>, Vec<Recorded>, ChainHead) {
+/// What an append adds besides its events (SPEC 14): a checkpoint after every event whose seq is a
+/// multiple of `every`; one after the batch's last event when the interval asked for one; and, for an
+/// empty batch, one after `cover` when that is still the head.
+struct CheckpointPlan<'a> {
+    options: &'a CheckpointOptions,
+    after_batch: bool,
+    cover: Option<&'a ChainHead>,
+    /// Named in checkpoints as in every event of this writer (SPEC 12).
+    replica: Option<&'a str>,
+}
+
+/// Seals the batch after `head`, with the checkpoints `plan` asks for. Jobs whose event cannot be sealed
+/// are answered with the error and removed, so `batch` and the receipts stay in step (the events also
+/// hold the checkpoints, which answer nobody).
+fn chain(
+    batch: &mut Vec<Job>,
+    head: &ChainHead,
+    plan: Option<&CheckpointPlan<'_>>,
+) -> (Vec<Value>, Vec<Recorded>, ChainHead) {
     let mut chained = Vec::with_capacity(batch.len());
     let mut receipts = Vec::with_capacity(batch.len());
-    let mut seq = head.seq;
-    let mut prev_hash = head.hash.clone();
+    let mut head = head.clone();
     let mut kept = Vec::with_capacity(batch.len());
+    if plan.is_some_and(|plan| plan.cover == Some(&head)) {
+        append_checkpoint(&mut chained, &mut head, plan);
+    }
     for job in batch.drain(..) {
-        let Some(next_seq) = seq.checked_add(1) else {
-            answer(
-                job.reply,
-                Err(AuditError::InvalidEvent("audit seq overflow".to_owned())),
-            );
-            continue;
-        };
-        let at = format_at(chrono::Utc::now());
-        match seal(job.event.clone(), next_seq, &prev_hash, &at) {
+        match seal_next(job.event.clone(), &head) {
             Ok((event, recorded)) => {
-                seq = next_seq;
-                prev_hash.clone_from(&recorded.hash);
+                head = ChainHead {
+                    seq: recorded.seq,
+                    hash: recorded.hash.clone(),
+                };
                 chained.push(event);
                 receipts.push(recorded);
                 kept.push(job);
+                if plan.is_some_and(|plan| head.seq.is_multiple_of(plan.options.every)) {
+                    append_checkpoint(&mut chained, &mut head, plan);
+                }
             }
-            Err(e) => answer(job.reply, Err(AuditError::InvalidEvent(e))),
+            Err(e) => answer(job.reply, Err(e)),
         }
     }
+    let ends_unsigned = !kept.is_empty() && !chained.last().is_some_and(is_checkpoint);
+    if ends_unsigned && plan.is_some_and(|plan| plan.after_batch) {
+        append_checkpoint(&mut chained, &mut head, plan);
+    }
     *batch = kept;
-    let head = ChainHead {
-        seq,
-        hash: prev_hash,
-    };
     (chained, receipts, head)
+}
+
+/// Seals one event after `head`.
+fn seal_next(event: Map<String, Value>, head: &ChainHead) -> Result<(Value, Recorded), AuditError> {
+    let next_seq = head
+        .seq
+        .checked_add(1)
+        .ok_or_else(|| AuditError::InvalidEvent("audit seq overflow".to_owned()))?;
+    let at = format_at(chrono::Utc::now());
+    seal(event, next_seq, &head.hash, &at).map_err(AuditError::InvalidEvent)
+}
+
+/// Chains a signed checkpoint of `head` after it. A checkpoint that cannot be made is left out (the
+/// chain stays valid, its tail unsigned until the next one) and said in the log.
+fn append_checkpoint(
+    chained: &mut Vec<Value>,
+    head: &mut ChainHead,
+    plan: Option<&CheckpointPlan<'_>>,
+) {
+    let Some(plan) = plan else { return };
+    let sealed = plan
+        .options
+        .signer
+        .checkpoint(head)
+        .map_err(AuditError::InvalidEvent)
+        .and_then(|mut event| {
+            if let Some(replica) = plan.replica {
+                event.insert("replica".to_owned(), Value::from(replica));
+            }
+            seal_next(event, head)
+        });
+    match sealed {
+        Ok((event, recorded)) => {
+            *head = ChainHead {
+                seq: recorded.seq,
+                hash: recorded.hash,
+            };
+            chained.push(event);
+        }
+        Err(e) => {
+            tracing::error!(target: "audit", error = %e, "audit checkpoint could not be made")
+        }
+    }
+}
+
+fn is_checkpoint(event: &Value) -> bool {
+    event.get("type").and_then(Value::as_str) == Some(EventType::AuditCheckpoint.as_str())
+}
+
+/// The head that `event` is, when it is not itself a checkpoint (nothing then follows the last one).
+fn unsigned_head(event: &Value) -> Option<ChainHead> {
+    if is_checkpoint(event) {
+        return None;
+    }
+    Some(ChainHead {
+        seq: event.get("seq").and_then(Value::as_u64)?,
+        hash: event.get("hash").and_then(Value::as_str)?.to_owned(),
+    })
+}
+
+/// When appended events that nobody waits for are synced at the latest; never, without any.
+async fn sync_deadline(since: Option<Instant>) {
+    match since {
+        Some(since) => tokio::time::sleep_until((since + DEFERRED_SYNC_AFTER).into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next tick of the checkpoint interval; never, without one.
+async fn next_tick(tick: Option<&mut tokio::time::Interval>) {
+    match tick {
+        Some(tick) => {
+            tick.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 fn answer(reply: Option<Reply>, result: Result<Recorded, AuditError>) {

@@ -347,13 +347,49 @@ async function sha256Hex(text) {
   return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-// Verifies an export (JSON lines, oldest first): {ok, events} or {ok: false, seq, reason}.
-export async function verifyExport(text) {
+// ---- Signed checkpoints (SPEC 14): Ed25519 over JCS({"chain": "sealgate-audit/v1", "seq", "hash"}) ----
+
+function unb64url(text) {
+  const base64 = text.replace(/-/g, '+').replace(/_/g, '/');
+  return Uint8Array.from(atob(base64 + '='.repeat((4 - (base64.length % 4)) % 4)), (c) => c.charCodeAt(0));
+}
+
+// The gateway's JWK Set (GET /v1/keys, no token) as WebCrypto keys by kid.
+export async function signingKeys() {
+  const response = await fetch('/v1/keys');
+  if (!response.ok) throw new ApiFailure(response.status, await response.json().catch(() => null), 'GET /v1/keys');
+  const keys = new Map();
+  for (const jwk of (await response.json()).keys) {
+    const key = await crypto.subtle.importKey('jwk', { kty: 'OKP', crv: 'Ed25519', x: jwk.x }, { name: 'Ed25519' }, false, ['verify']);
+    keys.set(jwk.kid, key);
+  }
+  return keys;
+}
+
+// An AuditCheckpoint event: {ok} when it signs the event just before it with a key of `keys`, else {ok: false, reason}.
+export async function verifyCheckpoint(event, keys) {
+  const signed = event.checkpoint || {};
+  if (signed.seq !== event.seq - 1 || signed.hash !== event.prev_hash) {
+    return { ok: false, reason: 'it does not sign the event just before it' };
+  }
+  const key = keys.get(signed.kid);
+  if (!key) return { ok: false, reason: `key ${signed.kid} is not in /v1/keys` };
+  const message = new TextEncoder().encode(jcs({ chain: 'sealgate-audit/v1', seq: signed.seq, hash: signed.hash }));
+  let valid = false;
+  try { valid = await crypto.subtle.verify({ name: 'Ed25519' }, key, unb64url(signed.sig), message); } catch { valid = false; }
+  return valid ? { ok: true } : { ok: false, reason: 'the signature does not verify' };
+}
+
+// Verifies an export (JSON lines, oldest first), and with `keys` every checkpoint in it:
+// {ok, events, checkpoints, unsigned} or {ok: false, seq, reason}.
+export async function verifyExport(text, keys) {
   if (!globalThis.crypto || !crypto.subtle) {
     return { ok: false, reason: 'this page is not a secure context (HTTPS or localhost), so the browser cannot hash; use `sealgate audit verify` on the export' };
   }
   let previous = null;
   let events = 0;
+  let checkpoints = 0;
+  let unsigned = 0;
   for (const line of text.split('\n')) {
     if (!line.trim()) continue;
     let event;
@@ -361,8 +397,15 @@ export async function verifyExport(text) {
     const { hash, ...rest } = event;
     if (previous !== null && event.prev_hash !== previous) return { ok: false, seq: event.seq, reason: 'prev_hash does not match the event before it' };
     if (await sha256Hex(jcs(rest)) !== hash) return { ok: false, seq: event.seq, reason: 'hash does not match the event' };
+    unsigned += 1;
+    if (keys && event.type === 'AuditCheckpoint') {
+      const check = await verifyCheckpoint(event, keys);
+      if (!check.ok) return { ok: false, seq: event.seq, reason: `checkpoint: ${check.reason}` };
+      checkpoints += 1;
+      unsigned = 0;
+    }
     previous = hash;
     events += 1;
   }
-  return { ok: true, events };
+  return { ok: true, events, checkpoints, unsigned };
 }

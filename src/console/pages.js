@@ -2,7 +2,7 @@
 
 import {
   api, ApiFailure, barChart, diffLines, el, errorText, field, formatNumber, lineChart, parseMetrics,
-  query, quantile, replace, say, span, toYaml, token, validate, verifyExport,
+  query, quantile, replace, say, signingKeys, span, toYaml, token, validate, verifyCheckpoint, verifyExport,
 } from './lib.js';
 
 const POLL_MS = 3000;
@@ -423,7 +423,7 @@ function tryCall(name, currentDraft) {
 const EVENT_TYPES = ['SessionCreated', 'SessionRevoked', 'ToolCallAuthorized', 'PolicyViolationBlocked', 'SignatureVerificationFailed',
   'SecurityTokenExpired', 'EnvelopeRejected', 'ToolCallCompleted', 'ToolCallFailed', 'ClaimSkipped', 'ClaimBlocked', 'ClaimResolved',
   'SecurityContextChanged', 'SecurityContextRejected', 'ClaimTaken', 'ClaimSettled',
-  'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalUsed', 'ApprovalExpired'];
+  'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalUsed', 'ApprovalExpired', 'AuditCheckpoint'];
 
 function audit(main) {
   const filters = {
@@ -435,7 +435,8 @@ function audit(main) {
     code: el('input', { type: 'text', inputmode: 'numeric', size: 6 }),
   };
   const labels = { type: 'Type', session_id: 'Session', sub: 'Agent', tool: 'Tool', decision: 'Decision', code: 'Code' };
-  const results = el('div');
+  const results = el('div', { 'data-testid': 'events' });
+  const signed = el('div', { 'data-testid': 'checkpoints' });
   const more = el('div', { class: 'actions' });
   const chain = el('p', { 'data-testid': 'chain-status' }, 'Verifying the chain…');
   let cursor = null;
@@ -470,13 +471,35 @@ function audit(main) {
       say('Export downloaded: check it with `sealgate audit verify sealgate-audit.jsonl`.');
     } catch (error) { say(errorText(error)); }
   };
+  // The newest checkpoints, each signature checked here with the keys of /v1/keys (SPEC 14).
+  const loadCheckpoints = async (keys) => {
+    try {
+      const page = await api('GET', '/v1/audit/checkpoints?limit=20');
+      if (page.items.length === 0) {
+        replace(signed, el('p', { class: 'muted' }, 'No signed checkpoint yet (one follows every audit.checkpoint_every events, and every audit.checkpoint_secs while events are unsigned).'));
+        return;
+      }
+      const rows = await Promise.all(page.items.map(async (e) => {
+        const check = await verifyCheckpoint(e, keys);
+        return el('tr', { 'data-checkpoint': e.seq },
+          el('td', {}, String(e.seq)), el('td', {}, e.at), el('td', {}, `seq 1–${e.checkpoint.seq}`),
+          el('td', {}, e.checkpoint.kid), el('td', {}, e.replica || ''),
+          el('td', { class: check.ok ? 'ok' : 'bad', 'data-testid': 'checkpoint-status' }, check.ok ? 'signature verified' : `NOT verified: ${check.reason}`));
+      }));
+      replace(signed, table(['Seq', 'At', 'Signs', 'Key', 'Replica', 'Signature'], rows, 'Signed checkpoints, newest first, checked in this browser'));
+    } catch (error) { replace(signed, problem(error)); }
+  };
   const verify = async () => {
     chain.className = '';
     chain.textContent = 'Verifying the chain…';
     try {
-      const report = await verifyExport(await exportText());
+      const keys = await signingKeys();
+      loadCheckpoints(keys);
+      const report = await verifyExport(await exportText(), keys);
       chain.className = report.ok ? 'ok' : 'bad';
-      chain.textContent = report.ok ? `Chain intact: ${report.events} events verified in this browser.` : `Chain NOT verified${report.seq ? ` at seq ${report.seq}` : ''}: ${report.reason}`;
+      chain.textContent = report.ok
+        ? `Chain intact: ${report.events} events verified in this browser; ${report.checkpoints} signed checkpoints verified, ${report.unsigned} events after the last.`
+        : `Chain NOT verified${report.seq ? ` at seq ${report.seq}` : ''}: ${report.reason}`;
     } catch (error) { chain.className = 'bad'; chain.textContent = errorText(error); }
   };
   const form = el('form', { class: 'filters', on: { submit: (event) => { event.preventDefault(); load(false); } } },
@@ -486,7 +509,8 @@ function audit(main) {
     el('div', { class: 'actions' }, chain,
       el('button', { type: 'button', class: 'secondary', on: { click: verify } }, 'Verify again'),
       el('button', { type: 'button', class: 'secondary', on: { click: download } }, 'Download export')),
-    form, results, more);
+    el('h2', {}, 'Signed checkpoints'), signed,
+    el('h2', {}, 'Events'), form, results, more);
   load(false);
   verify();
   return () => {};

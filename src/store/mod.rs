@@ -455,6 +455,17 @@ pub trait Store: AuditBackend {
     /// Takes back what the chain says about the last window: signatures that passed check 7 and
     /// admissions charged to rate windows (in time order).
     fn restore(&self, _recovered: Recovered) {}
+
+    /// Keeps a key that a replica signs with (SPEC 14), unless its kid is kept already, so that every
+    /// replica's `/v1/keys` lists every key that any of them signed with. A store that one process owns
+    /// (the embedded one) keeps nothing: that process's own keys are the whole set.
+    async fn signing_key_publish(&self, _key: &SigningKeyRecord) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Every key kept by [`Store::signing_key_publish`], oldest first.
+    async fn signing_keys(&self) -> StoreResult<Vec<SigningKeyRecord>> {
+        Ok(Vec::new())
+    }
 }
 
 /// What the chain's recent events say that an in-memory store must know again after a restart.
@@ -463,6 +474,16 @@ pub struct Recovered {
     pub signatures: Vec<SeenSignature>,
     /// (rate cell key, its window, the admission's time in ms), oldest first.
     pub rate_admissions: Vec<(String, crate::policy::rate::SlidingWindow, i64)>,
+}
+
+/// A public key that a replica signs receipts and checkpoints with (SPEC 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningKeyRecord {
+    /// The first 16 hex digits of hex(SHA-256(public_key)).
+    pub kid: String,
+    pub public_key: [u8; 32],
+    /// The replica that published it first.
+    pub replica_id: String,
 }
 
 /// One page of a listing, filled in listing order: up to `limit` records that `keep` accepts.

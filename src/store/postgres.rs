@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
-    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord, Store,
-    StoreError, StoreResult, StoredContext,
+    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
+    SigningKeyRecord, Store, StoreError, StoreResult, StoredContext,
 };
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0002_context_version.sql"),
     include_str!("migrations/postgres/0003_counter_keys_bytea.sql"),
     include_str!("migrations/postgres/0004_approvals.sql"),
+    include_str!("migrations/postgres/0005_signing_keys.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -983,6 +984,43 @@ impl Store for PgStore {
             .map_err(db)?;
         rows.iter().map(|row| decode(row.get(0))).collect()
     }
+
+    async fn signing_key_publish(&self, key: &SigningKeyRecord) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "INSERT INTO signing_keys (kid, public_key, replica_id) VALUES ($1, $2, $3) \
+                 ON CONFLICT (kid) DO NOTHING",
+                &[&key.kid, &key.public_key.as_slice(), &key.replica_id],
+            )
+            .await
+            .map(|_| ())
+            .map_err(db)
+    }
+
+    async fn signing_keys(&self) -> StoreResult<Vec<SigningKeyRecord>> {
+        let rows = self
+            .conn()
+            .await?
+            .query_prepared(
+                "SELECT kid, public_key, replica_id FROM signing_keys ORDER BY published_at, kid",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                let bytes: Vec<u8> = row.get(1);
+                Ok(SigningKeyRecord {
+                    kid: row.get(0),
+                    public_key: bytes.as_slice().try_into().map_err(|_| {
+                        StoreError::Corrupt("a stored signing key is not 32 bytes".into())
+                    })?,
+                    replica_id: row.get(2),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Writes a chained batch and its claims' settlements in one statement, only if the head is still
@@ -1384,6 +1422,26 @@ mod tests {
             };
             assert_eq!(event["prev"], prev, "event {}", i + 1);
         }
+    }
+
+    #[tokio::test]
+    async fn signing_keys_are_kept_once_per_kid_for_every_replica() {
+        let db = TestDatabase::create().await;
+        let (a, b) = (
+            PgStore::connect(&db.url).await.unwrap(),
+            PgStore::connect(&db.url).await.unwrap(),
+        );
+        let key = |kid: &str, byte: u8, replica: &str| SigningKeyRecord {
+            kid: kid.into(),
+            public_key: [byte; 32],
+            replica_id: replica.into(),
+        };
+        a.signing_key_publish(&key("aaaa", 1, "r0")).await.unwrap();
+        b.signing_key_publish(&key("bbbb", 2, "r1")).await.unwrap();
+        // A restart publishes again; the first record stays.
+        b.signing_key_publish(&key("aaaa", 1, "r1")).await.unwrap();
+        let kept = a.signing_keys().await.unwrap();
+        assert_eq!(kept, [key("aaaa", 1, "r0"), key("bbbb", 2, "r1")]);
     }
 
     #[tokio::test]

@@ -273,6 +273,16 @@ pub fn write_config_with_keys(
     std::fs::write(dir.join("policies/test.yaml"), TEST_POLICY).unwrap();
     std::fs::write(dir.join("policies/other.yaml"), OTHER_POLICY).unwrap();
     let store = store_line(extra);
+    let postgres = !store.is_empty() || extra.contains("store: \"postgres");
+    // On PostgreSQL a replica signs with a key it is given (SPEC 14); on the embedded store it makes one.
+    let store = if postgres && !extra.contains("signing:") {
+        format!(
+            "{store}signing: {{ key_file: {:?} }}\n",
+            signing_key_file(dir)
+        )
+    } else {
+        store
+    };
     let config = format!(
         r#"listen: "127.0.0.1:0"
 {store}data_dir: data
@@ -298,6 +308,25 @@ audit: {{ file: audit.jsonl }}
     );
     let path = dir.join("sealgate.yaml");
     std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// A fresh Ed25519 signing key in `dir/signing.key` (PKCS#8 PEM, mode 0600), as a replica is given one.
+pub fn signing_key_file(dir: &Path) -> PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = dir.join("signing.key");
+    if !path.exists() {
+        let key = sealgate::envelope::generate_signing_key().unwrap();
+        let pem = sealgate::envelope::signing_key_to_pkcs8_pem(&key).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        file.write_all(pem.as_bytes()).unwrap();
+    }
     path
 }
 
@@ -567,6 +596,35 @@ impl Gateway {
     ) -> (u16, Value) {
         let token = self.keys.operator_token("seal.admin");
         self.operator(method, path, Some(&token), body).await
+    }
+
+    /// The text of the audit file (`audit.jsonl` in the gateway's folder) once it holds the event `seq`:
+    /// the file is a copy written after each commit, so it may trail the answer by a moment.
+    pub async fn audit_file_through(&self, seq: u64) -> String {
+        let path = self.dir.join("audit.jsonl");
+        let last_seq = || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            text.lines()
+                .rev()
+                .find_map(|line| serde_json::from_str::<Value>(line).ok()?["seq"].as_u64())
+        };
+        until(
+            Duration::from_secs(10),
+            "the audit file to hold the event",
+            || async { last_seq().is_some_and(|last| last >= seq) },
+        )
+        .await;
+        std::fs::read_to_string(&path).unwrap()
+    }
+
+    /// The text of the audit file once it holds every event the store holds now.
+    pub async fn audit_file(&self) -> String {
+        let (status, page) = self
+            .admin(reqwest::Method::GET, "/v1/audit?limit=1", None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let newest = page["items"][0]["seq"].as_u64().unwrap_or(0);
+        self.audit_file_through(newest).await
     }
 
     /// Every audit event of a session, oldest first.

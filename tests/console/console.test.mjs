@@ -188,15 +188,34 @@ try {
   step('audit: events newest first, filter by type, the chain verified in the browser');
   await page.goto(`${BASE}/console/#/audit`);
   await page.getByTestId('chain-status').filter({ hasText: 'Chain intact' }).waitFor();
-  const types = () => page.locator('tbody tr td:nth-child(3)').allTextContents();
-  await page.locator('tbody tr').first().waitFor();
+  const events = page.getByTestId('events');
+  const types = () => events.locator('tbody tr td:nth-child(3)').allTextContents();
+  await events.locator('tbody tr').first().waitFor();
   const all = await types();
   for (const expected of ['SessionCreated', 'SessionRevoked', 'SecurityContextChanged', 'PolicyViolationBlocked']) {
     assert.ok(all.includes(expected), `${expected} in ${all.join(', ')}`);
   }
-  const seqs = (await page.locator('tbody tr td:nth-child(1)').allTextContents()).map(Number);
+  const seqs = (await events.locator('tbody tr td:nth-child(1)').allTextContents()).map(Number);
   assert.deepEqual(seqs, [...seqs].sort((a, b) => b - a), 'newest first');
   await shot('audit');
+
+  step('audit: signed checkpoints are listed and verified in the browser (WebCrypto Ed25519); a tampered one is flagged');
+  await page.getByTestId('chain-status').filter({ hasText: /[1-9]\d* signed checkpoints verified/ }).waitFor();
+  const statuses = page.getByTestId('checkpoint-status');
+  await statuses.first().waitFor();
+  const listed = await statuses.allTextContents();
+  assert.ok(listed.length >= 1 && listed.every((s) => s === 'signature verified'), listed.join(' | '));
+  await page.route('**/v1/audit/checkpoints*', async (route) => {
+    const original = await route.fetch();
+    const body = await original.json();
+    const sig = body.items[0].checkpoint.sig;
+    body.items[0].checkpoint.sig = `${sig[0] === 'A' ? 'B' : 'A'}${sig.slice(1)}`; // one character of the newest changed
+    await route.fulfill({ response: original, json: body });
+  });
+  await page.getByRole('button', { name: 'Verify again' }).click();
+  await statuses.first().filter({ hasText: 'NOT verified: the signature does not verify' }).waitFor();
+  assert.ok((await statuses.allTextContents()).slice(1).every((s) => s === 'signature verified'), 'only the tampered one is flagged');
+  await page.unroute('**/v1/audit/checkpoints*');
 
   step('audit: the export downloads, and a tampered export is reported as broken');
   const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Download export' }).click()]);
@@ -216,7 +235,7 @@ try {
   await page.unroute('**/v1/audit/export');
   await page.getByLabel('Type').selectOption('SessionRevoked');
   await page.getByRole('button', { name: 'Filter' }).click();
-  await page.waitForFunction(() => [...document.querySelectorAll('tbody tr td:nth-child(3)')].every((td) => td.textContent === 'SessionRevoked'));
+  await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="events"] tbody tr td:nth-child(3)')].every((td) => td.textContent === 'SessionRevoked'));
   assert.deepEqual(await types(), ['SessionRevoked']);
 
   step('no errors in the browser console');

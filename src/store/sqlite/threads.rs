@@ -64,7 +64,7 @@ impl Writer {
         let failure: Failure = Arc::default();
         let commits = Arc::new(AtomicU64::new(0));
         let thread = std::thread::Builder::new()
-            .name("sealgate-store-writer".into())
+            .name("sg-store-writer".into())
             .spawn({
                 let failure = failure.clone();
                 let commits = commits.clone();
@@ -301,7 +301,7 @@ impl Readers {
             let conn = open_reader(path)?;
             let rx = rx.clone();
             let thread = std::thread::Builder::new()
-                .name(format!("sealgate-store-reader-{n}"))
+                .name(format!("sg-store-read-{n}"))
                 .spawn(move || loop {
                     // The lock is held only while waiting: the next reader takes the next request.
                     let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
@@ -380,7 +380,7 @@ impl Checkpointer {
             .map_err(StoreError::unavailable)?;
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("sealgate-store-checkpoint".into())
+            .name("sg-checkpoint".into())
             .spawn(move || {
                 let mut seen = commits.load(Ordering::Acquire);
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {

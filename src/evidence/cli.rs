@@ -1,0 +1,93 @@
+//! The offline verifiers' commands: `sealgate audit verify FILE... [--keys JWKS|URL]` and
+//! `sealgate receipt verify --keys JWKS|URL RESPONSE_FILE [--envelope FILE]`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use super::jwks::KeyRing;
+use super::{receipt, verify};
+
+/// Exit 0 with a summary, or 1 naming the event (or file) that broke.
+pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
+    let ring = match keys {
+        Some(source) => match KeyRing::load(source).await {
+            Ok(ring) => Some(ring),
+            Err(e) => return fail(&format!("--keys: {e}")),
+        },
+        None => None,
+    };
+    let report = match verify::verify_files(files, ring.as_ref()) {
+        Ok(report) => report,
+        Err(broken) => return fail(&format!("broken: {broken}")),
+    };
+    let chain = &report.chain;
+    println!(
+        "ok: {} events, seq {}..{}, chain intact (first prev_hash {}, last hash {})",
+        chain.events, chain.first_seq, chain.last_seq, chain.first_prev_hash, chain.last_hash
+    );
+    match (&ring, report.last_checkpoint) {
+        (None, _) => println!(
+            "{} checkpoints, signatures not checked (give --keys with the gateway's /v1/keys)",
+            report.checkpoints
+        ),
+        (Some(_), Some(last)) => println!(
+            "ok: {} checkpoints verified (kid {}); the last, at seq {last}, signs seq {}..{}",
+            report.checkpoints,
+            report.kids.join(", "),
+            chain.first_seq,
+            last - 1
+        ),
+        (Some(_), None) => {}
+    }
+    println!(
+        "{} events follow the last checkpoint (unsigned)",
+        report.unsigned_tail
+    );
+    ExitCode::SUCCESS
+}
+
+/// Exit 0 only when the receipt's signature, its `answer_sha256` and (with an envelope) its
+/// `payload_sha256` all hold; otherwise 1, naming each problem.
+pub async fn receipt_verify(keys: &str, response: &Path, envelope: Option<&Path>) -> ExitCode {
+    let checked = async {
+        let ring = KeyRing::load(keys)
+            .await
+            .map_err(|e| format!("--keys: {e}"))?;
+        let body = read_json(response)?;
+        let envelope = envelope.map(read_json).transpose()?;
+        Ok::<_, String>(receipt::verify(&body, &ring, envelope.as_ref()))
+    };
+    match checked.await {
+        Err(e) => fail(&e),
+        Ok(Ok(verified)) => {
+            println!(
+                "ok: receipt signed by kid {}: decision {}, event_seq {}, issued_at {}",
+                verified.kid, verified.decision, verified.event_seq, verified.issued_at
+            );
+            if verified.decision == "allow" {
+                println!("ok: answer_sha256 matches the response's payload");
+            }
+            if verified.envelope_checked {
+                println!("ok: payload_sha256 matches the envelope's payload");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Err(problems)) => {
+            for problem in problems {
+                eprintln!("broken: {problem}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    crate::strict_json::parse_strict_json(&bytes)
+        .map_err(|e| format!("{} is not strict JSON: {e}", path.display()))
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::FAILURE
+}
