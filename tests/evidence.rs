@@ -59,19 +59,6 @@ fn kids_of(set: &Value) -> Vec<String> {
         .collect()
 }
 
-/// `GET /v1/audit/export`, as the JSON lines it streams.
-async fn export(gw: &Gateway) -> String {
-    let response = gw
-        .client
-        .get(format!("{}/v1/audit/export", gw.base))
-        .bearer_auth(gw.keys.operator_token("seal.audit.read"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.text().await.unwrap()
-}
-
 fn events(export: &str) -> Vec<Value> {
     export
         .lines()
@@ -222,7 +209,7 @@ async fn receipts_and_checkpoints_verify_with_python_cryptography_and_openssl() 
         (&listed, "ToolCallCompleted"),
         (&denied, "PolicyViolationBlocked"),
     ];
-    let trail = events(&export(&gw).await);
+    let trail = events(&gw.export().await);
     for ((_, _, body), kind) in &answered {
         let receipt = if body["status"] == "success" {
             &body["receipt"]
@@ -266,7 +253,7 @@ async fn receipts_and_checkpoints_verify_with_python_cryptography_and_openssl() 
         files.push(response);
         files.push(sent);
     }
-    let trail_text = export(&gw).await;
+    let trail_text = gw.export().await;
     assert!(checkpoints(&events(&trail_text)).len() >= 2, "{trail_text}");
     let exported = save(work, "export.jsonl", &trail_text);
     let (status, out) = run_cli(&["audit", "verify", text(&exported), "--keys", &keys_url(&gw)]);
@@ -420,7 +407,7 @@ async fn every_changed_receipt_field_and_a_rewritten_chain_are_refused_by_name()
     assert!(out.contains("payload_sha256 does not match"), "{out}");
 
     // The chain: an event inside a checkpointed range changed breaks it where it was changed.
-    let trail = events(&export(&gw).await);
+    let trail = events(&gw.export().await);
     let signed = checkpoints(&trail);
     let last_checkpoint = signed.last().unwrap()["seq"].as_u64().unwrap();
     assert!(last_checkpoint >= 4, "{trail:?}");
@@ -484,7 +471,7 @@ async fn checkpoints_are_listed_newest_first_from_a_seq() {
     for id in 0..6 {
         call(&gw, &key, &token, tool_call(id, "tool.off", json!({}))).await;
     }
-    let trail = events(&export(&gw).await);
+    let trail = events(&gw.export().await);
     let all: Vec<u64> = checkpoints(&trail)
         .iter()
         .map(|e| e["seq"].as_u64().unwrap())
@@ -598,7 +585,7 @@ async fn a_rotated_key_keeps_what_the_old_one_signed_verifiable() {
         ]);
         assert_eq!(status, 0, "{name}: {out}");
     }
-    let exported = save(work, "export.jsonl", &export(&gw).await);
+    let exported = save(work, "export.jsonl", &gw.export().await);
     let (status, out) = run_cli(&["audit", "verify", text(&exported), "--keys", &keys_url(&gw)]);
     assert_eq!(status, 0, "{out}");
     assert!(out.contains(&old_kid) && out.contains(&kids[0]), "{out}");
@@ -810,7 +797,7 @@ async fn two_replicas_publish_both_keys_and_checkpoint_one_chain() {
         assert_eq!(status, 0, "{out}");
     }
 
-    let trail = events(&export(survivor).await);
+    let trail = events(&survivor.export().await);
     let signed = checkpoints(&trail);
     let signers: std::collections::BTreeSet<&str> = signed
         .iter()

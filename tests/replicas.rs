@@ -9,20 +9,6 @@ use common::{code, start_replicas, tool_call, until, Gateway};
 use sealgate::store::testing::TestDatabase;
 use serde_json::{json, Value};
 
-/// `GET /v1/audit/export` of one replica, as the JSON lines it streams.
-async fn export(gw: &Gateway) -> String {
-    let token = gw.keys.operator_token("seal.audit.read");
-    let response = gw
-        .client
-        .get(format!("{}/v1/audit/export", gw.base))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    response.text().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_envelope_sent_to_both_replicas_at_once_is_accepted_once() {
     let db = TestDatabase::create().await;
@@ -138,7 +124,7 @@ async fn the_audit_trail_written_by_both_replicas_under_load_is_one_chain() {
     }
     assert_eq!(tool.count(), 200);
 
-    let exported = export(&replicas[0]).await;
+    let exported = replicas[0].export().await;
     let report = sealgate::audit::verify_chain(std::io::Cursor::new(exported.as_bytes()));
     let report = report.unwrap_or_else(|e| panic!("the export does not verify: {e:?}"));
     // The session, then an authorisation and a completion per call.
@@ -154,7 +140,7 @@ async fn the_audit_trail_written_by_both_replicas_under_load_is_one_chain() {
     }
     assert!(events.iter().all(|e| e["replica"].is_string()));
     // Whichever replica serves the export, it is the same chain.
-    let again = export(&replicas[1]).await;
+    let again = replicas[1].export().await;
     let prefix: Vec<&str> = again.lines().take(events.len()).collect();
     assert_eq!(prefix, exported.lines().collect::<Vec<_>>());
 }
@@ -508,7 +494,7 @@ async fn each_replica_audit_file_holds_the_events_it_wrote() {
             .await;
         assert_eq!(status, 200, "{body}");
     }
-    let exported = export(&replicas[0]).await;
+    let exported = replicas[0].export().await;
     sealgate::audit::verify_chain(std::io::Cursor::new(exported.as_bytes()))
         .unwrap_or_else(|e| panic!("the export does not verify: {e:?}"));
     let chain: Vec<Value> = exported

@@ -598,6 +598,24 @@ impl Gateway {
         self.operator(method, path, Some(&token), body).await
     }
 
+    /// `GET /v1/audit/export` from `from_seq` (the first event when 0), as the JSON lines it streams.
+    pub async fn export_from(&self, from_seq: u64) -> String {
+        let response = self
+            .client
+            .get(format!("{}/v1/audit/export?from_seq={from_seq}", self.base))
+            .bearer_auth(self.keys.operator_token("seal.audit.read"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.text().await.unwrap()
+    }
+
+    /// The whole stored chain, as `GET /v1/audit/export` streams it.
+    pub async fn export(&self) -> String {
+        self.export_from(0).await
+    }
+
     /// The text of the audit file (`audit.jsonl` in the gateway's folder) once it holds the event `seq`:
     /// the file is a copy written after each commit, so it may trail the answer by a moment.
     pub async fn audit_file_through(&self, seq: u64) -> String {
