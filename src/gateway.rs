@@ -340,6 +340,7 @@ pub async fn serve_on(
     }
     let header_timeout = Duration::from_secs(gateway.config.limits.header_read_timeout_secs);
     crate::api::server::serve(listener, app, header_timeout, shutdown).await;
+    crate::api::calls_finished(&gateway).await;
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();

@@ -26,6 +26,8 @@ use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::token::OperatorClaims;
 
+pub use invoke::calls_finished;
+
 pub type State = axum::extract::State<Arc<Gateway>>;
 
 /// Every documented route: each registered together with its `#[utoipa::path]` description.
