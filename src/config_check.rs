@@ -104,6 +104,9 @@ fn check(config: &Config) -> Report {
     if let Some(problem) = store_problem(&config.store) {
         problems.push(problem);
     }
+    if let Err(problem) = crate::tls::check(config) {
+        problems.push(problem);
+    }
     if let Some(file) = &config.audit.file {
         let file = config.resolve(file);
         let folder = file

@@ -4,6 +4,7 @@
 mod approvals;
 mod audit;
 mod claims;
+mod connection;
 mod console;
 mod contexts;
 mod health;
