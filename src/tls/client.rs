@@ -55,3 +55,13 @@ impl ClientTls {
 fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
 }
+
+/// Why a request failed, causes included: reqwest's own text ("error sending request") leaves out
+/// what matters here, such as a certificate that no trusted CA signed.
+pub fn failure(error: &reqwest::Error) -> String {
+    let error: &(dyn std::error::Error + 'static) = error;
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

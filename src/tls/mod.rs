@@ -1,8 +1,9 @@
 //! TLS, with rustls on the aws-lc-rs provider that reqwest already brings (one crypto library, not two):
-//! the listener's certificates and their reload (SPEC 11 r3), and the client side of the commands that
-//! reach a gateway over `https://`.
+//! the listener's certificates and their reload (SPEC 11 r3), the client side of the commands that
+//! reach a gateway over `https://`, and the demo's own certificates.
 
 pub mod client;
+pub mod made;
 mod server;
 
 use std::path::PathBuf;
