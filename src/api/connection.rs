@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use futures_util::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
@@ -36,6 +37,9 @@ pub struct Timeouts {
 pub struct Exchanges {
     started: AtomicU64,
     answering: AtomicBool,
+    /// The read side that waited while an answer was being made: woken when it ends, to start the
+    /// wait for the next request (hyper, itself keeping no head timer, would not look again).
+    reader: AtomicWaker,
 }
 
 impl Exchanges {
@@ -53,6 +57,7 @@ pub struct Answering(Arc<Exchanges>);
 impl Drop for Answering {
     fn drop(&mut self) {
         self.0.answering.store(false, Ordering::SeqCst);
+        self.0.reader.wake();
     }
 }
 
@@ -166,6 +171,17 @@ impl<S> Guarded<S> {
         ran_out(&mut self.read_deadline, cx).then_some(awaiting)
     }
 
+    /// Whether a request is being answered; if so, this task is woken when the answer ends.
+    fn still_answering(&self, cx: &mut Context<'_>) -> bool {
+        let answering = || self.exchanges.answering.load(Ordering::SeqCst);
+        if !answering() {
+            return false;
+        }
+        self.exchanges.reader.register(cx.waker());
+        // Checked again: the answer may have ended before the waker was in place.
+        answering()
+    }
+
     /// A write that makes progress clears the stall; one that cannot starts (or checks) its deadline.
     fn timed_write<T>(
         &mut self,
@@ -219,7 +235,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.note_bytes();
         }
-        if polled.is_ready() || this.exchanges.answering.load(Ordering::SeqCst) {
+        if polled.is_ready() || this.still_answering(cx) {
             return polled;
         }
         match this.read_timed_out(cx) {
