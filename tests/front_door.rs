@@ -29,19 +29,6 @@ fn invoke_request(envelope: &Value) -> Vec<u8> {
     request
 }
 
-/// Every audit event of a session.
-async fn session_events(gw: &Gateway, session: &str) -> Vec<Value> {
-    let (status, page) = gw
-        .admin(
-            Method::GET,
-            &format!("/v1/audit?session_id={session}&limit=1000"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{page}");
-    page["items"].as_array().unwrap().clone()
-}
-
 fn has_event(events: &[Value], kind: &str) -> bool {
     events.iter().any(|e| e["type"] == kind)
 }
@@ -87,7 +74,7 @@ async fn a_client_that_hangs_up_does_not_cancel_its_approved_claimed_call() {
         Duration::from_secs(10),
         "the abandoned call's ToolCallCompleted and ApprovalUsed",
         || async {
-            let events = session_events(&gw, "exec-hangup").await;
+            let events = gw.audit_events("session_id=exec-hangup&limit=1000").await;
             has_event(&events, "ToolCallCompleted") && has_event(&events, "ApprovalUsed")
         },
     )

@@ -215,26 +215,18 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_from_the_client_ca() 
     let (mut gw, _tool) = Gateway::start(pki, &section).await;
     gw.client = client(&ca, Some((&agent_cert, &agent_key)));
     let url = format!("{}/healthz", gw.base);
-    let health = |extra: &[&str]| {
+    let health = |identity: Option<(&Path, &Path)>| {
         let mut args = vec!["health", "--url", &url, "--ca-file", path(&ca)];
-        args.extend(extra);
+        if let Some((cert, key)) = identity {
+            args.extend(["--client-cert", path(cert), "--client-key", path(key)]);
+        }
         run_cli(&args)
     };
-    let (status, out) = health(&[
-        "--client-cert",
-        path(&agent_cert),
-        "--client-key",
-        path(&agent_key),
-    ]);
+    let (status, out) = health(Some((&agent_cert, &agent_key)));
     assert_eq!(status, 0, "{out}");
-    let (status, out) = health(&[]);
+    let (status, out) = health(None);
     assert_ne!(status, 0, "without a client certificate: {out}");
-    let (status, out) = health(&[
-        "--client-cert",
-        path(&rogue_cert),
-        "--client-key",
-        path(&rogue_key),
-    ]);
+    let (status, out) = health(Some((&rogue_cert, &rogue_key)));
     assert_ne!(status, 0, "with a certificate of another CA: {out}");
     // The control API works for the client with its certificate.
     let (key, token) = gw.session("exec-mtls").await;
