@@ -317,6 +317,8 @@ impl Gateway {
 /// Binds, logs one ready line, serves until SIGTERM/SIGINT, then drains calls in flight.
 pub async fn serve(config: Config) -> Result<(), String> {
     crate::api::server::raise_open_file_limit(config.limits.max_connections);
+    // TLS files that do not load stop start-up before the store is opened.
+    crate::tls::check(&config)?;
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

@@ -206,9 +206,13 @@ impl<S> Guarded<S> {
 }
 
 impl<S: AsyncWrite + Unpin> Guarded<S> {
-    /// The 408 of a head that did not arrive in time, written as far as the socket takes it at once:
-    /// nothing else is waiting on it, so a client that reads nothing does not hold it any longer.
+    /// The 408 of a head that did not arrive in time, written as far as the socket takes it at once,
+    /// so that a client that reads nothing does not hold the connection any longer. Not while an earlier
+    /// answer is still stuck in the socket: the 408 would land in its middle.
     fn answer_request_timeout(&mut self, cx: &mut Context<'_>) {
+        if self.write_stalled {
+            return;
+        }
         let response = request_timeout_response();
         let mut written = 0;
         while written < response.len() {
