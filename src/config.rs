@@ -36,6 +36,7 @@ pub struct Config {
     pub approvals: Approvals,
     /// The gateway's signing key for receipts and audit checkpoints (SPEC 14).
     pub signing: crate::evidence::SigningConfig,
+    pub tls: crate::tls::TlsConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -54,6 +55,12 @@ pub struct Limits {
     pub max_concurrent_calls: usize,
     /// How long a call that reached the tool retries writing its outcome before it answers 5005 (SPEC 3 r2).
     pub store_retry_secs: u64,
+    /// Open connections beyond which a new one is closed at once (SPEC 11 r3).
+    pub max_connections: usize,
+    /// A response the client does not take for this long closes its connection (SPEC 11 r3).
+    pub write_timeout_secs: u64,
+    /// A keep-alive connection with no request for this long is closed (SPEC 11 r3).
+    pub idle_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,6 +112,9 @@ impl Default for Limits {
             body_read_timeout_secs: 10,
             max_concurrent_calls: 1024,
             store_retry_secs: 10,
+            max_connections: 4096,
+            write_timeout_secs: 10,
+            idle_timeout_secs: 60,
         }
     }
 }
@@ -135,6 +145,7 @@ impl Default for Config {
             console: ConsoleConfig::default(),
             approvals: Approvals::default(),
             signing: crate::evidence::SigningConfig::default(),
+            tls: crate::tls::TlsConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -166,6 +177,9 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("limits.body_read_timeout_secs", EnvValue::Json),
     ("limits.max_concurrent_calls", EnvValue::Json),
     ("limits.store_retry_secs", EnvValue::Json),
+    ("limits.max_connections", EnvValue::Json),
+    ("limits.write_timeout_secs", EnvValue::Json),
+    ("limits.idle_timeout_secs", EnvValue::Json),
     ("sessions.max_lifetime_secs", EnvValue::Json),
     ("agent_tokens.issuer", EnvValue::Text),
     ("agent_tokens.audience", EnvValue::Text),
@@ -192,6 +206,9 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("approvals.webhook_url", EnvValue::Text),
     ("approvals.webhook_secret", EnvValue::Text),
     ("approvals.console_base_url", EnvValue::Text),
+    ("tls.cert_file", EnvValue::Text),
+    ("tls.key_file", EnvValue::Text),
+    ("tls.client_ca_file", EnvValue::Text),
 ];
 
 impl Config {
@@ -305,6 +322,15 @@ impl Config {
         if self.limits.max_concurrent_calls == 0 {
             return fail("limits.max_concurrent_calls", "must be at least 1");
         }
+        let front = [
+            ("limits.max_connections", self.limits.max_connections as u64),
+            ("limits.write_timeout_secs", self.limits.write_timeout_secs),
+            ("limits.idle_timeout_secs", self.limits.idle_timeout_secs),
+        ];
+        if let Some((key, _)) = front.into_iter().find(|(_, value)| *value == 0) {
+            return fail(key, "must be at least 1");
+        }
+        self.tls.validate()?;
         if self.sessions.max_lifetime_secs <= 0 {
             return fail("sessions.max_lifetime_secs", "must be positive");
         }
@@ -615,6 +641,9 @@ mod tests {
             "body_read_timeout_secs",
             "max_concurrent_calls",
             "store_retry_secs",
+            "max_connections",
+            "write_timeout_secs",
+            "idle_timeout_secs",
         ];
         let section_keys = |name: &str, section: Value| {
             let keys = section.as_object().unwrap().keys();
@@ -638,6 +667,10 @@ mod tests {
             .chain(section_keys(
                 "approvals",
                 serde_json::to_value(Approvals::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "tls",
+                serde_json::to_value(crate::tls::TlsConfig::default()).unwrap(),
             ));
         for key in keys {
             assert!(

@@ -108,6 +108,9 @@ fn check(config: &Config) -> Report {
         problems.push(problem);
     }
     problems.extend(crate::evidence::config_problems(config));
+    if let Err(problem) = crate::tls::check(config) {
+        problems.push(problem);
+    }
     if let Some(file) = &config.audit.file {
         let file = config.resolve(file);
         let folder = file

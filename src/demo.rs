@@ -86,7 +86,7 @@ struct Harness {
 }
 
 impl Harness {
-    async fn start(dir: &Path) -> Result<Harness, String> {
+    async fn start(dir: &Path, tls: bool) -> Result<Harness, String> {
         std::fs::create_dir_all(dir.join("policies")).map_err(|e| e.to_string())?;
         std::fs::write(dir.join("policies/demo.yaml"), DEMO_POLICY).map_err(|e| e.to_string())?;
         let (issuer_private, _) = token::ed25519_keypair_pem()?;
@@ -108,7 +108,8 @@ impl Harness {
              agent_tokens: {{ issuer_key: issuer.pem, audience: sealgate-agents }}\n\
              operator_auth: {{ keys: [ {{ alg: EdDSA, public_key_pem: {operator_public:?} }} ] }}\n\
              upstreams: {{ demo: {{ http: {{ url: \"http://{tool_addr}/rpc\" }}, timeout_ms: 5000 }} }}\n\
-             audit: {{ file: audit.jsonl, checkpoint_every: 5 }}\nconsole: {{ enabled: true }}\n"
+             audit: {{ file: audit.jsonl, checkpoint_every: 5 }}\nconsole: {{ enabled: true }}\n{}",
+            if tls { demo_tls(dir)? } else { String::new() }
         );
         let config = Config::from_yaml(&yaml, dir, &[])?;
         let gateway = Gateway::build(config).await?;
@@ -133,9 +134,14 @@ impl Harness {
                     "iat": now, "exp": now + CONSOLE_TOKEN_SECS, "jti": uuid::Uuid::new_v4().to_string()}),
             None,
         )?;
+        let scheme = if tls { "https" } else { "http" };
+        let trusted = crate::tls::client::ClientTls {
+            ca_file: tls.then(|| dir.join(DEMO_CA)),
+            ..Default::default()
+        };
         Ok(Harness {
-            base: format!("http://{local}"),
-            client: reqwest::Client::new(),
+            base: format!("{scheme}://{local}"),
+            client: trusted.client(reqwest::Client::builder())?,
             operator_token,
             console_token,
             tool,
@@ -221,6 +227,22 @@ fn keyed_call(id: u64, tool: &str, arguments: Value, key: &str) -> Value {
     payload
 }
 
+/// The CA of `demo --tls`, in the demo's folder.
+const DEMO_CA: &str = "tls/ca.pem";
+
+/// Makes the certificates of `demo --tls` in the demo's folder; returns the configuration's `tls` line.
+fn demo_tls(dir: &Path) -> Result<String, String> {
+    let made = crate::tls::made::for_loopback()?;
+    let write = |name: &str, pem: &str| {
+        std::fs::write(dir.join(name), pem).map_err(|e| format!("cannot write {name}: {e}"))
+    };
+    std::fs::create_dir_all(dir.join("tls")).map_err(|e| e.to_string())?;
+    write(DEMO_CA, &made.ca)?;
+    write("tls/server.pem", &made.certificate)?;
+    write("tls/server-key.pem", &made.private_key)?;
+    Ok("tls: { cert_file: tls/server.pem, key_file: tls/server-key.pem }\n".to_owned())
+}
+
 /// Strings longer than this (tokens, signatures, keys) are shown by their first `SHOWN_CHARS` only.
 const LONG_CHARS: usize = 40;
 const SHOWN_CHARS: usize = 16;
@@ -269,14 +291,15 @@ fn outcome(status: u16, body: &Value) -> String {
 
 /// Runs the tour in a private folder of its own, removed on exit (it holds private keys) unless `keep`.
 /// With `serve`, the gateway stays up after the tour, for the console, until Ctrl-C.
-pub async fn run(keep: bool, serve: bool) -> Result<(), String> {
+/// With `tls`, the gateway serves HTTPS with a certificate made for the run (its CA in `tls/ca.pem`).
+pub async fn run(keep: bool, serve: bool, tls: bool) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = std::env::temp_dir().join(format!("sealgate-demo-{}", uuid::Uuid::new_v4().simple()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let toured = tour(&dir, keep, serve).await;
+    let toured = tour(&dir, keep, serve, tls).await;
     if keep {
         say!(
             "
@@ -291,8 +314,8 @@ kept the demo's folder (configuration, issuer key, store, audit file): {}",
 }
 
 /// Starts the gateway, walks through the steps (or stops at Ctrl-C) and stops the gateway again.
-async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
-    let h = Harness::start(dir).await?;
+async fn tour(dir: &Path, keep: bool, serve: bool, tls: bool) -> Result<(), String> {
+    let h = Harness::start(dir, tls).await?;
     let walked = tokio::select! {
         walked = steps(&h, keep) => walked,
         _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
@@ -322,6 +345,15 @@ async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
         h.console_token,
         CONSOLE_TOKEN_SECS / 60
     );
+    if h.base.starts_with("https:") {
+        say!(
+            "TLS: HTTPS with a certificate made for this run, signed by the CA in {}\n  \
+             (e.g. curl --cacert {} {}/healthz)",
+            dir.join(DEMO_CA).display(),
+            dir.join(DEMO_CA).display(),
+            h.base
+        );
+    }
     say!(
         "policy: context \"demo\" lets demo.* tools touch paths under /workspace only; reads take no \
          claim, and a write is claimed when it carries an idempotency key (claim: explicit, the default)"

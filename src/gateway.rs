@@ -342,6 +342,9 @@ impl Gateway {
 
 /// Binds, logs one ready line, serves until SIGTERM/SIGINT, then drains calls in flight.
 pub async fn serve(config: Config) -> Result<(), String> {
+    crate::api::server::raise_open_file_limit(config.limits.max_connections);
+    // TLS files that do not load stop start-up before the store is opened.
+    crate::tls::check(&config)?;
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -357,15 +360,20 @@ pub async fn serve_on(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let app = crate::api::router(gateway.clone());
-    tracing::info!(listen = %local, "sealgate ready");
+    let front = crate::api::server::Front::from_config(&gateway.config)?;
+    let scheme = front.scheme();
+    tracing::info!(listen = %local, scheme, "sealgate ready");
     // The ready line is also printed plainly so scripts and tests can wait for it and learn the port. A
     // closed stdout (`sealgate demo | head`) must not stop the gateway: nobody is left to read the line.
     {
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), "sealgate ready on http://{local}");
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "sealgate ready on {scheme}://{local}"
+        );
     }
-    let header_timeout = Duration::from_secs(gateway.config.limits.header_read_timeout_secs);
-    crate::api::server::serve(listener, app, header_timeout, shutdown).await;
+    crate::api::server::serve(listener, app, front, shutdown).await;
+    crate::api::calls_finished(&gateway).await;
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();

@@ -7,17 +7,14 @@ use std::time::Duration;
 /// Within Docker's default 30 s health-check timeout, and short enough that a hung gateway reads as unhealthy.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// GET `url`: success on a 2xx answer; otherwise prints why on stderr and fails.
-pub async fn check(url: &str) -> ExitCode {
+/// GET `url` (trusting the CAs of `tls`, when given): success on a 2xx answer; otherwise prints why on
+/// stderr and fails.
+pub async fn check(url: &str, tls: &sealgate::tls::client::ClientTls) -> ExitCode {
     // A proxy from the environment would answer for the gateway, or fail for it.
-    let client = match reqwest::Client::builder()
-        .no_proxy()
-        .timeout(TIMEOUT)
-        .build()
-    {
+    let client = match tls.client(reqwest::Client::builder().no_proxy().timeout(TIMEOUT)) {
         Ok(client) => client,
         Err(e) => {
-            eprintln!("unhealthy: cannot build an HTTP client: {e}");
+            eprintln!("unhealthy: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -33,7 +30,8 @@ pub async fn check(url: &str) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("unhealthy: cannot reach {url}: {e}");
+            let why = sealgate::tls::client::failure(&e.without_url());
+            eprintln!("unhealthy: cannot reach {url}: {why}");
             ExitCode::FAILURE
         }
     }

@@ -32,6 +32,7 @@ pub mod session;
 pub mod store;
 pub mod strict_json;
 pub mod telemetry;
+pub mod tls;
 pub mod token;
 pub mod trace;
 pub mod upstream;

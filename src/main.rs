@@ -43,6 +43,9 @@ enum Command {
         /// After the tour, keep the gateway (and its console at /console/) running until Ctrl-C.
         #[arg(long)]
         serve: bool,
+        /// Serve HTTPS, with a CA and a certificate made for the run (the CA file is in the folder).
+        #[arg(long)]
+        tls: bool,
     },
     /// Make an Ed25519 key pair (JSON on stdout, or files with --out).
     Keygen(sealgate::envelope::keygen::KeygenArgs),
@@ -57,9 +60,11 @@ enum Command {
     Invoke {
         #[command(flatten)]
         sign: SignArgs,
-        /// The gateway's base URL.
+        /// The gateway's base URL (http:// or https://).
         #[arg(long, default_value = "http://127.0.0.1:8089")]
         url: String,
+        #[command(flatten)]
+        tls: sealgate::tls::client::ClientTls,
     },
     /// The MCP front door: an MCP server (stdio, or Streamable HTTP with --listen) that signs every
     /// tool call for the gateway with the session's key.
@@ -81,8 +86,11 @@ enum Command {
     },
     /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
     Health {
+        /// The URL to ask (http:// or https://).
         #[arg(long, default_value = "http://127.0.0.1:8089/readyz")]
         url: String,
+        #[command(flatten)]
+        tls: sealgate::tls::client::ClientTls,
     },
     /// The helpers of scripts/bench.sh (upstream, keys, sessions, envelopes, fixed-rate load).
     Bench {
@@ -218,19 +226,23 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
         }
-        Command::Demo { keep, serve } => sealgate::demo::run(keep, serve).await?,
+        Command::Demo { keep, serve, tls } => sealgate::demo::run(keep, serve, tls).await?,
         Command::Connect(args) => return Ok(sealgate::connect::run(args).await),
         Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
         Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),
-        Command::Invoke { sign, url } => {
+        Command::Invoke { sign, url, tls } => {
             let envelope = signed_envelope(&sign)?;
-            let response = reqwest::Client::new()
+            let response = tls
+                .client(reqwest::Client::builder())?
                 .post(format!("{}/v1/invoke", url.trim_end_matches('/')))
                 .json(&envelope)
                 .send()
                 .await
-                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+                .map_err(|e| {
+                    let why = sealgate::tls::client::failure(&e.without_url());
+                    format!("cannot reach {url}: {why}")
+                })?;
             let status = response.status();
             let body = response.text().await.map_err(|e| e.to_string())?;
             println!("{body}");
@@ -260,7 +272,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             .await)
         }
         Command::Bench { command } => sealgate::bench::run(command).await?,
-        Command::Health { url } => return Ok(health::check(&url).await),
+        Command::Health { url, tls } => return Ok(health::check(&url, &tls).await),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -167,6 +167,10 @@ fn describe() {
         "Policy decisions on calls, by decision (allow, deny) and SPEC code"
     );
     describe_counter!(
+        "sealgate_connections_refused_total",
+        "Connections closed at once because limits.max_connections were open"
+    );
+    describe_counter!(
         "sealgate_calls_shed_total",
         "Calls refused with 5006 because limits.max_concurrent_calls were in progress"
     );

@@ -55,6 +55,20 @@ pub fn current_trace_id() -> Option<String> {
     CURRENT.try_with(|c| c.trace_id.clone()).ok()
 }
 
+/// `future`, to run on a task of its own within the trace (and the log span) of the request this task
+/// serves: a task-local does not follow a spawned task by itself.
+pub fn carry<F: std::future::Future>(future: F) -> impl std::future::Future<Output = F::Output> {
+    use tracing::Instrument;
+    let context = CURRENT.try_with(TraceContext::clone).ok();
+    let future = future.in_current_span();
+    async move {
+        match context {
+            Some(context) => CURRENT.scope(context, future).await,
+            None => future.await,
+        }
+    }
+}
+
 /// 32 random lower-case hex digits.
 pub fn new_trace_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()

@@ -1,10 +1,11 @@
-//! `POST /v1/invoke` (alias `/v1/seal/invoke`): admission control, the body read within its size and time
-//! limits, the pipeline, and its outcome as HTTP.
+//! `POST /v1/invoke` (alias `/v1/seal/invoke`): the body read within its size and time limits, admission
+//! control, the pipeline on a task of its own, and its outcome as HTTP.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::{read_body, BodyError, State};
 use crate::error::{ApiError, Code};
+use crate::gateway::Gateway;
 use crate::pipeline::Outcome;
 
 /// The successful answer of a call.
@@ -51,26 +53,47 @@ pub async fn invoke(
     response
 }
 
-async fn answer(gw: &crate::gateway::Gateway, client: SocketAddr, body: Body) -> Response {
-    // Shed before any check (SPEC 11 r2): an overloaded gateway keeps its admitted calls fast instead of
-    // queueing every call until all are slow. Nothing of a shed call is remembered or charged.
-    let Ok(_slot) = gw.call_slots.clone().try_acquire_owned() else {
-        metrics::counter!("sealgate_calls_shed_total").increment(1);
-        gw.audit.count_shed();
-        let error = ApiError::new(
-            Code::GatewayOverloaded,
-            format!(
-                "more than limits.max_concurrent_calls ({}) calls are in progress",
-                gw.config.limits.max_concurrent_calls
-            ),
-        )
-        .with_retry_after(1);
-        return refused(error, None);
+async fn answer(gw: &Arc<Gateway>, client: SocketAddr, body: Body) -> Response {
+    let bytes = match read_envelope(gw, client, body).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refusal,
     };
+    // Admitted only once the body is in (SPEC 3 r3): clients trickling bodies hold no slot. Shed before
+    // any check (SPEC 11 r2): an overloaded gateway keeps its admitted calls fast instead of queueing
+    // every call until all are slow. Nothing of a shed call is remembered or charged.
+    let Ok(slot) = gw.call_slots.clone().try_acquire_owned() else {
+        return shed(gw);
+    };
+    // The call runs on a task of its own, holding its slot to the end (SPEC 3 r3): a client that hangs
+    // up drops this handler, never the call's claim, grant, answer or events.
+    let call = {
+        let gw = gw.clone();
+        tokio::spawn(crate::trace::carry(async move {
+            let outcome = crate::pipeline::invoke(&gw, &bytes, Some(client)).await;
+            drop(slot);
+            outcome
+        }))
+    };
+    match call.await {
+        Ok(outcome) => respond(outcome),
+        // Only a bug panics in the pipeline: the connection then ends as it would have in this task.
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
+}
+
+/// Waits until every admitted call has ended, those whose clients left included, so that each writes
+/// its outcome before the gateway stops.
+pub async fn calls_finished(gw: &Gateway) {
+    let every_slot = u32::try_from(gw.config.limits.max_concurrent_calls).unwrap_or(u32::MAX);
+    let _all = gw.call_slots.acquire_many(every_slot).await;
+}
+
+/// The body, read within `limits.max_body_bytes` and `limits.body_read_timeout_secs`, or the refusal.
+async fn read_envelope(gw: &Gateway, client: SocketAddr, body: Body) -> Result<Bytes, Response> {
     let limits = &gw.config.limits;
     let timeout = Duration::from_secs(limits.body_read_timeout_secs);
-    let bytes = match read_body(body, limits.max_body_bytes, timeout).await {
-        Ok(bytes) => bytes,
+    match read_body(body, limits.max_body_bytes, timeout).await {
+        Ok(bytes) => Ok(bytes),
         Err(BodyError::TooLarge) => {
             gw.audit
                 .record_unreadable(Some(client), limits.max_body_bytes.saturating_add(1));
@@ -82,7 +105,7 @@ async fn answer(gw: &crate::gateway::Gateway, client: SocketAddr, body: Body) ->
                 ),
             )
             .with_status(StatusCode::PAYLOAD_TOO_LARGE);
-            return refused(error, None);
+            Err(refused(error, None))
         }
         Err(BodyError::TimedOut) => {
             let error = ApiError::new(
@@ -90,10 +113,28 @@ async fn answer(gw: &crate::gateway::Gateway, client: SocketAddr, body: Body) ->
                 "the body did not arrive within limits.body_read_timeout_secs",
             );
             log_refusal(&error, None);
-            return error.request_timeout();
+            Err(error.request_timeout())
         }
-    };
-    match crate::pipeline::invoke(gw, &bytes, Some(client)).await {
+    }
+}
+
+/// 5006 with Retry-After: more calls are in progress than `limits.max_concurrent_calls`.
+fn shed(gw: &Gateway) -> Response {
+    metrics::counter!("sealgate_calls_shed_total").increment(1);
+    gw.audit.count_shed();
+    let error = ApiError::new(
+        Code::GatewayOverloaded,
+        format!(
+            "more than limits.max_concurrent_calls ({}) calls are in progress",
+            gw.config.limits.max_concurrent_calls
+        ),
+    )
+    .with_retry_after(1);
+    refused(error, None)
+}
+
+fn respond(outcome: Outcome) -> Response {
+    match outcome {
         Outcome::Success { payload, receipt } => {
             tracing::debug!(
                 event_id = receipt["event_id"].as_str(),

@@ -4,6 +4,7 @@
 mod approvals;
 mod audit;
 mod claims;
+mod connection;
 mod console;
 mod contexts;
 mod health;
@@ -26,6 +27,8 @@ use utoipa_axum::routes;
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::token::OperatorClaims;
+
+pub use invoke::calls_finished;
 
 pub type State = axum::extract::State<Arc<Gateway>>;
 

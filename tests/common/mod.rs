@@ -577,6 +577,15 @@ impl Gateway {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The audit events that `query` selects (`GET /v1/audit?QUERY` as an admin), newest first.
+    pub async fn audit_events(&self, query: &str) -> Vec<Value> {
+        let (status, page) = self
+            .admin(reqwest::Method::GET, &format!("/v1/audit?{query}"), None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        page["items"].as_array().unwrap().clone()
+    }
+
     /// `POST /v1/seal/sessions` with the given operator token (or none).
     pub async fn register(&self, token: Option<&str>, body: Value) -> (u16, Value) {
         self.operator(
