@@ -189,10 +189,15 @@ impl Keys {
     }
 
     pub fn operator_token(&self, scope: &str) -> String {
+        self.operator_token_as("test-operator", scope)
+    }
+
+    /// An operator token for the subject `sub`.
+    pub fn operator_token_as(&self, sub: &str, scope: &str) -> String {
         let now = sealgate::clock::now_secs();
         sealgate::token::sign_eddsa_for_tests_and_cli(
             &self.operator_private,
-            &json!({"sub": "test-operator", "aud": "sealgate-operators", "scope": scope,
+            &json!({"sub": sub, "aud": "sealgate-operators", "scope": scope,
                     "iat": now, "exp": now + 600, "jti": uuid::Uuid::new_v4().to_string()}),
             None,
         )
