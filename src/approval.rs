@@ -323,7 +323,8 @@ fn notify(gw: &Gateway, record: &ApprovalRecord) {
             match client.post(&url).json(&body).send().await {
                 Ok(response) if response.status().is_success() => Ok(()),
                 Ok(response) => Err(format!("answered {}", response.status())),
-                Err(e) => Err(e.to_string()),
+                // reqwest names the URL it failed on, and a webhook URL is often itself the credential.
+                Err(e) => Err(crate::redact::error(&e)),
             }
         };
         if deliver(&approval_id, send).await.is_err() {
