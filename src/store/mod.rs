@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 pub(crate) mod conformance;
+mod pg_tls;
 pub mod postgres;
 pub mod sled_store;
 pub mod testing;
