@@ -12,6 +12,7 @@
 mod chain;
 mod event;
 mod query;
+mod replica_log;
 mod sink;
 pub mod testing;
 mod writer;
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
 pub use event::{AuditEvent, Decision, EventType};
 pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
+pub use replica_log::{verify_replica_log, ReplicaLogReport};
 pub use writer::WriterOptions;
 
 use sink::FileSink;
