@@ -175,7 +175,7 @@ mod tests {
                 let id = operation["operationId"].as_str().unwrap();
                 assert!(operation_ids.insert(id), "operationId {id} repeated");
                 let control = path.starts_with("/v1/") && !path.ends_with("invoke")
-                    || ["/claim", "/audit"].contains(&path.as_str())
+                    || ["/claim", "/audit", "/metrics"].contains(&path.as_str())
                     || path.starts_with("/settle/");
                 assert_eq!(
                     operation.get("security").is_some(),
