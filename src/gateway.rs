@@ -71,6 +71,7 @@ impl Gateway {
             return Ok(gateway);
         }
         let data_dir = config.resolve(&config.data_dir);
+        crate::files::private_dir(&data_dir)?;
         let store: Arc<dyn Store> = {
             let dir = data_dir.clone();
             let opened = tokio::task::spawn_blocking(move || SledStore::open(&dir))
@@ -331,15 +332,15 @@ pub async fn serve_on(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let app = crate::api::router(gateway.clone());
+    let metrics = crate::telemetry::start_listener(&gateway).await?;
     tracing::info!(listen = %local, "sealgate ready");
-    // The ready line is also printed plainly so scripts and tests can wait for it and learn the port. A
-    // closed stdout (`sealgate demo | head`) must not stop the gateway: nobody is left to read the line.
-    {
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), "sealgate ready on http://{local}");
-    }
+    // The ready line, on stdout, is how scripts and tests learn the port.
+    crate::logging::announce_ready(&format!("http://{local}"));
     let header_timeout = Duration::from_secs(gateway.config.limits.header_read_timeout_secs);
     crate::api::server::serve(listener, app, header_timeout, shutdown).await;
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();
@@ -350,7 +351,8 @@ pub async fn serve_on(
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT (Ctrl-C): how a gateway, and the demo's, is told to stop.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -120,11 +120,20 @@ enum PolicyCommand {
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Verify the hash chain of a JSON-lines audit export; names the first broken event.
-    Verify { file: PathBuf },
+    Verify {
+        file: PathBuf,
+        /// FILE is a replica's own audit.file (PostgreSQL, SPEC 12): check what such a file can show
+        /// (each event's hash, rising seqs, one replica, links between consecutive seqs). It cannot
+        /// show that the chain is whole: that is GET /v1/audit/export.
+        #[arg(long)]
+        replica_log: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or file exists: everything this process creates is its owner's alone.
+    sealgate::files::private_umask();
     // `serve` starts its log from the configuration, once it has read it; `serve --check` only reads
     // the configuration, and its warnings (a SEALGATE_* variable that names no key) go to stderr.
     if !matches!(cli.command, Command::Serve { check: false, .. }) {
@@ -147,7 +156,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("sealgate: {message}");
+            sealgate::logging::fatal(&message);
             ExitCode::FAILURE
         }
     }
@@ -180,7 +189,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Serve {
             config,
             check: true,
-        } => return Ok(sealgate::config_check::run(config.as_deref())),
+        } => return Ok(sealgate::config_check::run(config.as_deref()).await),
         Command::Serve { config, .. } => {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             sealgate::gateway::serve(config).await?;
@@ -208,24 +217,38 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             return Ok(sealgate::policy::cli::run(command_to_policy(command)))
         }
         Command::Audit {
-            command: AuditCommand::Verify { file },
-        } => return Ok(audit_verify(&file)),
+            command: AuditCommand::Verify { file, replica_log },
+        } => return Ok(audit_verify(&file, replica_log)),
         Command::Bench { command } => sealgate::bench::run(command).await?,
         Command::Health { url } => return Ok(health::check(&url).await),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sealgate audit verify FILE`: exit 0 with a summary, or 1 naming the first broken event.
-fn audit_verify(file: &std::path::Path) -> ExitCode {
-    let opened = match std::fs::File::open(file) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot open {}: {e}", file.display());
-            return ExitCode::FAILURE;
-        }
+/// `sealgate audit verify [--replica-log] FILE`: exit 0 with a summary, or 1 naming the first broken
+/// event. A whole-chain check that finds a replica's own log says so, and what that log does show.
+fn audit_verify(file: &std::path::Path, replica_log: bool) -> ExitCode {
+    let open = || {
+        std::fs::File::open(file)
+            .map(std::io::BufReader::new)
+            .map_err(|e| eprintln!("cannot open {}: {e}", file.display()))
     };
-    match sealgate::audit::verify_chain(std::io::BufReader::new(opened)) {
+    let Ok(reader) = open() else {
+        return ExitCode::FAILURE;
+    };
+    if replica_log {
+        return match sealgate::audit::verify_replica_log(reader) {
+            Ok(report) => {
+                println!("ok: {report}");
+                ExitCode::SUCCESS
+            }
+            Err(broken) => {
+                eprintln!("broken: {broken}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match sealgate::audit::verify_chain(reader) {
         Ok(report) => {
             println!(
                 "ok: {} events, seq {}..{}, chain intact (first prev_hash {}, last hash {})",
@@ -239,6 +262,15 @@ fn audit_verify(file: &std::path::Path) -> ExitCode {
         }
         Err(broken) => {
             eprintln!("broken: {broken}");
+            let as_replica_log = open().ok().map(sealgate::audit::verify_replica_log);
+            if let Some(Ok(report)) =
+                as_replica_log.filter(|r| r.as_ref().is_ok_and(|r| r.gaps > 0))
+            {
+                eprintln!(
+                    "this file reads as {report}. A replica's audit.file is not a whole chain: \
+                     `sealgate audit verify --replica-log` checks it as a replica's log"
+                );
+            }
             ExitCode::FAILURE
         }
     }
