@@ -52,9 +52,11 @@ impl Mode {
             "verify-ca" => Mode::VerifyCa,
             "verify-full" => Mode::VerifyFull,
             // `allow` (plain first, TLS if refused) and anything else.
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "sslmode {text:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            )),
+            ))
+            }
         })
     }
 }

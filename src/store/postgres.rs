@@ -250,12 +250,16 @@ impl PgStore {
         config.connect_timeout(WAIT);
         let (client, connection) = config.connect(tls).await.map_err(db)?;
         tokio::spawn(connection);
+        let exists: bool = client
+            .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        if !exists {
+            return Ok(0);
+        }
         let row = client
-            .query_one(
-                "SELECT CASE WHEN to_regclass('schema_version') IS NULL THEN 0
-                        ELSE (SELECT coalesce(max(version), 0) FROM schema_version) END",
-                &[],
-            )
+            .query_one("SELECT coalesce(max(version), 0) FROM schema_version", &[])
             .await
             .map_err(db)?;
         known_schema(row.get(0))
