@@ -294,16 +294,19 @@ kept the demo's folder (configuration, issuer key, store, audit file): {}",
 async fn tour(dir: &Path, keep: bool, serve: bool) -> Result<(), String> {
     let h = Harness::start(dir).await?;
     // SIGTERM as well as Ctrl-C: either way the folder, private keys included, is removed on the way out.
+    // One listener for the whole tour: a signal that came between two listeners would be lost.
+    let stop = gateway::shutdown_signal();
+    tokio::pin!(stop);
     let walked = tokio::select! {
         walked = steps(&h, keep) => walked,
-        _ = gateway::shutdown_signal() => Err("interrupted".to_string()),
+        () = &mut stop => Err("interrupted".to_string()),
     };
     if serve && walked.is_ok() {
         say!(
             "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C (or SIGTERM)",
             h.base
         );
-        gateway::shutdown_signal().await;
+        stop.await;
     }
     let stopped = h.stop().await;
     walked.and(stopped)
