@@ -36,39 +36,31 @@ struct Certificates {
 fn make_certificates(dir: &Path) -> Certificates {
     let path = |name: &str| dir.join(name);
     let openssl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(dir));
-    for ca in ["ca", "other-ca"] {
-        openssl(&[
+    // A fresh P-256 key and, with the arguments after it, a request or a self-signed certificate.
+    let new_key = |keyout: &str, rest: &[&str]| {
+        let mut args = vec![
             "req",
-            "-x509",
             "-newkey",
             "ec",
             "-pkeyopt",
             "ec_paramgen_curve:P-256",
             "-nodes",
-            "-keyout",
+        ];
+        args.extend(["-keyout", keyout]);
+        args.extend(rest);
+        openssl(&args)
+    };
+    for ca in ["ca", "other-ca"] {
+        let (crt, subject) = (format!("{ca}.crt"), format!("/CN=sealgate test {ca}"));
+        new_key(
             &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=sealgate test {ca}"),
-        ]);
+            &["-x509", "-out", &crt, "-days", "2", "-subj", &subject],
+        );
     }
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
+    new_key(
         "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
+        &["-out", "server.csr", "-subj", "/CN=127.0.0.1"],
+    );
     std::fs::write(
         path("server.ext"),
         "subjectAltName = IP:127.0.0.1, DNS:localhost\nextendedKeyUsage = serverAuth\n",

@@ -153,7 +153,10 @@ fn client_config(mode: Mode, roots: Option<Roots>) -> Result<Option<ClientConfig
                     .to_owned(),
             )
         }
-        (Mode::Prefer | Mode::Require, None) => Arc::new(Unverified(provider.clone())),
+        (Mode::Prefer | Mode::Require, None) => Arc::new(Lenient {
+            chain: None,
+            provider: provider.clone(),
+        }),
         (Mode::VerifyCa | Mode::VerifyFull, None) => {
             return Err(
                 "store URL: a verifying sslmode needs sslrootcert (a PEM file of the CA, or \
@@ -168,9 +171,10 @@ fn client_config(mode: Mode, roots: Option<Roots>) -> Result<Option<ClientConfig
         (_, Some(Roots::System)) => {
             return Err("store URL: sslrootcert=system needs sslmode=verify-full".to_owned())
         }
-        (Mode::Require | Mode::VerifyCa, Some(Roots::File(file))) => {
-            Arc::new(AnyName(webpki_verifier(&file, &provider)?))
-        }
+        (Mode::Require | Mode::VerifyCa, Some(Roots::File(file))) => Arc::new(Lenient {
+            chain: Some(webpki_verifier(&file, &provider)?),
+            provider: provider.clone(),
+        }),
         (Mode::VerifyFull, Some(Roots::File(file))) => webpki_verifier(&file, &provider)?,
     };
     let config = ClientConfig::builder_with_provider(provider)
@@ -204,53 +208,16 @@ fn webpki_verifier(
         .map_err(|e| format!("sslrootcert {file}: {e}"))
 }
 
-/// `require` without a CA: the connection is encrypted and the server's handshake signature checked,
-/// but whoever presents a certificate is accepted (libpq's meaning).
+/// `require` without a CA (`chain` None): the connection is encrypted and the server's handshake
+/// signature checked, but whoever presents a certificate is accepted (libpq's meaning). `verify-ca`
+/// (`chain` Some): the chain must lead to the CA; the name in the certificate is not compared with the host.
 #[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-/// `verify-ca`: the chain must lead to the CA; the name in the certificate is not compared with the host.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -259,11 +226,11 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
         // The chain is checked before the name, so a name error means the chain held.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -277,7 +244,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -286,11 +254,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
