@@ -92,10 +92,15 @@ pub fn start_for_command() -> Result<(), String> {
     start(&config, std::env::var("RUST_LOG").ok().as_deref())
 }
 
-/// Libraries that log whole messages they carry (rmcp: every JSON-RPC request and answer, arguments and
-/// results included, at debug and trace; unexpected ones at warn), held at this level whatever
-/// `RUST_LOG` asks: a more specific directive cannot lift the cap, as it could lift a plain directive.
-const CARRIERS: &[(&str, LevelFilter)] = &[("rmcp", LevelFilter::ERROR)];
+/// Libraries that log whole messages they carry, held at this level whatever `RUST_LOG` asks (a more
+/// specific directive cannot lift the cap, as it could lift a plain directive): rmcp logs every JSON-RPC
+/// request and answer, arguments and results included, at debug and trace, and unexpected ones at warn;
+/// tokio-postgres logs every statement's parameters (sessions, claims with their stored answers, audit
+/// events) at debug.
+const CARRIERS: &[(&str, LevelFilter)] = &[
+    ("rmcp", LevelFilter::ERROR),
+    ("tokio_postgres", LevelFilter::INFO),
+];
 
 /// Set once `serve` starts a JSON log: the lines written outside `tracing` follow it.
 static JSON_LINES: AtomicBool = AtomicBool::new(false);
