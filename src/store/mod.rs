@@ -14,6 +14,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod memory;
+mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 pub mod testing;

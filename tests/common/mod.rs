@@ -444,8 +444,8 @@ pub fn launch_command(mut command: Command) -> (Child, String) {
     let base = loop {
         match lines.next() {
             Some(Ok(line)) => {
-                if let Some(url) = line.strip_prefix("sealgate ready on ") {
-                    break url.trim().to_string();
+                if let Some(url) = ready_url(&line) {
+                    break url;
                 }
             }
             other => panic!("sealgate exited before it was ready: {other:?}"),
@@ -454,6 +454,16 @@ pub fn launch_command(mut command: Command) -> (Child, String) {
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (child, base)
+}
+
+/// The base URL of a ready line: `sealgate ready on URL`, or with `log.format: json`
+/// `{"message": "sealgate ready", "listen": URL, …}`.
+pub fn ready_url(line: &str) -> Option<String> {
+    if let Some(url) = line.strip_prefix("sealgate ready on ") {
+        return Some(url.trim().to_string());
+    }
+    let object: Value = serde_json::from_str(line).ok()?;
+    (object["message"] == "sealgate ready").then(|| object["listen"].as_str().map(str::to_owned))?
 }
 
 impl Gateway {
@@ -781,6 +791,38 @@ pub fn assert_refused_at_start_up(config: &Path, expected: &str, secret: &str) {
         assert!(output.contains(expected), "{args:?}: {output}");
         assert!(!output.contains(secret), "{args:?}: {output}");
     }
+}
+
+/// Runs a `sealgate` command that must fail to start (`serve` with a configuration it refuses); returns
+/// everything it printed. One still running after 30 s is killed and the test fails: it serves.
+pub fn run_refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} still runs after 30 s:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// `count` gateway processes on one PostgreSQL store: each has a folder of its own (data, audit file,
