@@ -13,7 +13,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -582,6 +582,11 @@ impl<'a> Pod<'a> {
         secrets: &'a Secrets,
         image: &'a Image,
     ) -> Pod<'a> {
+        assert_eq!(
+            std::fs::metadata("/proc/self").unwrap().uid(),
+            0,
+            "this test needs root: it chroots, and runs the gateway as the Pod's user"
+        );
         let root = tempfile::tempdir().unwrap();
         // The container's `/` is world-readable, and only root writes there.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
