@@ -2,6 +2,7 @@
 //! a counting JSON-RPC tool on loopback, and the keys that orchestrators, operators and agents hold.
 #![allow(dead_code)]
 
+pub mod dockerfile;
 pub mod mcp;
 
 use std::io::{BufRead, BufReader};
