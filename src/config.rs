@@ -38,6 +38,8 @@ pub struct Config {
     pub signing: crate::evidence::SigningConfig,
     pub tls: crate::tls::TlsConfig,
     pub metrics: crate::telemetry::MetricsConfig,
+    /// Archiving old audit events and removing old settled records (SPEC 12 r3).
+    pub retention: crate::retention::RetentionConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -148,6 +150,7 @@ impl Default for Config {
             signing: crate::evidence::SigningConfig::default(),
             tls: crate::tls::TlsConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
+            retention: crate::retention::RetentionConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -212,6 +215,9 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("tls.key_file", EnvValue::Text),
     ("tls.client_ca_file", EnvValue::Text),
     ("metrics.listen", EnvValue::Text),
+    ("retention.audit_days", EnvValue::Json),
+    ("retention.claims_days", EnvValue::Json),
+    ("retention.archive_dir", EnvValue::Text),
 ];
 
 /// `SEALGATE_*` variables that are not configuration (SPEC 11 r3; docs/operations.md lists them too):
@@ -364,6 +370,7 @@ impl Config {
             return fail(key, "must be at least 1");
         }
         self.tls.validate()?;
+        self.retention.validate()?;
         if self.sessions.max_lifetime_secs <= 0 {
             return fail("sessions.max_lifetime_secs", "must be positive");
         }
@@ -405,6 +412,14 @@ impl Config {
             path.to_path_buf()
         } else {
             self.base_dir.join(path)
+        }
+    }
+
+    /// Where retention writes archive files: `retention.archive_dir`, else `data_dir/archive`, resolved.
+    pub fn archive_path(&self) -> PathBuf {
+        match &self.retention.archive_dir {
+            Some(dir) => self.resolve(dir),
+            None => self.resolve(&self.data_dir).join("archive"),
         }
     }
 

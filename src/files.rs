@@ -79,6 +79,31 @@ pub fn tighten(path: &Path, mode: u32, key: &str) {
     }
 }
 
+/// Syncs the folder that holds `path`, so that a file created or renamed there keeps its name after a
+/// power cut (a file's own fsync does not cover its folder's entry).
+pub fn sync_parent(path: &Path) -> Result<(), String> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    sync_folder(parent)
+}
+
+/// Syncs a folder (its entries: the names of the files in it).
+pub fn sync_folder(dir: &Path) -> Result<(), String> {
+    std::fs::File::open(dir)
+        .and_then(|folder| folder.sync_all())
+        .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
+}
+
+/// Syncs a file's content, then its folder's entry for it.
+pub fn sync_file_and_folder(file: &Path) -> Result<(), String> {
+    std::fs::File::open(file)
+        .and_then(|opened| opened.sync_all())
+        .map_err(|e| format!("cannot sync {}: {e}", file.display()))?;
+    sync_parent(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

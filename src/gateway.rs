@@ -322,6 +322,14 @@ impl Gateway {
                 }
             }
         });
+        let retention = crate::retention::Retention::from_config(
+            &self.config.retention,
+            self.config.archive_path(),
+            &self.config.replica_id,
+        );
+        if let Some(retention) = retention {
+            crate::retention::spawn(Arc::downgrade(&self.store), retention);
+        }
         let store = Arc::downgrade(&self.store);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(10));

@@ -30,6 +30,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod recovery;
 pub mod redact;
+pub mod retention;
 pub mod session;
 pub mod store;
 pub mod strict_json;

@@ -79,6 +79,12 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// The embedded store: an online backup, an integrity check, and the import of an earlier release's
+    /// sled store.
+    Store {
+        #[command(subcommand)]
+        command: sealgate::store::cli::StoreCommand,
+    },
     /// Signed receipt tools.
     Receipt {
         #[command(subcommand)]
@@ -271,6 +277,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Audit {
             command: AuditCommand::Verify { files, keys, .. },
         } => return Ok(sealgate::evidence::cli::audit_verify(&files, keys.as_deref()).await),
+        Command::Store { command } => return Ok(sealgate::store::cli::run(command).await),
         Command::Receipt {
             command:
                 ReceiptCommand::Verify {

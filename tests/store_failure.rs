@@ -183,6 +183,18 @@ impl Store for SwitchableStore {
         self.check()?;
         self.inner.context_delete(name).await
     }
+    async fn first_seq(&self) -> StoreResult<Option<u64>> {
+        self.check()?;
+        self.inner.first_seq().await
+    }
+    async fn events_remove_through(&self, through: u64) -> StoreResult<u64> {
+        self.check()?;
+        self.inner.events_remove_through(through).await
+    }
+    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+        self.check()?;
+        self.inner.settled_remove_before(before_ms).await
+    }
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
         self.check()?;
         self.inner.context_list().await

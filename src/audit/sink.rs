@@ -222,7 +222,7 @@ impl FileSink {
             .open(&self.path)
             .map_err(|e| format!("audit file {}: {e}", self.path.display()))?;
         if !existed {
-            sync_parent(&self.path)?;
+            crate::files::sync_parent(&self.path)?;
         }
         self.file = Some(file);
         Ok(())
@@ -259,22 +259,11 @@ impl FileSink {
                 target.display()
             )
         })?;
-        sync_parent(&self.path)?;
+        crate::files::sync_parent(&self.path)?;
         self.size = 0;
         self.tail = Tail::Empty;
         Ok(())
     }
-}
-
-/// Makes a rename or a new file durable by syncing the directory that holds it.
-fn sync_parent(path: &Path) -> Result<(), String> {
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    File::open(parent)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|e| format!("audit directory {}: {e}", parent.display()))
 }
 
 /// Reads the first event's seq and the last event's seq and hash of an existing, non-empty file.

@@ -163,7 +163,7 @@ fn generated_key(data_dir: &Path) -> Result<SigningKey, String> {
     });
     let _ = std::fs::remove_file(&temporary);
     written?;
-    sync_dir(data_dir)?;
+    crate::files::sync_folder(data_dir)?;
     tracing::info!(file = %path.display(), kid = %kid_of(&key.verifying_key().to_bytes()),
         "made the gateway's signing key");
     Ok(key)
@@ -179,13 +179,6 @@ fn write_synced(path: &PathBuf, text: &str) -> Result<(), String> {
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// The folder's entry for the new file survives a power cut only once the folder is synced.
-fn sync_dir(dir: &Path) -> Result<(), String> {
-    std::fs::File::open(dir)
-        .and_then(|folder| folder.sync_all())
-        .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
 }
 
 /// A retired key of `signing.previous_public_keys`: an SPKI PEM public key.

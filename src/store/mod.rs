@@ -11,8 +11,10 @@
 //! store first, so the claim, the replay record and the counters written before the event are durable
 //! with it (SPEC 12: one sync per phase, shared by every concurrent call).
 
+pub mod cli;
 #[cfg(test)]
 pub(crate) mod conformance;
+mod import_sled;
 pub mod memory;
 mod pg_tls;
 pub mod postgres;
@@ -449,6 +451,27 @@ pub trait Store: AuditBackend {
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+
+    /// The seq of the oldest event the store still holds (retention removes archived ones), None when
+    /// it holds none.
+    async fn first_seq(&self) -> StoreResult<Option<u64>>;
+    /// Removes (durably) the events with seq ≤ `through`, which the caller archived and synced first
+    /// (SPEC 12 r3 retention); returns how many.
+    async fn events_remove_through(&self, through: u64) -> StoreResult<u64>;
+    /// Removes (durably) the claims that are no longer PENDING and the approval requests no longer
+    /// pending, taken or made before `before_ms` (SPEC 12 r3 retention); returns how many of each.
+    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)>;
+
+    /// Whether `holder` may run retention until `until_ms`: one replica at a time on a shared store (a
+    /// lease that the holder renews); a store that one process owns always grants it.
+    async fn retention_turn(
+        &self,
+        _holder: &str,
+        _now_ms: i64,
+        _until_ms: i64,
+    ) -> StoreResult<bool> {
+        Ok(true)
+    }
 
     /// Whether this store keeps replay records and rate windows in memory, to be rebuilt from the
     /// chain's recent events at start-up with [`Store::restore`] (the embedded store); a store that keeps

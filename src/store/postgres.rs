@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0003_counter_keys_bytea.sql"),
     include_str!("migrations/postgres/0004_approvals.sql"),
     include_str!("migrations/postgres/0005_signing_keys.sql"),
+    include_str!("migrations/postgres/0006_gauges_and_retention.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -601,20 +602,13 @@ impl Store for PgStore {
     }
 
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
-        // A stored answer or argument may hold the escape "\u0000", which PostgreSQL's JSON operators
-        // refuse to read anywhere in a value; as "\u0001" it reads, and no field counted here changes.
         let row = self
             .conn()
             .await?
             .query_one_prepared(
-                "SELECT \
-                 (SELECT count(*) FROM sessions \
-                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'revoked_at_ms' IS NULL \
-                   AND (replace(record, '\\u0000', '\\u0001')::json->>'expires_at')::bigint > $1), \
-                 (SELECT count(*) FROM claims \
-                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'status' = 'PENDING'), \
-                 (SELECT count(*) FROM approvals \
-                   WHERE replace(record, '\\u0000', '\\u0001')::json->>'status' = 'pending')",
+                "SELECT (SELECT count(*) FROM sessions WHERE live_until > $1), \
+                 (SELECT count(*) FROM claims WHERE pending), \
+                 (SELECT count(*) FROM approvals WHERE pending)",
                 &[&now_secs],
             )
             .await
@@ -1003,6 +997,72 @@ impl Store for PgStore {
             .await
             .map_err(db)?;
         Ok(deleted == 1)
+    }
+
+    async fn first_seq(&self) -> StoreResult<Option<u64>> {
+        let row = self
+            .conn()
+            .await?
+            .query_one_prepared("SELECT min(seq) FROM audit_events", &[])
+            .await
+            .map_err(db)?;
+        Ok(row
+            .get::<_, Option<i64>>(0)
+            .and_then(|seq| u64::try_from(seq).ok()))
+    }
+
+    async fn events_remove_through(&self, through: u64) -> StoreResult<u64> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "DELETE FROM audit_events WHERE seq <= $1",
+                &[&bigint(through)],
+            )
+            .await
+            .map_err(db)
+    }
+
+    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        let claims = tx
+            .execute_prepared(
+                "DELETE FROM claims WHERE NOT pending AND claimed_at_ms < $1",
+                &[&before_ms],
+            )
+            .await
+            .map_err(db)?;
+        let approvals = tx
+            .execute_prepared(
+                "DELETE FROM approvals WHERE NOT pending AND requested_at_ms < $1",
+                &[&before_ms],
+            )
+            .await
+            .map_err(db)?;
+        // A call whose current request is gone has none: its next call asks anew.
+        tx.execute_prepared(
+            "DELETE FROM approval_calls c WHERE NOT EXISTS \
+             (SELECT 1 FROM approvals a WHERE a.approval_id = c.approval_id)",
+            &[],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok((claims, approvals))
+    }
+
+    async fn retention_turn(&self, holder: &str, now_ms: i64, until_ms: i64) -> StoreResult<bool> {
+        let taken = self
+            .conn()
+            .await?
+            .execute_prepared(
+                "UPDATE retention_lease SET holder = $1, until_ms = $3 \
+                 WHERE id = 1 AND (holder = $1 OR until_ms < $2)",
+                &[&holder, &now_ms, &until_ms],
+            )
+            .await
+            .map_err(db)?;
+        Ok(taken == 1)
     }
 
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {

@@ -108,14 +108,10 @@ impl SqliteStore {
 }
 
 /// Makes `dir` (mode 0700) and the database file (mode 0600, which SQLite gives its WAL and shared-memory
-/// files too) when missing, and syncs the folder so that the new names survive a power cut.
+/// files too) when missing, and syncs the folder so that the new name survives a power cut.
 fn create_database_file(dir: &Path) -> StoreResult<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", dir.display())))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::files::private_dir(dir).map_err(StoreError::unavailable)?;
     let path = SqliteStore::path_in(dir);
     let created = std::fs::OpenOptions::new()
         .write(true)
@@ -123,9 +119,7 @@ fn create_database_file(dir: &Path) -> StoreResult<PathBuf> {
         .mode(0o600)
         .open(&path);
     match created {
-        Ok(_) => std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| StoreError::unavailable(format!("cannot sync {}: {e}", dir.display())))?,
+        Ok(_) => crate::files::sync_folder(dir).map_err(StoreError::unavailable)?,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => {
             return Err(StoreError::unavailable(format!(
@@ -689,6 +683,64 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn first_seq(&self) -> StoreResult<Option<u64>> {
+        self.writer
+            .write(|w| {
+                let first: Option<i64> = w
+                    .conn
+                    .query_row("SELECT min(seq) FROM audit_events", [], |row| row.get(0))
+                    .map_err(db)?;
+                Ok(first.and_then(|seq| u64::try_from(seq).ok()))
+            })
+            .await
+    }
+
+    async fn events_remove_through(&self, through: u64) -> StoreResult<u64> {
+        let through = int(through);
+        let removed = self
+            .writer
+            .write(move |w| {
+                w.conn
+                    .prepare_cached("DELETE FROM audit_events WHERE seq <= ?1")
+                    .and_then(|mut s| s.execute(params![through]))
+                    .map_err(db)
+            })
+            .await?;
+        self.writer.commit().await?;
+        Ok(removed as u64)
+    }
+
+    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+        let removed = self
+            .writer
+            .write(move |w| {
+                let claims = w
+                    .conn
+                    .prepare_cached("DELETE FROM claims WHERE pending = 0 AND claimed_at_ms < ?1")
+                    .and_then(|mut s| s.execute(params![before_ms]))
+                    .map_err(db)?;
+                let approvals = w
+                    .conn
+                    .prepare_cached(
+                        "DELETE FROM approvals WHERE pending = 0 AND requested_at_ms < ?1",
+                    )
+                    .and_then(|mut s| s.execute(params![before_ms]))
+                    .map_err(db)?;
+                // A call whose current request is gone has none: its next call asks anew.
+                w.conn
+                    .prepare_cached(
+                        "DELETE FROM approval_calls WHERE approval_id NOT IN \
+                         (SELECT approval_id FROM approvals)",
+                    )
+                    .and_then(|mut s| s.execute([]))
+                    .map_err(db)?;
+                Ok((claims as u64, approvals as u64))
+            })
+            .await?;
+        self.writer.commit().await?;
+        Ok(removed)
+    }
+
     fn restores_from_chain(&self) -> bool {
         true
     }
@@ -739,6 +791,22 @@ impl SqliteStore {
                 return Ok(page.done(false));
             }
         }
+    }
+
+    /// Sets a budget count as an earlier release's store held it (`store import-sled`).
+    pub(crate) async fn import_counter(&self, key: &str, count: i64) -> StoreResult<()> {
+        let key = key.as_bytes().to_vec();
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO counters (key, value) VALUES (?1, ?2) \
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    params![key, count],
+                )
+                .map(drop)
+            })
+            .await
     }
 
     /// Fails when the writer has stopped (see [`threads`]): memory-only steps must not admit calls that
@@ -838,6 +906,87 @@ impl AuditBackend for SqliteStore {
         })
         .await
     }
+}
+
+/// Writes a consistent copy of the store in `dir` to `file` (mode 0600, synced) with SQLite's online
+/// backup, in one step, so the copy is one committed state even while a gateway writes. Returns how many
+/// audit events the copy holds.
+pub fn backup(dir: &Path, file: &Path) -> StoreResult<u64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let source = threads::open_reader(&existing_database(dir)?)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", file.display())))?;
+    let copied = copy_into(&source, file);
+    if copied.is_err() {
+        let _ = std::fs::remove_file(file);
+    }
+    copied
+}
+
+fn copy_into(source: &Connection, file: &Path) -> StoreResult<u64> {
+    let mut target = Connection::open(file).map_err(db)?;
+    {
+        let backup = rusqlite::backup::Backup::new(source, &mut target).map_err(db)?;
+        match backup.step(-1).map_err(db)? {
+            rusqlite::backup::StepResult::Done => {}
+            _ => {
+                return Err(StoreError::unavailable(
+                    "the backup did not complete in one step",
+                ))
+            }
+        }
+    }
+    // A copy is a plain database: no WAL beside it to lose.
+    target
+        .query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(()))
+        .map_err(db)?;
+    let events: i64 = target
+        .query_row("SELECT count(*) FROM audit_events", [], |row| row.get(0))
+        .map_err(db)?;
+    drop(target);
+    crate::files::sync_file_and_folder(file).map_err(StoreError::unavailable)?;
+    Ok(u64::try_from(events).unwrap_or(0))
+}
+
+/// The database file in `dir`, which must exist (a command that only reads never creates one).
+fn existing_database(dir: &Path) -> StoreResult<PathBuf> {
+    let path = SqliteStore::path_in(dir);
+    if !path.is_file() {
+        return Err(StoreError::unavailable(format!(
+            "no embedded store at {}",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// `sealgate store check`: SQLite's integrity check, then the audit chain walked from seq 1 (`visit`
+/// gets each event's text, in seq order). Fails naming the first problem.
+pub fn check(
+    dir: &Path,
+    visit: &mut dyn FnMut(String) -> Result<(), String>,
+) -> Result<(), String> {
+    let conn = threads::open_reader(&existing_database(dir).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let problems: Vec<String> = conn
+        .prepare("PRAGMA integrity_check(10)")
+        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
+        .map_err(|e| format!("integrity check could not run: {e}"))?;
+    if problems != ["ok"] {
+        return Err(format!("integrity check failed: {}", problems.join("; ")));
+    }
+    let mut events = conn
+        .prepare("SELECT event FROM audit_events ORDER BY seq")
+        .map_err(|e| e.to_string())?;
+    let mut rows = events.query([]).map_err(|e| e.to_string())?;
+    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+        visit(row.get(0).map_err(|e| e.to_string())?)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
