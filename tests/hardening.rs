@@ -517,16 +517,19 @@ async fn replayed_envelopes_and_revoked_tokens_cannot_flood_the_audit_trail() {
         assert_eq!(code(&body), 1006);
     }
     let seconds = started.elapsed().as_secs() as usize + 1;
+    // Both kinds share the address's budget of 3 events a second.
+    let mut recorded = 0;
     for refused in [1008, 1006] {
-        let recorded = gw
+        recorded += gw
             .audit_events(&format!("type=EnvelopeRejected&code={refused}&limit=1000"))
             .await
             .len();
-        assert!(
-            (1..=3 * seconds).contains(&recorded) && recorded < SENT,
-            "{recorded} events of {SENT} refusals with code {refused} in {seconds} s"
-        );
     }
+    assert!(
+        (1..=3 * seconds).contains(&recorded),
+        "{recorded} events of {} refusals in {seconds} s",
+        2 * SENT
+    );
     // The rest are counted, and the count is recorded within the report interval (10 s).
     common::until(Duration::from_secs(15), "the suppressed count", || async {
         let summaries = gw

@@ -103,8 +103,9 @@ impl Notifier {
                     match request.send().await {
                         Ok(response) if response.status().is_success() => Ok(()),
                         Ok(response) => Err(format!("answered {}", response.status())),
-                        // Without the URL: a webhook URL often holds its own credential.
-                        Err(e) => Err(e.without_url().to_string()),
+                        // The URL as redact shows it (scheme, host, port, path): a webhook URL often
+                        // holds its own credential in its userinfo or query.
+                        Err(e) => Err(crate::redact::error(&e)),
                     }
                 }
             };
