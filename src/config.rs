@@ -37,6 +37,8 @@ pub struct Config {
     /// The gateway's signing key for receipts and audit checkpoints (SPEC 14).
     pub signing: crate::evidence::SigningConfig,
     pub tls: crate::tls::TlsConfig,
+    /// OpenTelemetry traces over OTLP (SPEC 11 r3).
+    pub telemetry: crate::otel::TelemetryConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -146,6 +148,7 @@ impl Default for Config {
             approvals: Approvals::default(),
             signing: crate::evidence::SigningConfig::default(),
             tls: crate::tls::TlsConfig::default(),
+            telemetry: crate::otel::TelemetryConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -209,6 +212,7 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("tls.cert_file", EnvValue::Text),
     ("tls.key_file", EnvValue::Text),
     ("tls.client_ca_file", EnvValue::Text),
+    ("telemetry.otlp_endpoint", EnvValue::Text),
 ];
 
 impl Config {
@@ -331,6 +335,7 @@ impl Config {
             return fail(key, "must be at least 1");
         }
         self.tls.validate()?;
+        self.telemetry.validate()?;
         if self.sessions.max_lifetime_secs <= 0 {
             return fail("sessions.max_lifetime_secs", "must be positive");
         }
@@ -671,6 +676,10 @@ mod tests {
             .chain(section_keys(
                 "tls",
                 serde_json::to_value(crate::tls::TlsConfig::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "telemetry",
+                serde_json::to_value(crate::otel::TelemetryConfig::default()).unwrap(),
             ));
         for key in keys {
             assert!(

@@ -25,6 +25,7 @@ pub mod evidence;
 pub mod fuzzing;
 pub mod gateway;
 pub mod logging;
+pub mod otel;
 pub mod pipeline;
 pub mod policy;
 pub mod recovery;

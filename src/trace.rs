@@ -1,9 +1,10 @@
 //! W3C Trace Context at the HTTP edge. Every request gets a trace id: the caller's when it sent a valid
 //! `traceparent` (so an orchestrator's trace continues through the gateway), else a fresh one. The error
 //! body, the audit events and the refusal log line of the request all carry it, and the response's
-//! `traceparent` names the gateway's own span within that trace.
+//! `traceparent` names the gateway's own span within that trace. When traces are exported (`crate::otel`)
+//! that span is the exported one: its ids are the ones these carry.
 
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -11,14 +12,17 @@ use axum::response::Response;
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The trace a request belongs to and the gateway's span in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct TraceContext {
     /// 32 lower-case hex digits, not all zero.
     trace_id: String,
     /// 16 lower-case hex digits, not all zero: this request's span.
     span_id: String,
-    /// The caller's trace flags (sampling), passed on unchanged; 0 for a trace that starts here.
+    /// The caller's trace flags (sampling), passed on unchanged; 0 for a trace that starts here (the
+    /// exported span's flags when traces are exported).
     flags: u8,
+    /// The exported span of this request, when traces are exported.
+    span: Option<opentelemetry::Context>,
 }
 
 tokio::task_local! {
@@ -32,12 +36,29 @@ impl TraceContext {
     pub fn continue_or_start(traceparent: Option<&str>) -> Self {
         let (trace_id, flags) = traceparent
             .and_then(parse_traceparent)
-            .unwrap_or_else(|| (new_trace_id(), 0));
+            .map_or_else(|| (new_trace_id(), 0), |p| (p.trace_id.to_owned(), p.flags));
         TraceContext {
             trace_id,
             span_id: format!("{:016x}", nonzero_random_u64()),
             flags,
+            span: None,
         }
+    }
+
+    /// The request's exported span, a child of the caller's when `traceparent` is valid; None when
+    /// traces are not exported.
+    fn exported(method: &str, route: &str, traceparent: Option<&str>) -> Option<Self> {
+        let parent = traceparent
+            .and_then(parse_traceparent)
+            .map(|p| (p.trace_id, p.parent_id, p.flags));
+        let span = crate::otel::request_span(method, route, parent)?;
+        let (trace_id, span_id, flags) = crate::otel::ids(&span);
+        Some(TraceContext {
+            trace_id,
+            span_id,
+            flags,
+            span: Some(span),
+        })
     }
 
     pub fn trace_id(&self) -> &str {
@@ -53,6 +74,11 @@ impl TraceContext {
 /// The trace id of the request being served, if this task serves one.
 pub fn current_trace_id() -> Option<String> {
     CURRENT.try_with(|c| c.trace_id.clone()).ok()
+}
+
+/// The exported span of the request being served, if this task serves one and traces are exported.
+pub fn current_span() -> Option<opentelemetry::Context> {
+    CURRENT.try_with(|c| c.span.clone()).ok().flatten()
 }
 
 /// `future`, to run on a task of its own within the trace (and the log span) of the request this task
@@ -81,25 +107,47 @@ fn nonzero_random_u64() -> u64 {
 
 /// Router middleware: picks the request's trace, serves the request inside it, and answers its
 /// `traceparent`. Several `traceparent` headers are as good as none: which one would be the caller's?
+/// The API's requests (`/v1/…`) are exported as spans named by their route when traces are exported;
+/// probes, metrics and the console are not.
 pub async fn propagate(request: Request, next: Next) -> Response {
     let mut values = request.headers().get_all(TRACEPARENT).iter();
     let header = match (values.next(), values.next()) {
         (Some(only), None) => only.to_str().ok(),
         _ => None,
     };
-    let context = TraceContext::continue_or_start(header);
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+        .filter(|route| route.starts_with("/v1/"));
+    let context = route
+        .and_then(|route| TraceContext::exported(request.method().as_str(), route, header))
+        .unwrap_or_else(|| TraceContext::continue_or_start(header));
     let traceparent = HeaderValue::from_str(&context.traceparent());
+    let span = context.span.clone();
     let mut response = CURRENT.scope(context, next.run(request)).await;
+    if let Some(span) = span {
+        crate::otel::answered(&span, response.status().as_u16());
+    }
     if let Ok(value) = traceparent {
         response.headers_mut().insert(TRACEPARENT, value);
     }
     response
 }
 
-/// The trace id and flags of a `traceparent` value (W3C Trace Context, version 00), or None when it is not
-/// one. As the recommendation asks, a later version is read for its version-00 fields when it has them
-/// in the same places; version `ff` is never valid.
-pub fn parse_traceparent(value: &str) -> Option<(String, u8)> {
+/// The fields of a valid `traceparent` value, borrowed from it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Traceparent<'a> {
+    pub trace_id: &'a str,
+    /// The caller's span.
+    pub parent_id: &'a str,
+    pub flags: u8,
+}
+
+/// The fields of a `traceparent` value (W3C Trace Context, version 00), or None when it is not one. As
+/// the recommendation asks, a later version is read for its version-00 fields when it has them in the
+/// same places; version `ff` is never valid.
+pub fn parse_traceparent(value: &str) -> Option<Traceparent<'_>> {
     let bytes = value.as_bytes();
     let version = value.get(0..2)?;
     if !is_lower_hex(version) || version == "ff" {
@@ -119,7 +167,11 @@ pub fn parse_traceparent(value: &str) -> Option<(String, u8)> {
         return None;
     }
     let flags = u8::from_str_radix(flags, 16).ok()?;
-    Some((trace_id.to_owned(), flags))
+    Some(Traceparent {
+        trace_id,
+        parent_id,
+        flags,
+    })
 }
 
 fn is_lower_hex(text: &str) -> bool {
@@ -132,12 +184,24 @@ mod tests {
 
     const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
+    /// The trace id and flags that a header gives, when it is valid.
+    fn trace_and_flags(value: &str) -> Option<(String, u8)> {
+        parse_traceparent(value).map(|p| (p.trace_id.to_owned(), p.flags))
+    }
+
     #[test]
     fn a_valid_version_00_header_gives_its_trace_id_and_flags() {
         let header = format!("00-{TRACE}-00f067aa0ba902b7-01");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 1)));
+        assert_eq!(
+            parse_traceparent(&header),
+            Some(Traceparent {
+                trace_id: TRACE,
+                parent_id: "00f067aa0ba902b7",
+                flags: 1
+            })
+        );
         let header = format!("00-{TRACE}-00f067aa0ba902b7-00");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 0)));
+        assert_eq!(trace_and_flags(&header), Some((TRACE.to_owned(), 0)));
     }
 
     #[test]
@@ -171,7 +235,7 @@ mod tests {
     #[test]
     fn a_later_version_is_read_for_its_version_00_fields() {
         let header = format!("01-{TRACE}-00f067aa0ba902b7-01-what-comes-later");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 1)));
+        assert_eq!(trace_and_flags(&header), Some((TRACE.to_owned(), 1)));
         let header = format!("01-{TRACE}-00f067aa0ba902b7-01x");
         assert_eq!(parse_traceparent(&header), None);
     }
@@ -182,13 +246,13 @@ mod tests {
         let context = TraceContext::continue_or_start(Some(&incoming));
         assert_eq!(context.trace_id(), TRACE);
         let answered = context.traceparent();
-        assert_eq!(parse_traceparent(&answered), Some((TRACE.to_owned(), 1)));
+        assert_eq!(trace_and_flags(&answered), Some((TRACE.to_owned(), 1)));
         assert_ne!(&answered[36..52], "00f067aa0ba902b7");
 
         let fresh = TraceContext::continue_or_start(Some("00-garbage"));
         assert_ne!(fresh.trace_id(), TRACE);
         assert_eq!(
-            parse_traceparent(&fresh.traceparent()),
+            trace_and_flags(&fresh.traceparent()),
             Some((fresh.trace_id().to_owned(), 0))
         );
     }
