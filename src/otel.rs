@@ -23,8 +23,6 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracer, SdkTracerProvider,
 use opentelemetry_sdk::Resource;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Code;
-
 /// The `telemetry` section.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -56,6 +54,17 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The tracer of this process, set once by [`start`]; unset, every function here does nothing.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
+tokio::task_local! {
+    /// The exported span of the API request this task serves: set at the HTTP edge (`trace.rs`),
+    /// read by the pipeline and the error answers, which record on it.
+    static REQUEST: Context;
+}
+
+/// Whether spans are exported: the one check the request path makes when they are not.
+pub fn enabled() -> bool {
+    TRACER.get().is_some()
+}
+
 /// Where spans are sent: the traces URL, and the setting that named it (errors name the setting, never
 /// the value, which may hold a credential in its query). `env` reads a variable.
 fn traces_url(
@@ -82,6 +91,15 @@ fn traces_url(
     let path = format!("{}/v1/traces", url.path().trim_end_matches('/'));
     url.set_path(&path);
     Ok(Some((url, setting)))
+}
+
+/// The traces URL as logs may show it: without its query, which may hold a credential (a user name or
+/// password is refused).
+fn shown(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
 }
 
 /// An http(s) URL with a host and no user name or password. Messages never quote it.
@@ -111,7 +129,7 @@ pub fn start(config: &TelemetryConfig, replica_id: &str) -> Result<Option<Export
     let Some((url, setting)) = traces_url(config, |name| std::env::var(name).ok())? else {
         return Ok(None);
     };
-    let shown = crate::token::url_for_log(url.as_str());
+    let shown = shown(&url);
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -295,16 +313,17 @@ pub fn answered(request: &Context, status: u16) {
     request.span().set_attribute(status);
 }
 
-/// The SPEC code of a refusal, on the span of the request this task serves; a code answered with a 5xx
-/// (the upstream, the store, overload) marks the span failed, as OpenTelemetry's HTTP conventions do.
-pub fn refused(code: Code) {
+/// The SPEC code of a refusal and its name, on the span of the request this task serves; a refusal
+/// answered with a 5xx (the upstream, the store, overload) marks the span failed, as OpenTelemetry's HTTP
+/// conventions do.
+pub fn refused(code: u16, name: &'static str, server_error: bool) {
     with_request_span(|span| {
         span.set_attributes([
-            KeyValue::new("sealgate.code", i64::from(code.number())),
-            KeyValue::new("error.type", code.name()),
+            KeyValue::new("sealgate.code", i64::from(code)),
+            KeyValue::new("error.type", name),
         ]);
-        if code.status().is_server_error() {
-            span.set_status(Status::error(code.name()));
+        if server_error {
+            span.set_status(Status::error(name));
         }
     });
 }
@@ -337,15 +356,31 @@ pub fn record_call(call: CallAttributes<'_>) {
 }
 
 fn with_request_span(record: impl FnOnce(&opentelemetry::trace::SpanRef<'_>)) {
-    if TRACER.get().is_none() {
+    if !enabled() {
         return;
     }
-    if let Some(request) = crate::trace::current_span() {
+    let _ = REQUEST.try_with(|request| {
         let span = request.span();
         if span.is_recording() {
             record(&span);
         }
+    });
+}
+
+/// `future`, run as part of the request whose exported span is `span` (as is, without one).
+pub async fn within<F: std::future::Future>(span: Option<Context>, future: F) -> F::Output {
+    match span {
+        Some(span) => REQUEST.scope(span, future).await,
+        None => future.await,
     }
+}
+
+/// The exported span of the request this task serves, to carry to a task spawned for it.
+pub fn current() -> Option<Context> {
+    if !enabled() {
+        return None;
+    }
+    REQUEST.try_with(Context::clone).ok()
 }
 
 /// The phases of a `/v1/invoke` call, each a child span of the call's.
@@ -395,7 +430,7 @@ impl Phases {
 
 fn phase_span(phase: Phase) -> Option<Span> {
     let tracer = TRACER.get()?;
-    let request = crate::trace::current_span()?;
+    let request = REQUEST.try_with(Context::clone).ok()?;
     if !request.span().span_context().is_sampled() {
         return None;
     }
@@ -495,7 +530,7 @@ mod tests {
         let mut phases = Phases::default();
         phases.enter(Phase::Verify);
         assert!(phases.open.is_none());
-        refused(Code::ToolDenied);
+        refused(2001, "POLICY_VIOLATION_TOOL_DENIED", false);
         record_call(CallAttributes::default());
     }
 }

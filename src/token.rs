@@ -19,7 +19,6 @@ mod operator;
 mod test_support;
 
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
-pub(crate) use jwks_url::url_for_log;
 pub use keys::KeyConfig;
 pub use mint::{
     ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,

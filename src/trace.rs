@@ -12,7 +12,7 @@ use axum::response::Response;
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The trace a request belongs to and the gateway's span in it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     /// 32 lower-case hex digits, not all zero.
     trace_id: String,
@@ -21,8 +21,6 @@ pub struct TraceContext {
     /// The caller's trace flags (sampling), passed on unchanged; 0 for a trace that starts here (the
     /// exported span's flags when traces are exported).
     flags: u8,
-    /// The exported span of this request, when traces are exported.
-    span: Option<opentelemetry::Context>,
 }
 
 tokio::task_local! {
@@ -41,24 +39,34 @@ impl TraceContext {
             trace_id,
             span_id: format!("{:016x}", nonzero_random_u64()),
             flags,
-            span: None,
         }
     }
 
-    /// The request's exported span, a child of the caller's when `traceparent` is valid; None when
-    /// traces are not exported.
-    fn exported(method: &str, route: &str, traceparent: Option<&str>) -> Option<Self> {
+    /// The trace of an API request (`/v1/…`) and its exported span, a child of the caller's when
+    /// `traceparent` is valid; None when traces are not exported or the request is a probe, a scrape or
+    /// the console's.
+    fn exported(
+        request: &Request,
+        traceparent: Option<&str>,
+    ) -> Option<(Self, opentelemetry::Context)> {
+        if !crate::otel::enabled() {
+            return None;
+        }
+        let route = request.extensions().get::<MatchedPath>()?.as_str();
+        if !route.starts_with("/v1/") {
+            return None;
+        }
         let parent = traceparent
             .and_then(parse_traceparent)
             .map(|p| (p.trace_id, p.parent_id, p.flags));
-        let span = crate::otel::request_span(method, route, parent)?;
+        let span = crate::otel::request_span(request.method().as_str(), route, parent)?;
         let (trace_id, span_id, flags) = crate::otel::ids(&span);
-        Some(TraceContext {
+        let context = TraceContext {
             trace_id,
             span_id,
             flags,
-            span: Some(span),
-        })
+        };
+        Some((context, span))
     }
 
     pub fn trace_id(&self) -> &str {
@@ -76,17 +84,12 @@ pub fn current_trace_id() -> Option<String> {
     CURRENT.try_with(|c| c.trace_id.clone()).ok()
 }
 
-/// The exported span of the request being served, if this task serves one and traces are exported.
-pub fn current_span() -> Option<opentelemetry::Context> {
-    CURRENT.try_with(|c| c.span.clone()).ok().flatten()
-}
-
 /// `future`, to run on a task of its own within the trace (and the log span) of the request this task
 /// serves: a task-local does not follow a spawned task by itself.
 pub fn carry<F: std::future::Future>(future: F) -> impl std::future::Future<Output = F::Output> {
     use tracing::Instrument;
     let context = CURRENT.try_with(TraceContext::clone).ok();
-    let future = future.in_current_span();
+    let future = crate::otel::within(crate::otel::current(), future.in_current_span());
     async move {
         match context {
             Some(context) => CURRENT.scope(context, future).await,
@@ -107,26 +110,21 @@ fn nonzero_random_u64() -> u64 {
 
 /// Router middleware: picks the request's trace, serves the request inside it, and answers its
 /// `traceparent`. Several `traceparent` headers are as good as none: which one would be the caller's?
-/// The API's requests (`/v1/…`) are exported as spans named by their route when traces are exported;
-/// probes, metrics and the console are not.
 pub async fn propagate(request: Request, next: Next) -> Response {
     let mut values = request.headers().get_all(TRACEPARENT).iter();
     let header = match (values.next(), values.next()) {
         (Some(only), None) => only.to_str().ok(),
         _ => None,
     };
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-        .filter(|route| route.starts_with("/v1/"));
-    let context = route
-        .and_then(|route| TraceContext::exported(request.method().as_str(), route, header))
-        .unwrap_or_else(|| TraceContext::continue_or_start(header));
+    let (context, span) = match TraceContext::exported(&request, header) {
+        Some((context, span)) => (context, Some(span)),
+        None => (TraceContext::continue_or_start(header), None),
+    };
     let traceparent = HeaderValue::from_str(&context.traceparent());
-    let span = context.span.clone();
-    let mut response = CURRENT.scope(context, next.run(request)).await;
-    if let Some(span) = span {
+    let answered = span.clone();
+    let served = crate::otel::within(span, next.run(request));
+    let mut response = CURRENT.scope(context, served).await;
+    if let Some(span) = answered {
         crate::otel::answered(&span, response.status().as_u16());
     }
     if let Ok(value) = traceparent {

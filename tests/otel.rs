@@ -24,9 +24,15 @@ const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 const PHASES: [&str; 5] = ["verify", "decide", "claim", "forward", "settle"];
 
-/// What the collector received: each export's raw body and its decoded request.
+/// One export as the collector received it.
+struct Export {
+    raw: Vec<u8>,
+    decoded: ExportTraceServiceRequest,
+}
+
+/// What the collector received.
 #[derive(Clone, Default)]
-struct Collector(Arc<Mutex<Vec<(Vec<u8>, ExportTraceServiceRequest)>>>);
+struct Collector(Arc<Mutex<Vec<Export>>>);
 
 impl Collector {
     /// Serves `POST /v1/traces` on a free loopback port; returns its base URL.
@@ -44,8 +50,8 @@ impl Collector {
     fn spans(&self) -> Vec<(String, Span)> {
         let exports = self.0.lock().unwrap();
         let mut spans = Vec::new();
-        for (_, export) in exports.iter() {
-            for resource_spans in &export.resource_spans {
+        for export in exports.iter() {
+            for resource_spans in &export.decoded.resource_spans {
                 let resource = resource_spans.resource.clone().unwrap_or_default();
                 let service = text(&resource.attributes, "service.name").unwrap_or_default();
                 for scope_spans in &resource_spans.scope_spans {
@@ -61,7 +67,7 @@ impl Collector {
     /// The bytes of every export, as sent.
     fn raw(&self) -> Vec<Vec<u8>> {
         let exports = self.0.lock().unwrap();
-        exports.iter().map(|(raw, _)| raw.clone()).collect()
+        exports.iter().map(|export| export.raw.clone()).collect()
     }
 
     /// The spans of `trace_id` once its request span and `children` children of it have arrived.
@@ -107,10 +113,11 @@ async fn receive(
     if headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()) != Some(b"application/x-protobuf") {
         return (StatusCode::UNSUPPORTED_MEDIA_TYPE, protobuf, Vec::new());
     }
-    let Ok(export) = ExportTraceServiceRequest::decode(body.as_ref()) else {
+    let Ok(decoded) = ExportTraceServiceRequest::decode(body.as_ref()) else {
         return (StatusCode::BAD_REQUEST, protobuf, Vec::new());
     };
-    collector.0.lock().unwrap().push((body.to_vec(), export));
+    let raw = body.to_vec();
+    collector.0.lock().unwrap().push(Export { raw, decoded });
     let answer = ExportTraceServiceResponse::default().encode_to_vec();
     (StatusCode::OK, protobuf, answer)
 }
