@@ -11,11 +11,13 @@ RUN cargo build --release --locked
 
 FROM debian:bookworm-slim
 # useradd makes no home folder by itself: `install -d` makes it and the data folder, owned by the service user,
-# so that a new named volume mounted on the data folder starts out owned by that user too.
+# so that a new named volume mounted on the data folder starts out owned by that user too. Its uid is fixed
+# (the one useradd --system picked here before): Kubernetes checks runAsNonRoot against a number, and
+# deploy/kubernetes runs the gateway as this one (tests/kubernetes.rs holds the two together).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates nodejs npm \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --user-group --no-create-home --home-dir /var/lib/sealgate --shell /usr/sbin/nologin sealgate \
+ && useradd --system --uid 999 --user-group --no-create-home --home-dir /var/lib/sealgate --shell /usr/sbin/nologin sealgate \
  && install -d -o sealgate -g sealgate -m 0750 /var/lib/sealgate /var/lib/sealgate/data
 COPY --from=build /src/target/release/sealgate /usr/local/bin/sealgate
 COPY policies /etc/sealgate/policies

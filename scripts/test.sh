@@ -43,6 +43,9 @@ python_tools standardwebhooks standardwebhooks==1.1.0
 # rfc8785 (JCS), with the system's `cryptography`, verifies receipts and checkpoints with code we did not
 # write (tests/evidence.rs).
 python_tools evidence rfc8785==0.1.4
+# kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas that it ships (tests/kubernetes.rs,
+# which renders the setups with the kustomize of the machine image's kubectl).
+python_tools kubernetes-validate kubernetes-validate==1.37.0
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by
@@ -58,4 +61,4 @@ trap drop_test_databases EXIT
 SEALGATE_TEST_STORE=postgres cargo test --locked \
   --test approvals --test audit_trail --test claims --test cli_tokens --test connect --test console --test front_door --test gateway_core --test hardening \
   --test mcp_gateway --test metrics --test observability --test openapi --test operability --test policy_api \
-  --test upstream_mcp "$@"
+  --test upstream_mcp --test file_modes "$@"

@@ -52,6 +52,20 @@ pub fn call_digest(tool: &str, arguments: &Map<String, Value>) -> String {
     jcs_sha256_hex(&json!({"tool": tool, "arguments": arguments}))
 }
 
+/// What a standalone claim is bound to (SPEC 7.4 r3): hex(SHA-256(JCS({"action": action}))).
+pub fn standalone_digest(action: &str) -> String {
+    jcs_sha256_hex(&json!({ "action": action }))
+}
+
+/// The digest a claim is bound to; a standalone claim taken before r3 kept none, and is bound to its
+/// action.
+fn bound_digest(record: &ClaimRecord) -> Option<String> {
+    match (&record.call_digest, record.kind) {
+        (None, ClaimKind::Standalone) => Some(standalone_digest(&record.action)),
+        (digest, _) => digest.clone(),
+    }
+}
+
 /// SHA-256 (hex) of JCS({"agent_id", "action_type", "scope", "timestamp"}) (SPEC 7.3).
 pub fn action_ref(agent_id: &str, action_type: &str, scope: &str, timestamp: &str) -> String {
     jcs_sha256_hex(&json!({
@@ -98,6 +112,7 @@ pub fn new_pending(
         committed_at: None,
         outcome: None,
         resolution: None,
+        taker: None,
     }
 }
 
@@ -105,8 +120,10 @@ pub fn new_pending(
 pub fn classify(pending: ClaimRecord, existing: Option<ClaimRecord>) -> Taken {
     match existing {
         None => Taken::Proceed(pending),
-        // Bound to the call (SPEC 7.1 r2): a SKIP never returns the answer of a different call.
-        Some(existing) if existing.call_digest != pending.call_digest => Taken::OtherCall(existing),
+        // Bound to the call (SPEC 7.1 r2, 7.4 r3): a SKIP never returns the answer of a different call.
+        Some(existing) if bound_digest(&existing) != bound_digest(&pending) => {
+            Taken::OtherCall(existing)
+        }
         Some(existing) if existing.status == ClaimStatus::Committed => Taken::Skip(existing),
         Some(existing) => Taken::Pending(existing),
     }
@@ -233,6 +250,8 @@ pub fn skip_answer(
 pub enum SettleError {
     NotFound,
     NotPending(Box<ClaimRecord>),
+    /// Another operator took the standalone claim (SPEC 7.4 r3).
+    NotTaker,
     Store(StoreError),
 }
 
@@ -296,17 +315,22 @@ pub async fn resolve(
     }
 }
 
-/// `POST /settle/{id}`: commits a standalone claim with its result. Ok(None) when it was already
-/// committed (the first result stands); otherwise the committed record.
+/// `POST /settle/{id}`: commits a standalone claim with its result, for the operator `settler` who took
+/// it (or one holding `seal.admin`). Ok(None) when it was already committed (the first result stands);
+/// otherwise the committed record.
 pub async fn settle(
     store: &dyn Store,
     request_id: &str,
     result: Value,
+    settler: &Settler<'_>,
 ) -> Result<Option<ClaimRecord>, SettleError> {
     let current = store
         .claim_get(ClaimKind::Standalone, request_id)
         .await?
         .ok_or(SettleError::NotFound)?;
+    if !settler.admin && current.taker.as_deref() != Some(settler.sub) {
+        return Err(SettleError::NotTaker);
+    }
     if current.status == ClaimStatus::Committed {
         return Ok(None);
     }
@@ -322,6 +346,12 @@ pub async fn settle(
         Some(record) => Err(SettleError::NotPending(Box::new(record))),
         None => Err(SettleError::NotFound),
     }
+}
+
+/// Who settles a standalone claim: the operator's `sub`, and whether their token holds `seal.admin`.
+pub struct Settler<'a> {
+    pub sub: &'a str,
+    pub admin: bool,
 }
 
 #[cfg(test)]
@@ -347,7 +377,16 @@ mod tests {
     }
 
     fn standalone(id: &str) -> ClaimRecord {
-        new_pending(ClaimKind::Standalone, id, "transfer", "a", None, None)
+        let mut record = new_pending(
+            ClaimKind::Standalone,
+            id,
+            "transfer",
+            "a",
+            None,
+            Some(standalone_digest("transfer")),
+        );
+        record.taker = Some("op".into());
+        record
     }
 
     #[test]
@@ -566,22 +605,40 @@ mod tests {
     #[tokio::test]
     async fn settle_commits_standalone_claims_once() {
         let (_dir, store) = store();
+        let taker = Settler {
+            sub: "op",
+            admin: false,
+        };
         assert_eq!(
-            settle(&store, "none", json!(1)).await.unwrap_err(),
+            settle(&store, "none", json!(1), &taker).await.unwrap_err(),
             SettleError::NotFound
         );
         take(&store, invoke("s", "d")).await.unwrap();
         assert_eq!(
-            settle(&store, "s", json!(1)).await.unwrap_err(),
+            settle(&store, "s", json!(1), &taker).await.unwrap_err(),
             SettleError::NotFound,
             "an invoke claim is never settled through /settle"
         );
         take(&store, standalone("s")).await.unwrap();
-        assert!(settle(&store, "s", json!({"tx": 1}))
+        let stranger = Settler {
+            sub: "other",
+            admin: false,
+        };
+        assert_eq!(
+            settle(&store, "s", json!({"forged": true}), &stranger)
+                .await
+                .unwrap_err(),
+            SettleError::NotTaker
+        );
+        assert!(settle(&store, "s", json!({"tx": 1}), &taker)
             .await
             .unwrap()
             .is_some());
-        assert!(settle(&store, "s", json!({"tx": 2}))
+        let admin = Settler {
+            sub: "root",
+            admin: true,
+        };
+        assert!(settle(&store, "s", json!({"tx": 2}), &admin)
             .await
             .unwrap()
             .is_none());

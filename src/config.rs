@@ -39,6 +39,7 @@ pub struct Config {
     pub tls: crate::tls::TlsConfig,
     /// OpenTelemetry traces over OTLP (SPEC 11 r3).
     pub telemetry: crate::otel::TelemetryConfig,
+    pub metrics: crate::telemetry::MetricsConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -149,6 +150,7 @@ impl Default for Config {
             signing: crate::evidence::SigningConfig::default(),
             tls: crate::tls::TlsConfig::default(),
             telemetry: crate::otel::TelemetryConfig::default(),
+            metrics: crate::telemetry::MetricsConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -213,7 +215,38 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("tls.key_file", EnvValue::Text),
     ("tls.client_ca_file", EnvValue::Text),
     ("telemetry.otlp_endpoint", EnvValue::Text),
+    ("metrics.listen", EnvValue::Text),
 ];
+
+/// `SEALGATE_*` variables that are not configuration (SPEC 11 r3; docs/operations.md lists them too):
+/// read by other commands, or by the tests, and left alone by `serve`. Any other `SEALGATE_*`
+/// variable that names no key stops start-up, as an unknown YAML key does. An entry ending in `_`
+/// is a prefix.
+pub const NOT_CONFIGURATION: &[&str] = &[
+    // `sealgate connect` (SPEC 15).
+    "SEALGATE_GATEWAY",
+    "SEALGATE_KEY_FILE",
+    "SEALGATE_TOKEN_FILE",
+    // The test suite: its store and server (tests/common), and the policy schema's rewrite.
+    "SEALGATE_TEST_",
+    "SEALGATE_BLESS_SCHEMA",
+];
+
+fn is_not_configuration(name: &str) -> bool {
+    NOT_CONFIGURATION
+        .iter()
+        .any(|listed| match listed.strip_suffix('_') {
+            Some(_) => name.starts_with(listed),
+            None => name == *listed,
+        })
+}
+
+/// How a `SEALGATE_*` variable says "null" for an optional key, as YAML does: `null` (any case), `~`,
+/// or nothing at all. `SEALGATE_AUDIT__FILE=null` turns the audit file off; it never names a file.
+fn is_null_text(raw: &str) -> bool {
+    let raw = raw.trim();
+    raw.is_empty() || raw == "~" || raw.eq_ignore_ascii_case("null")
+}
 
 impl Config {
     /// Reads the file (or the defaults when `path` is None), then the environment.
@@ -481,17 +514,10 @@ fn key_path(dotted: &str) -> FieldPath {
     dotted.split('.').fold(FieldPath::root(), FieldPath::key)
 }
 
-/// `SEALGATE_*` variables that are not configuration (SPEC 11 r3): they stand for the flags of
-/// `sealgate connect` (SPEC 15), so `serve` passes them over in silence.
-pub const NOT_CONFIGURATION: [&str; 3] = [
-    "SEALGATE_GATEWAY",
-    "SEALGATE_KEY_FILE",
-    "SEALGATE_TOKEN_FILE",
-];
-
 /// `SEALGATE_LIMITS__MAX_CLOCK_SKEW_SECS=5` sets `limits.max_clock_skew_secs`; values are read as JSON
-/// when they parse (numbers, booleans, lists), else as strings. Unknown names are ignored with a warning.
-/// Returns the keys set, each with its variable.
+/// when they parse (numbers, booleans, lists), else as strings, and [`is_null_text`] is null for every
+/// key. A name that is no key, and not listed in [`NOT_CONFIGURATION`], is an error that names the
+/// variable (never its value). Returns the keys set, each with its variable.
 fn apply_overrides(
     tree: &mut Value,
     env: &[(String, String)],
@@ -501,15 +527,16 @@ fn apply_overrides(
         let Some(rest) = name.strip_prefix("SEALGATE_") else {
             continue;
         };
-        // The log filter of earlier versions; say what replaced it rather than "no configuration key".
-        if name == "SEALGATE_LOG" {
-            tracing::warn!(
-                "SEALGATE_LOG is no longer read; set log.level (SEALGATE_LOG__LEVEL) or RUST_LOG"
-            );
+        if is_not_configuration(name) {
             continue;
         }
-        if NOT_CONFIGURATION.contains(&name.as_str()) {
-            continue;
+        // The log filter of earlier versions; say what replaced it rather than "no configuration key".
+        if name == "SEALGATE_LOG" {
+            return Err(
+                "environment variable SEALGATE_LOG is no longer read; set log.level \
+                 (SEALGATE_LOG__LEVEL) or RUST_LOG, and unset SEALGATE_LOG"
+                    .to_owned(),
+            );
         }
         let dotted = rest
             .split("__")
@@ -523,10 +550,13 @@ fn apply_overrides(
             // `SEALGATE_UPSTREAMS__ECHO`: one upstream, as JSON.
             .or_else(|| names_one_upstream(&dotted).then_some(EnvValue::Json));
         let Some(kind) = kind else {
-            tracing::warn!(variable = %name, "environment variable names no configuration key; ignored");
-            continue;
+            return Err(format!(
+                "environment variable {name} names no configuration key (a misspelt key?); \
+                 unset it, or see docs/operations.md for the variables that are not configuration"
+            ));
         };
         let value = match kind {
+            _ if is_null_text(raw) => Value::Null,
             EnvValue::Text => Value::String(raw.clone()),
             EnvValue::Json => match serde_json::from_str(raw) {
                 Ok(value) => value,
@@ -751,7 +781,6 @@ mod tests {
             &env(&[
                 ("SEALGATE_LISTEN", "127.0.0.1:0"),
                 ("SEALGATE_LIMITS__MAX_CLOCK_SKEW_SECS", "5"),
-                ("SEALGATE_NOT__A_KEY", "1"),
                 ("ECHO_URL", "http://127.0.0.1:9/rpc"),
                 ("TOKEN", "Bearer secret"),
             ]),
@@ -778,16 +807,43 @@ mod tests {
     }
 
     #[test]
-    fn the_variables_of_sealgate_connect_are_not_configuration() {
-        let connect = env(&[
+    fn a_variable_that_names_no_key_stops_start_up_unless_it_is_listed_as_not_configuration() {
+        let refused = parse_err("", &[("SEALGATE_AUDIT__FLIE", "TopSecret")]);
+        assert!(refused.contains("SEALGATE_AUDIT__FLIE"), "{refused}");
+        assert!(!refused.contains("TopSecret"), "{refused}");
+        let refused = parse_err("", &[("SEALGATE_LOG", "debug")]);
+        assert!(refused.contains("SEALGATE_LOG__LEVEL"), "{refused}");
+        let listed = env(&[
             ("SEALGATE_GATEWAY", "http://127.0.0.1:8089"),
-            ("SEALGATE_KEY_FILE", "/run/agent/key.pem"),
-            ("SEALGATE_TOKEN_FILE", "/run/agent/token"),
+            ("SEALGATE_KEY_FILE", "k"),
+            ("SEALGATE_TOKEN_FILE", "t"),
+            ("SEALGATE_TEST_STORE", "postgres"),
+            ("SEALGATE_BLESS_SCHEMA", "1"),
         ]);
-        let config = Config::from_yaml("", Path::new(""), &connect).unwrap();
-        assert_eq!(
-            config.listen,
-            Config::from_yaml("", Path::new(""), &[]).unwrap().listen
+        Config::from_yaml("", Path::new(""), &listed).unwrap();
+    }
+
+    #[test]
+    fn null_in_a_variable_is_yaml_null_for_every_key() {
+        let yaml = "audit: { file: audit.jsonl }\napprovals: { webhook_url: \"http://h/x\" }\n";
+        for null in ["null", "NULL", "~", "", " null "] {
+            let vars = env(&[
+                ("SEALGATE_AUDIT__FILE", null),
+                ("SEALGATE_APPROVALS__WEBHOOK_URL", null),
+                ("SEALGATE_METRICS__LISTEN", null),
+                ("SEALGATE_POLICIES_DIR", null),
+            ]);
+            let config = Config::from_yaml(yaml, Path::new(""), &vars).unwrap();
+            assert_eq!(config.audit.file, None, "{null:?}");
+            assert_eq!(config.approvals.webhook_url, None, "{null:?}");
+            assert_eq!(config.metrics.listen, None, "{null:?}");
+            assert_eq!(config.policies_dir, None, "{null:?}");
+        }
+        // A key that cannot be null says so, naming the variable.
+        let refused = parse_err("", &[("SEALGATE_LISTEN", "null")]);
+        assert!(
+            refused.starts_with("environment variable SEALGATE_LISTEN: listen: invalid type: null"),
+            "{refused}"
         );
     }
 

@@ -1,5 +1,6 @@
 //! `sealgate serve --check`: every problem of a configuration, found without serving (keys read and
-//! parsed, policies loaded, upstreams validated and their stdio servers found, URLs parsed); and the
+//! parsed, policies loaded, upstreams validated and their stdio servers found, URLs parsed, a PostgreSQL
+//! store connected to); and the
 //! warnings about sections that leave a feature unusable, which `serve` also logs at start-up.
 //! Every line names the key it is about.
 
@@ -69,8 +70,8 @@ struct Report {
     contexts: Option<usize>,
 }
 
-/// Every check that needs no network and no store: each part is built as `serve` builds it, so the
-/// two cannot disagree about what is valid.
+/// Every check that needs no network: each part is built as `serve` builds it, so the two cannot
+/// disagree about what is valid.
 fn check(config: &Config) -> Report {
     let mut problems = Vec::new();
     // These messages already name their key (`agent_tokens.keys[0]: …`). The verifier stops at its
@@ -103,9 +104,6 @@ fn check(config: &Config) -> Report {
             "listen: {:?} is not HOST:PORT (e.g. 127.0.0.1:8089)",
             config.listen
         ));
-    }
-    if let Some(problem) = store_problem(&config.store) {
-        problems.push(problem);
     }
     problems.extend(crate::evidence::config_problems(config));
     if let Err(problem) = crate::tls::check(config) {
@@ -160,22 +158,22 @@ fn check(config: &Config) -> Report {
     }
 }
 
-/// A `postgres://` store must at least be a URL with a host; connecting is left to `serve`.
-fn store_problem(store: &str) -> Option<String> {
+/// A `postgres://` store is checked as start-up finds it: connected to (with its TLS settings), its
+/// database present, its schema not newer than this build knows. Nothing is created or migrated.
+async fn store_problem(store: &str) -> Option<String> {
     if store == "embedded" {
         return None;
     }
-    match url::Url::parse(store) {
-        Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => None,
-        Ok(_) => Some("store: the URL has no host".to_owned()),
-        // The URL may hold a password: name the problem, not the value.
-        Err(e) => Some(format!("store: not a valid URL: {e}")),
-    }
+    // The URL may hold a password: the messages name the problem, never the value.
+    crate::store::PgStore::check(store)
+        .await
+        .err()
+        .map(|e| format!("store: {e}"))
 }
 
 /// `sealgate serve --check [--config FILE]`: prints each problem and warning on its own line
 /// (stderr), then a summary; exits 1 when there is any problem.
-pub fn run(path: Option<&Path>) -> ExitCode {
+pub async fn run(path: Option<&Path>) -> ExitCode {
     let label = path.map_or("(defaults)".to_owned(), |p| p.display().to_string());
     let config = match Config::load(path) {
         Ok(config) => config,
@@ -185,7 +183,8 @@ pub fn run(path: Option<&Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let report = check(&config);
+    let mut report = check(&config);
+    report.problems.extend(store_problem(&config.store).await);
     for problem in &report.problems {
         eprintln!("error: {problem}");
     }

@@ -21,9 +21,10 @@ use crate::token;
 
 const DEMO_POLICY: &str = include_str!("../policies/demo.yaml");
 
-/// What the console link may do: read every page and decide approvals (SPEC 13), nothing else.
+/// What the console link may do: read every page (the overview reads /metrics) and decide approvals
+/// (SPEC 13), nothing else.
 const CONSOLE_SCOPES: &str = "seal.session.read seal.context.read seal.claim.read seal.audit.read \
-                              seal.approval.read seal.approval.decide";
+                              seal.approval.read seal.approval.decide seal.metrics.read";
 /// The link's token is short-lived: it sits in a terminal's scrollback.
 const CONSOLE_TOKEN_SECS: i64 = 15 * 60;
 
@@ -316,16 +317,20 @@ kept the demo's folder (configuration, issuer key, store, audit file): {}",
 /// Starts the gateway, walks through the steps (or stops at Ctrl-C) and stops the gateway again.
 async fn tour(dir: &Path, keep: bool, serve: bool, tls: bool) -> Result<(), String> {
     let h = Harness::start(dir, tls).await?;
+    // SIGTERM as well as Ctrl-C: either way the folder, private keys included, is removed on the way out.
+    // One listener for the whole tour: a signal that came between two listeners would be lost.
+    let stop = gateway::shutdown_signal();
+    tokio::pin!(stop);
     let walked = tokio::select! {
         walked = steps(&h, keep) => walked,
-        _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+        () = &mut stop => Err("interrupted".to_string()),
     };
     if serve && walked.is_ok() {
         say!(
-            "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C",
+            "\nthe gateway keeps serving the console at {}/console/ until Ctrl-C (or SIGTERM)",
             h.base
         );
-        tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
+        stop.await;
     }
     let stopped = h.stop().await;
     walked.and(stopped)

@@ -73,6 +73,7 @@ impl Gateway {
             return Ok(gateway);
         }
         let data_dir = config.resolve(&config.data_dir);
+        crate::files::private_dir(&data_dir)?;
         let store: Arc<dyn Store> = {
             let dir = data_dir.clone();
             let opened = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
@@ -362,18 +363,15 @@ pub async fn serve_on(
     let app = crate::api::router(gateway.clone());
     let front = crate::api::server::Front::from_config(&gateway.config)?;
     let scheme = front.scheme();
+    let metrics = crate::telemetry::start_listener(&gateway).await?;
     tracing::info!(listen = %local, scheme, "sealgate ready");
-    // The ready line is also printed plainly so scripts and tests can wait for it and learn the port. A
-    // closed stdout (`sealgate demo | head`) must not stop the gateway: nobody is left to read the line.
-    {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stdout().lock(),
-            "sealgate ready on {scheme}://{local}"
-        );
-    }
+    // The ready line, on stdout, is how scripts and tests learn the port.
+    crate::logging::announce_ready(&format!("{scheme}://{local}"));
     crate::api::server::serve(listener, app, front, shutdown).await;
     crate::api::calls_finished(&gateway).await;
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
     let store = gateway.store.clone();
@@ -384,7 +382,8 @@ pub async fn serve_on(
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT (Ctrl-C): how a gateway, and the demo's, is told to stop.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

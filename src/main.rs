@@ -143,6 +143,11 @@ enum AuditCommand {
         /// The gateway's JWK Set: a file, or the http(s) URL of its /v1/keys.
         #[arg(long)]
         keys: Option<String>,
+        /// FILE is a replica's own audit.file (PostgreSQL, SPEC 12): check what such a file can show
+        /// (each event's hash, rising seqs, one replica, links between consecutive seqs). It cannot
+        /// show that the chain is whole: that is GET /v1/audit/export.
+        #[arg(long, conflicts_with = "keys")]
+        replica_log: bool,
     },
 }
 
@@ -163,6 +168,8 @@ enum ReceiptCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or file exists: everything this process creates is its owner's alone.
+    sealgate::files::private_umask();
     // `serve` starts its log from the configuration, once it has read it; `serve --check` only reads
     // the configuration, and its warnings (a SEALGATE_* variable that names no key) go to stderr.
     let log = match cli.command {
@@ -188,7 +195,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("sealgate: {message}");
+            sealgate::logging::fatal(&message);
             ExitCode::FAILURE
         }
     }
@@ -221,7 +228,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Serve {
             config,
             check: true,
-        } => return Ok(sealgate::config_check::run(config.as_deref())),
+        } => return Ok(sealgate::config_check::run(config.as_deref()).await),
         Command::Serve { config, .. } => {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
             let traces = sealgate::otel::start(&config.telemetry, &config.replica_id)?;
@@ -259,7 +266,15 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             return Ok(sealgate::policy::cli::run(command_to_policy(command)))
         }
         Command::Audit {
-            command: AuditCommand::Verify { files, keys },
+            command:
+                AuditCommand::Verify {
+                    files,
+                    replica_log: true,
+                    ..
+                },
+        } => return Ok(sealgate::evidence::cli::replica_log_verify(&files)),
+        Command::Audit {
+            command: AuditCommand::Verify { files, keys, .. },
         } => return Ok(sealgate::evidence::cli::audit_verify(&files, keys.as_deref()).await),
         Command::Receipt {
             command:

@@ -1030,7 +1030,6 @@ fn with_receipt(gw: &Gateway, facts: &CallFacts, error: ApiError, recorded: &Rec
 
 /// Records the refusal's event (SPEC 9.1's table, kept in `error.rs`) durably before it is answered, and
 /// returns the refusal to answer (5005 when the event could not be made durable).
-/// Refusals before the token verifies are rate-limited per client address: anyone can cause them.
 async fn record_refusal(
     gw: &Gateway,
     env: &Envelope,
@@ -1043,9 +1042,10 @@ async fn record_refusal(
     let Some(kind) = refusal.event.or(code.event()) else {
         return refusal.error;
     };
-    // A refusal owed a receipt is never left without its event.
-    let unauthenticated = (1000..=1004).contains(&code.number()) && !facts.passed_check_8();
-    if unauthenticated && !gw.audit.admit_unauthenticated(client) {
+    // Anyone holding a captured envelope or token can cause a refusal before check 8 passes (1000–1008),
+    // so those are recorded at a bounded rate per address (SPEC 9.1 r3); a refusal owed a receipt, after
+    // check 8, is never left without its event.
+    if !facts.passed_check_8() && !gw.audit.admit_unauthenticated(client) {
         metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => code.number().to_string())
             .increment(1);
         return refusal.error;

@@ -1,14 +1,73 @@
 //! Prometheus metrics: the recorder, every metric's HELP text, histogram buckets (histograms, not
 //! summaries, so that replicas aggregate), and the gauges read at scrape time. Calls only touch handles
 //! registered once, so the hot path allocates nothing for labels.
+//!
+//! Where they are served (SPEC 11 r3): on the main listener to an operator token with
+//! `seal.metrics.read`, or, with `metrics.listen`, on a listener of their own without a token and not
+//! on the main listener at all.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use metrics::{describe_counter, describe_gauge, describe_histogram, Histogram, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde::{Deserialize, Serialize};
 
+use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
+
+/// `metrics:` in the configuration.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `HOST:PORT` where /metrics is served without a token (a scraper's network, not the agents');
+    /// None: on the main listener, to operator tokens with `seal.metrics.read`.
+    pub listen: Option<String>,
+}
+
+/// The Prometheus text of this moment: the read gauges set, then everything rendered.
+pub async fn scrape(gw: &Gateway) -> Response {
+    observe_gateway(gw).await;
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        gw.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Binds `metrics.listen`, when set, and serves /metrics there (everything else is 404) until the
+/// returned task is aborted. A listener that cannot be bound stops start-up, like the main one.
+pub async fn start_listener(
+    gw: &Arc<Gateway>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
+    let Some(listen) = gw.config.metrics.listen.clone() else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|e| format!("metrics.listen: cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let scraped = gw.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let gw = scraped.clone();
+                async move { scrape(&gw).await }
+            }),
+        )
+        .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") });
+    let task = tokio::spawn(crate::api::server::serve(
+        listener,
+        app,
+        crate::api::server::Front::plain(&gw.config),
+        std::future::pending(),
+    ));
+    tracing::info!(listen = %local, "metrics served on their own listener");
+    Ok(Some(task))
+}
 
 pub const REQUEST_DURATION: &str = "sealgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "sealgate_upstream_duration_seconds";
@@ -112,7 +171,7 @@ impl UpstreamLatency {
 
 /// Sets the gauges that are read rather than counted: calls in flight from the admission semaphore, and
 /// live sessions and pending claims with one count from the store.
-pub async fn observe_gateway(gw: &Gateway) {
+async fn observe_gateway(gw: &Gateway) {
     let in_flight = gw
         .config
         .limits

@@ -5,7 +5,7 @@ mod common;
 
 use common::{code, keyed_call, tool_call, Gateway};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn thirty_two_identical_calls_reach_the_tool_once() {
@@ -371,4 +371,78 @@ async fn standalone_claim_settle_claim_skips_with_the_result() {
         let (status, _) = gw.admin(Method::GET, &format!("/audit?{bad}"), None).await;
         assert_eq!(status, 422, "{bad}");
     }
+}
+
+#[tokio::test]
+async fn a_standalone_claim_is_bound_to_its_action_and_settled_only_by_its_taker() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let service_a = gw.keys.operator_token_as("service-a", "seal.claim.resolve");
+    let service_b = gw.keys.operator_token_as("service-b", "seal.claim.resolve");
+    let post = |token: &str, path: &str, body: Value| {
+        let token = token.to_owned();
+        let path = path.to_owned();
+        let gw = &gw;
+        async move {
+            gw.operator(Method::POST, &path, Some(&token), Some(body))
+                .await
+        }
+    };
+    let transfer = json!({"request_id": "req-bind", "action": "transfer"});
+    let (status, taken) = post(&service_a, "/claim", transfer.clone()).await;
+    assert_eq!((status, taken["status"].as_str()), (200, Some("PROCEED")));
+
+    // Another service cannot settle A's claim with a forged result.
+    let (status, forged) = post(
+        &service_b,
+        "/settle/req-bind",
+        json!({"result": {"forged": true}}),
+    )
+    .await;
+    assert_eq!((status, code(&forged)), (403, 6002), "{forged}");
+
+    // A's own settle commits; a claim for another action under the same id never sees that result.
+    let (status, settled) = post(
+        &service_a,
+        "/settle/req-bind",
+        json!({"result": {"tx": "0xa"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, settled["status"].as_str()),
+        (200, Some("committed"))
+    );
+    let (status, other) = post(
+        &service_a,
+        "/claim",
+        json!({"request_id": "req-bind", "action": "refund"}),
+    )
+    .await;
+    assert_eq!((status, code(&other)), (422, 4002), "{other}");
+    assert!(!other.to_string().contains("0xa"), "{other}");
+    let (_, skip) = post(&service_a, "/claim", transfer).await;
+    assert_eq!(
+        (skip["status"].as_str(), &skip["existing"]),
+        (Some("SKIP"), &json!({"tx": "0xa"}))
+    );
+
+    // An operator holding seal.admin may settle another's claim.
+    let (_, second) = post(
+        &service_a,
+        "/claim",
+        json!({"request_id": "req-admin", "action": "transfer"}),
+    )
+    .await;
+    assert_eq!(second["status"], "PROCEED");
+    let (status, by_admin) = gw
+        .admin(
+            Method::POST,
+            "/settle/req-admin",
+            Some(json!({"result": 1})),
+        )
+        .await;
+    assert_eq!(
+        (status, by_admin["status"].as_str()),
+        (200, Some("committed"))
+    );
 }

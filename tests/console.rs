@@ -214,6 +214,11 @@ async fn the_console_works_in_a_real_browser() {
         .arg(script)
         .env("CONSOLE_BASE", &gw.base)
         .env("CONSOLE_TOKEN", gw.keys.operator_token("seal.admin"))
+        .env(
+            "CONSOLE_OTHER_TOKEN",
+            gw.keys
+                .operator_token("seal.session.read seal.metrics.read"),
+        )
         .env("CONSOLE_REVOKE_SESSION", "console-revoke-me")
         .env("CONSOLE_KEEP_SESSION", "console-keep")
         .env("CONSOLE_CONTEXT", "console-shop")

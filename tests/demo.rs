@@ -141,3 +141,39 @@ fn a_reader_that_stops_early_neither_crashes_the_demo_nor_leaves_its_folder() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(left_in(tmp.path()).is_empty(), "{:?}", left_in(tmp.path()));
 }
+
+#[test]
+fn demo_serve_stopped_by_sigterm_or_sigint_removes_its_folder() {
+    for signal in ["TERM", "INT"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+            .args(["demo", "--serve"])
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let serving = std::io::BufRead::lines(stdout)
+            .map_while(Result::ok)
+            .any(|line| line.starts_with("the gateway keeps serving the console"));
+        assert!(serving, "the demo did not reach --serve");
+        assert_eq!(
+            left_in(tmp.path()).len(),
+            1,
+            "the folder exists while it serves"
+        );
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        assert!(status.success(), "SIG{signal}: {status:?}");
+        assert!(
+            left_in(tmp.path()).is_empty(),
+            "SIG{signal} left {:?} (with its issuer key)",
+            left_in(tmp.path())
+        );
+    }
+}

@@ -12,110 +12,16 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
+use common::dockerfile::{
+    add_libraries, in_image, install_ca_bundle, json_words, load_stages, parse_copy, Copy, Stage,
+};
 use serde_json::{json, Value};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-/// One Dockerfile instruction: the keyword in upper case and the rest, with continuation lines joined.
-struct Instruction {
-    keyword: String,
-    args: String,
-}
-
-struct Stage {
-    name: Option<String>,
-    instructions: Vec<Instruction>,
-}
-
-fn parse_dockerfile(text: &str) -> Vec<Stage> {
-    let mut logical = Vec::new();
-    let mut current = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        // Docker drops comment lines even inside a continued instruction.
-        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match trimmed.strip_suffix('\\') {
-            Some(head) => {
-                current.push_str(head);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(trimmed);
-                logical.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    assert!(
-        current.is_empty(),
-        "the Dockerfile ends inside a continued line"
-    );
-
-    let mut stages: Vec<Stage> = Vec::new();
-    for line in logical {
-        let (keyword, args) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
-        let instruction = Instruction {
-            keyword: keyword.to_ascii_uppercase(),
-            args: args.trim().to_string(),
-        };
-        if instruction.keyword == "FROM" {
-            let words: Vec<&str> = instruction.args.split_whitespace().collect();
-            let name = match words.as_slice() {
-                [_, alias, name] if alias.eq_ignore_ascii_case("as") => Some(name.to_string()),
-                [_] => None,
-                _ => panic!("unexpected FROM line: {}", instruction.args),
-            };
-            stages.push(Stage {
-                name,
-                instructions: Vec::new(),
-            });
-        } else {
-            stages
-                .last_mut()
-                .expect("an instruction before the first FROM")
-                .instructions
-                .push(instruction);
-        }
-    }
-    stages
-}
-
-/// A `COPY` line's flags, sources and destination (shell form only; the JSON form is not used here).
-struct Copy {
-    from: Option<String>,
-    sources: Vec<String>,
-    destination: String,
-}
-
-fn parse_copy(args: &str) -> Copy {
-    assert!(
-        !args.starts_with('['),
-        "COPY in JSON form is not replayed: {args}"
-    );
-    let mut from = None;
-    let mut words = Vec::new();
-    for word in args.split_whitespace() {
-        match word.strip_prefix("--from=") {
-            Some(stage) => from = Some(stage.to_string()),
-            None if word.starts_with("--") => {
-                panic!("COPY flag {word} is not replayed by this test")
-            }
-            None => words.push(word.to_string()),
-        }
-    }
-    let destination = words.pop().expect("COPY without a destination");
-    assert!(!words.is_empty(), "COPY without a source: {args}");
-    Copy {
-        from,
-        sources: words,
-        destination,
-    }
-}
 
 /// `.dockerignore` in the two forms this repository uses: a path from the context root, or `**/NAME`.
 struct Ignore(Vec<String>);
@@ -159,20 +65,6 @@ impl Ignore {
                 None => relative.starts_with(pattern),
             })
     }
-}
-
-/// A path inside the image, as a path under `root` (the replay's stand-in for `/`).
-fn in_image(root: &Path, image_path: &Path) -> PathBuf {
-    assert!(image_path.is_absolute(), "{}", image_path.display());
-    let mut host = root.to_path_buf();
-    for component in image_path.components() {
-        match component {
-            Component::RootDir => {}
-            Component::Normal(part) => host.push(part),
-            other => panic!("unexpected {other:?} in {}", image_path.display()),
-        }
-    }
-    host
 }
 
 /// Copies a file or a folder's contents, keeping modification times (see the module comment).
@@ -242,10 +134,6 @@ fn replay_copy(ignore: &Ignore, root: &Path, workdir: &Path, copy: &Copy) {
         };
         copy_tree(ignore, relative, &in_image(root, &target));
     }
-}
-
-fn load_stages() -> Vec<Stage> {
-    parse_dockerfile(&std::fs::read_to_string(Path::new(REPO).join("Dockerfile")).unwrap())
 }
 
 /// The name of the stage that the final stage copies from (all its `COPY --from` must name one stage).
@@ -386,11 +274,6 @@ struct Image {
     exposed: Vec<String>,
     healthcheck: Vec<String>,
     command: Vec<String>,
-}
-
-fn json_words(args: &str, what: &str) -> Vec<String> {
-    serde_json::from_str(args)
-        .unwrap_or_else(|e| panic!("{what} is not in JSON (exec) form: {args}: {e}"))
 }
 
 /// Makes folders as `install -d [-o USER] [-g GROUP] [-m MODE] DIR…` does.
@@ -538,22 +421,9 @@ impl Image {
     /// bundle of the `ca-certificates` package (the HTTP client refuses to start without one).
     fn add_base_files(&self) {
         if self.packages.iter().any(|p| p == "ca-certificates") {
-            let bundle = Path::new("/etc/ssl/certs/ca-certificates.crt");
-            let to = in_image(self.root.path(), bundle);
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(bundle, to).unwrap();
+            install_ca_bundle(self.root.path());
         }
-        let binary = in_image(self.root.path(), Path::new(&self.command[0]));
-        let out = Command::new("ldd").arg(&binary).output().expect("ldd");
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or `/lib64/ld-linux-x86-64.so.2 (0x…)`
-            let path = line.split("=>").last().unwrap().split_whitespace().next();
-            if let Some(path) = path.filter(|p| p.starts_with('/')) {
-                let to = in_image(self.root.path(), Path::new(path));
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                std::fs::copy(path, to).unwrap();
-            }
-        }
+        add_libraries(self.root.path(), Path::new(&self.command[0]));
     }
 
     /// Applies a compose service's volumes: bind mounts are copied over the image's files (`binds` maps a

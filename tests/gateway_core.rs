@@ -577,6 +577,7 @@ async fn health_readiness_metrics_and_unknown_routes() {
     let metrics = gw
         .client
         .get(format!("{}/metrics", gw.base))
+        .bearer_auth(gw.keys.operator_token("seal.metrics.read"))
         .send()
         .await
         .unwrap()

@@ -11,14 +11,6 @@ use common::{code, keyed_call, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn audit_events(gw: &Gateway, query: &str) -> Vec<Value> {
-    let (status, page) = gw
-        .admin(Method::GET, &format!("/v1/audit?{query}"), None)
-        .await;
-    assert_eq!(status, 200, "{page}");
-    page["items"].as_array().unwrap().clone()
-}
-
 #[tokio::test]
 async fn the_standalone_api_can_neither_forge_nor_block_an_agents_claim() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,8 +67,8 @@ async fn the_standalone_api_can_neither_forge_nor_block_an_agents_claim() {
     assert_eq!(items[0]["kind"], "standalone");
     // Both standalone steps are audited with the actor; an invoke claim is resolved only via resolve,
     // with a JSON-RPC response object.
-    let taken = audit_events(&gw, "type=ClaimTaken").await;
-    let settled = audit_events(&gw, "type=ClaimSettled").await;
+    let taken = gw.audit_events("type=ClaimTaken").await;
+    let settled = gw.audit_events("type=ClaimSettled").await;
     assert_eq!((taken.len(), settled.len()), (1, 1));
     assert_eq!(taken[0]["actor"], "test-operator");
     assert_eq!(settled[0]["request_id"], json!(target));
@@ -113,7 +105,7 @@ async fn a_reused_idempotency_key_never_returns_another_calls_answer() {
     assert_eq!((status, code(&reused)), (422, 4002), "{reused}");
     assert!(!reused.to_string().contains("secret"));
     assert_eq!(tool.count(), 1);
-    let blocked = audit_events(&gw, "type=ClaimBlocked").await;
+    let blocked = gw.audit_events("type=ClaimBlocked").await;
     assert_eq!(blocked[0]["code"], 4002);
     // The same call with the same key still SKIPs with its own answer.
     let (status, again) = gw
@@ -188,7 +180,7 @@ async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
         assert_eq!((status, code(&body)), (401, 1004));
     }
     let seconds = started.elapsed().as_secs() as usize + 1;
-    let events = audit_events(&gw, "type=EnvelopeRejected&code=1004").await;
+    let events = gw.audit_events("type=EnvelopeRejected&code=1004").await;
     assert!(
         (3..=3 * seconds).contains(&events.len()) && events.len() < 10,
         "{} events in {seconds} s: only 3 per second and address are recorded",
@@ -415,7 +407,7 @@ async fn commands_and_urls_are_refused_by_the_r2_rules_without_quoting_them() {
         .await;
     assert_eq!(status, 200, "{body}");
     // No event, in the store or in the file, quotes a refused value.
-    let events = audit_events(&gw, "type=PolicyViolationBlocked").await;
+    let events = gw.audit_events("type=PolicyViolationBlocked").await;
     assert_eq!(events.len(), 5);
     let file = gw.audit_file().await;
     for text in [serde_json::to_string(&events).unwrap(), file] {
@@ -479,10 +471,72 @@ async fn upstream_failures_name_no_upstream_address_or_credential() {
         .call(&key, &token, tool_call(1, "leaky.read", json!({})))
         .await;
     assert_eq!((status, code(&body)), (502, 5001), "{body}");
-    let failed = audit_events(&gw, "type=ToolCallFailed").await;
+    let failed = gw.audit_events("type=ToolCallFailed").await;
     assert_eq!(failed.len(), 1);
     for text in [body.to_string(), failed[0].to_string()] {
         assert!(!text.contains("SECRET-IN-URL"), "{text}");
         assert!(!text.contains("127.0.0.1:1"), "{text}");
     }
+}
+
+#[tokio::test]
+async fn replayed_envelopes_and_revoked_tokens_cannot_flood_the_audit_trail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let config = common::write_config(dir.path(), &keys, &tool_base, "", "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "audit: { file: audit.jsonl }",
+        "audit: { file: audit.jsonl, unauthenticated_per_second: 3 }",
+    );
+    std::fs::write(&config, text).unwrap();
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let (key, token) = gw.session("exec-flood").await;
+    const SENT: usize = 40;
+    let started = std::time::Instant::now();
+    // A captured envelope, sent again and again: 1008 each time.
+    let captured = sealgate::envelope::sign_envelope(
+        &key,
+        tool_call(1, "tool.off", json!({})),
+        &token,
+        sealgate::clock::now_secs(),
+    );
+    assert_eq!(gw.post(&captured).await.0, 200);
+    for _ in 0..SENT {
+        assert_eq!(code(&gw.post(&captured).await.1), 1008);
+    }
+    // A captured token after its session was revoked: 1006 each time.
+    let (status, _) = gw
+        .admin(Method::DELETE, "/v1/seal/sessions/exec-flood", None)
+        .await;
+    assert_eq!(status, 200);
+    for id in 0..SENT as u64 {
+        let (_, body) = gw
+            .call(&key, &token, tool_call(id + 2, "tool.off", json!({})))
+            .await;
+        assert_eq!(code(&body), 1006);
+    }
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    for refused in [1008, 1006] {
+        let recorded = gw
+            .audit_events(&format!("type=EnvelopeRejected&code={refused}&limit=1000"))
+            .await
+            .len();
+        assert!(
+            (1..=3 * seconds).contains(&recorded) && recorded < SENT,
+            "{recorded} events of {SENT} refusals with code {refused} in {seconds} s"
+        );
+    }
+    // The rest are counted, and the count is recorded within the report interval (10 s).
+    common::until(Duration::from_secs(15), "the suppressed count", || async {
+        let summaries = gw
+            .audit_events("type=EnvelopeRejected&code=1000&limit=1000")
+            .await;
+        let suppressed: u64 = summaries
+            .iter()
+            .filter_map(|event| event["suppressed"].as_u64())
+            .sum();
+        suppressed >= (2 * SENT).saturating_sub(6 * seconds) as u64
+    })
+    .await;
 }

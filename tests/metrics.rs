@@ -1,12 +1,13 @@
 //! `/metrics` from the real binary after real calls, parsed strictly as the Prometheus text format
 //! (0.0.4): every family has HELP and TYPE, histograms are cumulative and end in +Inf = count, and the
-//! gauges say what the gateway holds.
+//! gauges say what the gateway holds. Who may read them (SPEC 11 r3): an operator token with
+//! `seal.metrics.read` on the main listener, or anyone on `metrics.listen`, which then is the only place.
 
 mod common;
 
 use std::collections::BTreeMap;
 
-use common::{tool_call, Gateway};
+use common::{code, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::json;
 
@@ -230,6 +231,7 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
     let response = gw
         .client
         .get(format!("{}/metrics", gw.base))
+        .bearer_auth(gw.keys.operator_token("seal.metrics.read"))
         .send()
         .await
         .unwrap();
@@ -287,4 +289,93 @@ async fn metrics_are_histograms_and_gauges_with_help_in_the_text_format() {
     };
     assert!(counter("sealgate_audit_batches_total") >= 1.0);
     assert_eq!(counter("sealgate_audit_head_conflicts_total"), 0.0);
+}
+
+async fn scrape(gw: &Gateway, base: &str, scope: Option<&str>) -> (u16, String) {
+    let mut request = gw.client.get(format!("{base}/metrics"));
+    if let Some(scope) = scope {
+        request = request.bearer_auth(gw.keys.operator_token(scope));
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+fn error_code(text: &str) -> u64 {
+    code(&serde_json::from_str(text).unwrap_or_else(|_| panic!("not an error body: {text}")))
+}
+
+#[tokio::test]
+async fn the_main_listener_serves_metrics_only_to_seal_metrics_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (status, text) = scrape(&gw, &gw.base, None).await;
+    assert_eq!((status, error_code(&text)), (401, 6001), "{text}");
+    let (status, text) = scrape(&gw, &gw.base, Some("seal.audit.read")).await;
+    assert_eq!((status, error_code(&text)), (403, 6002), "{text}");
+    assert!(text.contains("seal.metrics.read"), "{text}");
+    for scope in ["seal.metrics.read", "seal.admin"] {
+        let (status, text) = scrape(&gw, &gw.base, Some(scope)).await;
+        assert_eq!(status, 200, "{scope}: {text}");
+        assert!(text.contains("sealgate_build_info"), "{text}");
+    }
+    // The token CLI knows the scope, as it knows every other.
+    let key = dir.path().join("operator.pem");
+    std::fs::write(&key, &gw.keys.operator_private).unwrap();
+    let key = key.to_str().unwrap();
+    let mint = |scope: &str| {
+        common::run_cli(&[
+            "token",
+            "operator",
+            "--key",
+            key,
+            "--sub",
+            "prometheus",
+            "--scope",
+            scope,
+        ])
+    };
+    let (status, minted) = mint("seal.metrics.read");
+    assert_eq!(status, 0, "{minted}");
+    let (status, refused) = mint("seal.metric.read");
+    assert_ne!(status, 0, "{refused}");
+    assert!(
+        refused.contains("seal.metrics.read"),
+        "the known scopes are listed: {refused}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_listen_serves_them_without_a_token_there_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::mcp::free_port();
+    let (gw, _tool) = Gateway::start(
+        dir.path(),
+        &format!("metrics: {{ listen: \"127.0.0.1:{port}\" }}\n"),
+    )
+    .await;
+    let own = format!("http://127.0.0.1:{port}");
+    let (status, text) = scrape(&gw, &own, None).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("sealgate_build_info"), "{text}");
+    // Only /metrics there: not the API, not the agent endpoint.
+    for path in ["/healthz", "/v1/seal/sessions", "/v1/invoke"] {
+        let status = gw
+            .client
+            .get(format!("{own}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 404, "{path} on the metrics listener");
+    }
+    // And not on the main listener, whatever the token.
+    for scope in [None, Some("seal.admin")] {
+        let (status, text) = scrape(&gw, &gw.base, scope).await;
+        assert_eq!(
+            (status, error_code(&text)),
+            (404, 6003),
+            "{scope:?}: {text}"
+        );
+    }
 }

@@ -5,9 +5,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 
-use common::{code, tool_call, write_config, Gateway, Keys, Stderr};
+use common::{code, ready_url, start_tool, tool_call, write_config, Gateway, Keys, Lines};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -16,8 +17,18 @@ const PARENT: &str = "00f067aa0ba902b7";
 
 /// Starts the binary with `extra` configuration and `env`, its standard error piped to the test (so not
 /// a terminal) and none of the test's own log settings passed on.
-async fn start_logged(dir: &Path, extra: &str, env: &[(&str, &str)]) -> (Gateway, Stderr) {
-    Gateway::start_capturing(dir, extra, |command| {
+async fn start_logged(dir: &Path, extra: &str, env: &[(&str, &str)]) -> (Gateway, Lines) {
+    start_logged_with(dir, |_| String::new(), extra, env).await
+}
+
+/// Like [`start_logged`], with upstreams added: `upstreams` gets the test tool's base URL.
+async fn start_logged_with(
+    dir: &Path,
+    upstreams: impl FnOnce(&str) -> String,
+    extra: &str,
+    env: &[(&str, &str)],
+) -> (Gateway, Lines) {
+    Gateway::start_capturing(dir, upstreams, extra, |command| {
         command
             .env_remove("SEALGATE_LOG__LEVEL")
             .env_remove("RUST_LOG")
@@ -108,7 +119,7 @@ async fn rust_log_replaces_the_configured_level_and_text_has_no_colour_in_a_pipe
     let (gw, stderr) = start_logged(
         dir.path(),
         "log: { level: warn }\n",
-        &[("RUST_LOG", "debug"), ("SEALGATE_LOG", "info")],
+        &[("RUST_LOG", "debug")],
     )
     .await;
     let (key, token) = gw.session("exec-text-log").await;
@@ -136,10 +147,6 @@ async fn rust_log_replaces_the_configured_level_and_text_has_no_colour_in_a_pipe
         refusal.contains(&format!("trace_id=\"{trace_id}\"")),
         "{refusal}"
     );
-    // The variable of earlier versions is named, not silently ignored.
-    stderr.wait_for("about SEALGATE_LOG", |l| {
-        l.contains("SEALGATE_LOG is no longer read")
-    });
     let lines = stderr.lines();
     assert!(
         lines.iter().all(|l| !l.contains('\u{1b}')),
@@ -171,6 +178,23 @@ fn a_bad_log_setting_stops_start_up_with_its_error() {
     // The configuration is read before the log starts; its errors still reach the operator.
     let stderr = serve("log: { level: loud }\n", "");
     assert!(stderr.contains("loud"), "{stderr}");
+}
+
+#[test]
+fn the_log_variable_of_earlier_versions_stops_start_up_and_says_what_replaced_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &Keys::new(), "http://127.0.0.1:9", "", "");
+    let (status, output) = common::run_cli_with_env(
+        &["serve", "--config", config.to_str().unwrap()],
+        &[("SEALGATE_LOG", "info")],
+    );
+    assert_eq!(status, 1, "{output}");
+    assert!(
+        output.contains(
+            "SEALGATE_LOG is no longer read; set log.level (SEALGATE_LOG__LEVEL) or RUST_LOG"
+        ),
+        "{output}"
+    );
 }
 
 #[tokio::test]
@@ -292,4 +316,218 @@ async fn an_invalid_or_repeated_traceparent_is_ignored_for_a_fresh_trace() {
     seen.dedup();
     assert_eq!(seen.len(), 4, "every call gets a trace of its own");
     assert!(audit_by_trace(&gw, TRACE).await.is_empty());
+}
+
+/// A credential planted everywhere one can hide: upstream URL queries and headers, the webhook URL's
+/// userinfo and query, the store URL's password, and argument values.
+const MARK: &str = "Sekr3tMark";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_log_line_holds_a_credential_whatever_fails_even_at_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let everything_port = common::mcp::free_port();
+    let _everything = common::mcp::start_everything(
+        &common::mcp::server_script("server-everything"),
+        everything_port,
+    )
+    .await;
+    let upstreams = |tool: &str| {
+        let tls = tool.replacen("http://", "https://", 1);
+        format!(
+            "  refused: {{ http: {{ url: \"http://127.0.0.1:1/rpc?api_key={MARK}\" }}, timeout_ms: 1000 }}\n  \
+             late: {{ http: {{ url: \"{tool}/slow?api_key={MARK}\" }}, timeout_ms: 300 }}\n  \
+             garbled: {{ http: {{ url: \"{tool}/bad?api_key={MARK}\" }}, headers: {{ X-Api-Key: \"{MARK}\" }} }}\n  \
+             tls: {{ http: {{ url: \"{tls}/rpc?api_key={MARK}\" }}, timeout_ms: 2000 }}\n  \
+             nowhere: {{ http: {{ url: \"http://sealgate-test.invalid/rpc?api_key={MARK}\" }}, timeout_ms: 2000 }}\n  \
+             everything: {{ mcp: {{ url: \"http://127.0.0.1:{everything_port}/mcp?api_key={MARK}\" }}, headers: {{ Authorization: \"Bearer {MARK}\" }} }}\n"
+        )
+    };
+    let webhook = format!(
+        "approvals: {{ webhook_url: \"http://hook:{MARK}@127.0.0.1:1/hook?token={MARK}\" }}\n"
+    );
+    let (gw, stderr) =
+        start_logged_with(dir.path(), upstreams, &webhook, &[("RUST_LOG", "trace")]).await;
+    let (key, token) = gw.session_in("exec-secrets", "other").await;
+    let arguments = json!({"secret": MARK, "path": format!("/workspace/{MARK}")});
+    for (id, tool, expected) in [
+        (1, "refused.op", 5001),
+        (2, "late.op", 5002),
+        (3, "garbled.op", 5003),
+        (4, "tls.op", 5001),
+    ] {
+        let (status, body) = gw
+            .call(&key, &token, tool_call(id, tool, arguments.clone()))
+            .await;
+        assert_eq!(code(&body), expected, "{tool}: {status} {body}");
+    }
+    // DNS: refused by the resolver (5001), or slower than the upstream's timeout (5002).
+    let (_, body) = gw
+        .call(&key, &token, tool_call(5, "nowhere.op", arguments.clone()))
+        .await;
+    assert!([5001, 5002].contains(&code(&body)), "{body}");
+    // Through rmcp, which logs whole JSON-RPC messages at trace: an argument value and its echo.
+    let (status, body) = gw
+        .call(
+            &key,
+            &token,
+            tool_call(6, "everything.echo", json!({"message": MARK})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Refused by the policy, and held for an approval whose webhook cannot be reached.
+    let (test_key, test_token) = gw.session("exec-secrets-test").await;
+    for (id, tool, expected) in [
+        (7, "tool.read", 2002),
+        (8, "tool.forbidden", 2001),
+        (9, "pay.send", 4003),
+    ] {
+        let payload = tool_call(
+            id,
+            tool,
+            json!({"path": format!("/etc/{MARK}"), "to": MARK}),
+        );
+        let (_, body) = gw.call(&test_key, &test_token, payload).await;
+        assert_eq!(code(&body), expected, "{tool}: {body}");
+    }
+
+    for upstream in ["refused", "late", "garbled", "tls", "nowhere"] {
+        stderr.wait_for(&format!("about {upstream}'s failure"), |l| {
+            l.contains("tool call failed") && l.contains(&format!("upstream={upstream}"))
+        });
+    }
+    // The URL is there for the operator: scheme, host, port and path.
+    stderr.wait_for("naming the refused URL", |l| {
+        l.contains("tool call failed") && l.contains("http://127.0.0.1:1/rpc")
+    });
+    stderr.wait_for("about the webhook", |l| {
+        l.contains("approval webhook failed") && l.contains("http://127.0.0.1:1/hook")
+    });
+    let operator_token = gw.keys.operator_token("seal.admin");
+    gw.admin(Method::GET, "/v1/audit?limit=5", None).await;
+    let lines = stderr.lines();
+    assert!(
+        lines.len() > 100,
+        "a trace-level log: {} lines",
+        lines.len()
+    );
+    for secret in [
+        MARK,
+        token.as_str(),
+        test_token.as_str(),
+        operator_token.as_str(),
+    ] {
+        let found: Vec<&String> = lines.iter().filter(|l| l.contains(secret)).collect();
+        assert!(found.is_empty(), "{secret} reached the log: {found:#?}");
+    }
+
+    // The store's password, when the database cannot be reached, at every level.
+    let store_dir = tempfile::tempdir().unwrap();
+    let store =
+        format!("store: \"postgres://postgres:{MARK}@127.0.0.1:1/sealgate?sslmode=disable\"\n");
+    let config = write_config(
+        store_dir.path(),
+        &Keys::new(),
+        "http://127.0.0.1:9",
+        "",
+        &store,
+    );
+    for args in [
+        vec!["serve", "--config"],
+        vec!["serve", "--check", "--config"],
+    ] {
+        let mut args = args;
+        args.push(config.to_str().unwrap());
+        let env = [("RUST_LOG", "trace"), ("TEST_TOOL_CREDENTIAL", "x")];
+        let output = common::run_refused(&args, &env);
+        assert!(output.contains("store: "), "{output}");
+        assert!(!output.contains(MARK), "{args:?}: {output}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_json_mode_every_line_on_stdout_and_stderr_is_one_json_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    let config = write_config(dir.path(), &keys, &tool_base, "", "log: { format: json }\n");
+    let launch = |listen: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sealgate"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")
+            .env("RUST_LOG", "debug")
+            .env("SEALGATE_LISTEN", listen)
+            // Audit events on stdout too, beside the ready line.
+            .env("SEALGATE_AUDIT__STDOUT", "true")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = launch("127.0.0.1:0");
+    let stdout = Lines::capture(child.stdout.take().unwrap());
+    let stderr = Lines::capture(child.stderr.take().unwrap());
+    let ready = stdout.wait_for("the ready line", |l| ready_url(l).is_some());
+    let base = ready_url(&ready).unwrap();
+    assert!(base.starts_with("http://127.0.0.1:"), "{ready}");
+    let gw = Gateway {
+        child,
+        binary: env!("CARGO_BIN_EXE_sealgate").into(),
+        wrapper: Vec::new(),
+        base,
+        dir: dir.path().to_path_buf(),
+        config_path: config.clone(),
+        keys,
+        client: reqwest::Client::new(),
+    };
+    let (key, token) = gw.session("exec-json-lines").await;
+    for (id, tool, expected) in [
+        (1, "tool.off", 200),
+        (2, "tool.forbidden", 403),
+        (3, "down.op", 502),
+    ] {
+        let (status, body) = gw.call(&key, &token, tool_call(id, tool, json!({}))).await;
+        assert_eq!(status, expected, "{tool}: {body}");
+    }
+    stderr.wait_for("about the unreachable tool", |l| {
+        l.contains("tool call failed")
+    });
+    // A clean stop writes its lines too.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    stderr.wait_for("about the stop", |l| l.contains("sealgate stopped"));
+
+    // A fatal error after the configuration is read: the port is taken.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut failed = launch(&taken.local_addr().unwrap().to_string());
+    let failed_stdout = Lines::capture(failed.stdout.take().unwrap());
+    let failed_stderr = Lines::capture(failed.stderr.take().unwrap());
+    assert!(!failed.wait().unwrap().success());
+    let fatal = failed_stderr.wait_for("the fatal error", |l| l.contains("cannot listen"));
+
+    let streams = [
+        ("stdout", stdout.lines()),
+        ("stderr", stderr.lines()),
+        ("stdout of the failed start", failed_stdout.lines()),
+        ("stderr of the failed start", failed_stderr.lines()),
+    ];
+    for (name, lines) in &streams {
+        for line in lines {
+            let parsed: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {line}"));
+            assert!(parsed.is_object(), "{name}: {line}");
+        }
+    }
+    let parsed = |line: &str| serde_json::from_str::<Value>(line).unwrap();
+    assert_eq!(parsed(&ready)["message"], "sealgate ready");
+    assert_eq!(parsed(&fatal)["level"], "ERROR", "{fatal}");
+    // The audit events on stdout and DEBUG lines on stderr were among them.
+    assert!(stdout
+        .lines()
+        .iter()
+        .any(|l| parsed(l)["type"] == "ToolCallCompleted"));
+    assert!(stderr.lines().iter().any(|l| parsed(l)["level"] == "DEBUG"));
 }

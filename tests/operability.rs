@@ -217,23 +217,138 @@ async fn serve_check_lists_every_problem_and_passes_a_good_configuration() {
 }
 
 #[test]
-fn serve_check_refuses_an_audit_file_that_is_a_folder_and_names_stray_variables() {
+fn serve_check_refuses_an_audit_file_that_is_a_folder() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("empty")).unwrap();
     std::fs::create_dir(dir.path().join("trail")).unwrap();
     let config = dir.path().join("sealgate.yaml");
     std::fs::write(&config, "policies_dir: empty\naudit: { file: trail }\n").unwrap();
-    // A misspelt variable (a section, not a key) is named, not silently dropped.
     let (status, output) = run_cli_with_env(
         &["serve", "--check", "--config", config.to_str().unwrap()],
-        &[("SEALGATE_AGENT_TOKENS", "{}")],
+        &[],
     );
     assert_eq!(status, 1, "{output}");
     assert!(
         output.contains("audit.file") && output.contains("not a regular file"),
         "{output}"
     );
-    assert!(output.contains("SEALGATE_AGENT_TOKENS"), "{output}");
+}
+
+#[test]
+fn a_misspelt_variable_stops_serve_and_check_by_name_and_listed_ones_are_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let config = dir.path().join("sealgate.yaml");
+    std::fs::write(&config, "policies_dir: empty\nlisten: \"127.0.0.1:0\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    // A section instead of a key, and a misspelt key: each named, its value never quoted.
+    for (variable, value) in [
+        ("SEALGATE_AGENT_TOKENS", r#"{"secret": "TopSecret"}"#),
+        ("SEALGATE_AUDIT__FLIE", "TopSecret"),
+    ] {
+        let (status, checked) = run_cli_with_env(
+            &["serve", "--check", "--config", config],
+            &[(variable, value)],
+        );
+        assert_eq!(status, 1, "{variable}: {checked}");
+        let served = common::run_refused(&["serve", "--config", config], &[(variable, value)]);
+        for output in [checked, served] {
+            assert!(
+                output.contains(&format!(
+                    "environment variable {variable} names no configuration key"
+                )),
+                "{output}"
+            );
+            assert!(!output.contains("TopSecret"), "{output}");
+        }
+    }
+    // The variables docs/operations.md lists as not configuration (`sealgate connect`'s, the tests').
+    let (status, output) = run_cli_with_env(
+        &["serve", "--check", "--config", config],
+        &[
+            ("SEALGATE_GATEWAY", "http://127.0.0.1:8089"),
+            ("SEALGATE_KEY_FILE", "agent.key"),
+            ("SEALGATE_TOKEN_FILE", "agent.jwt"),
+            ("SEALGATE_TEST_ANYTHING", "1"),
+        ],
+    );
+    assert_eq!(status, 0, "{output}");
+}
+
+#[tokio::test]
+async fn null_in_a_variable_turns_an_optional_key_off_and_names_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    // The test configuration writes audit.jsonl; the variable says there is no audit file.
+    let config = write_config(dir.path(), &keys, &tool_base, "", "");
+    for null in ["null", "~", ""] {
+        let gw = Gateway::spawn_with(Vec::new(), dir.path(), &config, keys.clone(), |command| {
+            command.env("SEALGATE_AUDIT__FILE", null);
+        });
+        let (key, token) = gw.session(&format!("exec-null-{}", null.len())).await;
+        let (status, body) = gw
+            .call(&key, &token, tool_call(1, "tool.off", json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        for name in ["null", "~", "audit.jsonl"] {
+            assert!(
+                !dir.path().join(name).exists(),
+                "{null:?} made a file {name}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn serve_check_connects_to_a_postgres_store_as_start_up_does() {
+    let db = sealgate::store::testing::TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = Keys::new();
+    let (_tool, tool_base) = start_tool().await;
+    let server = db.url.rsplit_once('/').unwrap().0;
+    let check = |store: &str| {
+        let config = write_config(
+            dir.path(),
+            &keys,
+            &tool_base,
+            "",
+            &format!("store: {store:?}\n"),
+        );
+        let config = config.to_str().unwrap().to_owned();
+        let checked = run_cli_with_env(&["serve", "--check", "--config", &config], &[CREDENTIAL]);
+        let served = common::run_refused(&["serve", "--config", &config], &[CREDENTIAL]);
+        (checked, served)
+    };
+    // A database that does not exist: --check says so, as start-up would.
+    let missing = format!("{server}/{}_absent", db.name);
+    let ((status, output), start_up) = check(&missing);
+    assert_eq!(status, 1, "{output}");
+    for printed in [&output, &start_up] {
+        assert!(
+            printed.contains(&format!("database \"{}_absent\" does not exist", db.name)),
+            "{printed}"
+        );
+    }
+    // A password in the URL is never printed, whatever fails.
+    let with_password = missing.replacen("://postgres@", "://postgres:TopSecret@", 1);
+    let ((status, output), _) = check(&with_password);
+    assert_eq!(status, 1, "{output}");
+    assert!(!output.contains("TopSecret"), "{output}");
+    // A schema newer than this build knows: refused by --check, with nothing changed in it.
+    db.execute(
+        "CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
+         INSERT INTO schema_version (version) VALUES (999)",
+    )
+    .await;
+    let ((status, output), start_up) = check(&db.url);
+    assert_eq!(status, 1, "{output}");
+    for printed in [&output, &start_up] {
+        assert!(
+            printed.contains("schema is at version 999, newer than"),
+            "{printed}"
+        );
+    }
 }
 
 /// A stdio MCP server in a few lines of sh: it answers `pwd` with its working directory.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::post;
-use common::{code, tool_call, until, write_config, Gateway, Keys, Stderr};
+use common::{code, tool_call, until, write_config, Gateway, Keys, Lines};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -150,12 +150,17 @@ fn answered_span_id(traceparent: &str) -> &str {
 
 /// The gateway on the test configuration plus `extra`, with `env` set and export batches sent every
 /// 50 ms (the SDK's own `OTEL_BSP_SCHEDULE_DELAY`) rather than every 5 s; its standard error captured.
-async fn start(dir: &std::path::Path, extra: &str, env: &[(&str, &str)]) -> (Gateway, Stderr) {
-    Gateway::start_capturing(dir, extra, |command| {
-        command
-            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
-            .envs(env.iter().copied());
-    })
+async fn start(dir: &std::path::Path, extra: &str, env: &[(&str, &str)]) -> (Gateway, Lines) {
+    Gateway::start_capturing(
+        dir,
+        |_| String::new(),
+        extra,
+        |command| {
+            command
+                .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+                .envs(env.iter().copied());
+        },
+    )
     .await
 }
 

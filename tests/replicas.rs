@@ -511,6 +511,42 @@ async fn each_replica_audit_file_holds_the_events_it_wrote() {
         assert_eq!(events.iter().collect::<Vec<_>>(), own, "{replica}'s file");
     }
 
+    // `audit verify` of such a file says what it is, and what it can and cannot show.
+    let file = replicas[0].dir.join("audit.jsonl");
+    let file = file.to_str().unwrap();
+    let (status, output) = common::run_cli(&["audit", "verify", file]);
+    assert_eq!(status, 1, "not a whole chain: {output}");
+    for said in [
+        "replica \"r0\"'s own log",
+        "each event's hash holds",
+        "GET /v1/audit/export",
+        "--replica-log",
+    ] {
+        assert!(output.contains(said), "{said:?} not in {output}");
+    }
+    let (status, output) = common::run_cli(&["audit", "verify", "--replica-log", file]);
+    assert_eq!(status, 0, "{output}");
+    assert!(
+        output.starts_with("ok: replica \"r0\"'s own log"),
+        "{output}"
+    );
+    // What it can show, it checks: an event changed after the fact is named.
+    let text = std::fs::read_to_string(file).unwrap();
+    let changed = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        changed.path(),
+        text.replacen("\"tool.off\"", "\"tool.other\"", 1),
+    )
+    .unwrap();
+    let (status, output) = common::run_cli(&[
+        "audit",
+        "verify",
+        "--replica-log",
+        changed.path().to_str().unwrap(),
+    ]);
+    assert_eq!(status, 1, "{output}");
+    assert!(output.contains("hash does not match"), "{output}");
+
     // Restarted, a replica does not copy the other's events into its file, and goes on appending.
     replicas[1].restart();
     let (status, body) = replicas[1]

@@ -302,6 +302,10 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
                 record.status.as_str()
             ),
         ),
+        SettleError::NotTaker => ApiError::new(
+            Code::OperatorForbidden,
+            format!("claim {request_id:?} was taken by another operator; only they settle it"),
+        ),
         SettleError::Store(e) => ApiError::store(e),
     }
 }
@@ -428,14 +432,15 @@ pub async fn standalone_claim(
         .agent_id
         .unwrap_or_else(|| operator.name().to_string());
     bounded("agent_id", &agent)?;
-    let record = claim::new_pending(
+    let mut record = claim::new_pending(
         ClaimKind::Standalone,
         &request.request_id,
         &request.action,
         &agent,
         None,
-        None,
+        Some(claim::standalone_digest(&request.action)),
     );
+    record.taker = Some(operator.name().to_owned());
     let taken = claim::take(gw.store.as_ref(), record)
         .await
         .map_err(ApiError::store)?;
@@ -455,7 +460,17 @@ pub async fn standalone_claim(
             Some(ClaimOutcome::Settled { result }) => ("SKIP", Some(result.clone())),
             _ => ("SKIP", None),
         },
-        Taken::Pending(_) | Taken::OtherCall(_) => ("PENDING", None),
+        Taken::Pending(_) => ("PENDING", None),
+        // Bound to its action (SPEC 7.4 r3): the other claim's result is never shown.
+        Taken::OtherCall(_) => {
+            return Err(ApiError::new(
+                Code::IdempotencyKeyReused,
+                format!(
+                    "request id {:?} is taken by a claim for another action",
+                    request.request_id
+                ),
+            ))
+        }
     };
     Ok(axum::Json(ClaimTaken {
         status,
@@ -497,7 +512,11 @@ pub async fn settle(
 ) -> Result<Response, ApiError> {
     operator.require("seal.claim.resolve")?;
     let request: SettleRequest = json_body(&body)?;
-    let settled = claim::settle(gw.store.as_ref(), &request_id, request.result)
+    let settler = claim::Settler {
+        sub: operator.name(),
+        admin: operator.is_admin(),
+    };
+    let settled = claim::settle(gw.store.as_ref(), &request_id, request.result, &settler)
         .await
         .map_err(|e| settle_error(e, &request_id))?;
     let status = match settled {

@@ -2,7 +2,8 @@
 
 use std::sync::LazyLock;
 
-use axum::http::{header, StatusCode};
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -75,15 +76,25 @@ pub async fn readyz(axum::extract::State(gw): State) -> Response {
         .into_response()
 }
 
-/// Prometheus metrics in the text exposition format (README lists them).
+/// Prometheus metrics in the text exposition format (docs/operations.md lists them). With
+/// `metrics.listen` set they are served there, without a token, and this route answers 404.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)))]
-pub async fn metrics(axum::extract::State(gw): State) -> impl IntoResponse {
-    crate::telemetry::observe_gateway(&gw).await;
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics.render(),
-    )
+    security(("operator" = ["seal.metrics.read"])),
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String),
+        (status = 404, description = "Served on metrics.listen instead", body = super::openapi::ErrorBody),
+    ))]
+pub async fn metrics(
+    axum::extract::State(gw): State,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    if gw.config.metrics.listen.is_some() {
+        return Err(ApiError::new(Code::NotFound, "no such endpoint"));
+    }
+    let (mut parts, _) = request.into_parts();
+    let operator = super::Operator::from_request_parts(&mut parts, &gw).await?;
+    operator.require(crate::token::scopes::METRICS_READ)?;
+    Ok(crate::telemetry::scrape(&gw).await)
 }
 
 /// Built once: the document is the same for every gateway of this binary.

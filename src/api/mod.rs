@@ -166,6 +166,14 @@ impl Operator {
     pub fn name(&self) -> &str {
         &self.0.sub
     }
+
+    /// Whether the token holds `seal.admin` itself (every scope, and acts for any operator).
+    pub fn is_admin(&self) -> bool {
+        self.0
+            .scopes
+            .iter()
+            .any(|held| held == crate::token::scopes::ADMIN)
+    }
 }
 
 /// Why a request body could not be read.

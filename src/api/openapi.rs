@@ -183,7 +183,7 @@ mod tests {
                 // operator token.
                 let public = path.ends_with("invoke") || path == "/v1/keys";
                 let control = path.starts_with("/v1/") && !public
-                    || ["/claim", "/audit"].contains(&path.as_str())
+                    || ["/claim", "/audit", "/metrics"].contains(&path.as_str())
                     || path.starts_with("/settle/");
                 assert_eq!(
                     operation.get("security").is_some(),

@@ -37,16 +37,25 @@ pub struct Front {
 impl Front {
     /// Reads the TLS files when `tls` is set; an error names the key whose file does not load.
     pub fn from_config(config: &Config) -> Result<Front, String> {
-        let limits = &config.limits;
         Ok(Front {
+            tls: Acceptor::from_config(config)?,
+            ..Front::plain(config)
+        })
+    }
+
+    /// The limits of `config` without TLS: the metrics listener, which a scraper reaches on an internal
+    /// address.
+    pub fn plain(config: &Config) -> Front {
+        let limits = &config.limits;
+        Front {
             timeouts: Timeouts {
                 head: Duration::from_secs(limits.header_read_timeout_secs),
                 idle: Duration::from_secs(limits.idle_timeout_secs),
                 write: Duration::from_secs(limits.write_timeout_secs),
             },
             max_connections: limits.max_connections,
-            tls: Acceptor::from_config(config)?,
-        })
+            tls: None,
+        }
     }
 
     /// `https` when the listener speaks TLS.

@@ -135,10 +135,32 @@ impl fmt::Display for ChainBreak {
 impl std::error::Error for ChainBreak {}
 
 /// The chain fields of one event whose own hash has been checked.
-struct Linked {
-    seq: u64,
-    prev_hash: String,
-    hash: String,
+pub(crate) struct Linked {
+    pub(crate) seq: u64,
+    pub(crate) prev_hash: String,
+    pub(crate) hash: String,
+}
+
+/// One line of a JSON-lines file read strictly, with the event's own form and hash checked.
+pub(crate) fn read_event(
+    line_number: usize,
+    line: std::io::Result<String>,
+) -> Result<(Value, Linked), ChainBreak> {
+    let at_line = |reason: String| ChainBreak {
+        line: line_number,
+        seq: None,
+        event_id: None,
+        reason,
+    };
+    let line = line.map_err(|e| at_line(format!("line cannot be read: {e}")))?;
+    let event = parse_strict(&line).map_err(at_line)?;
+    let linked = check_event(&event).map_err(|(seq, event_id, reason)| ChainBreak {
+        line: line_number,
+        seq,
+        event_id,
+        reason,
+    })?;
+    Ok((event, linked))
 }
 
 /// Checks one event on its own: required fields and their forms, canonical numbers, and its hash.
@@ -218,13 +240,7 @@ pub fn verify_chain<R: BufRead>(reader: R) -> Result<VerifyReport, ChainBreak> {
     let mut walker = ChainWalker::default();
     for (index, line) in reader.lines().enumerate() {
         let line_number = index + 1;
-        let line = line.map_err(|e| ChainBreak {
-            line: line_number,
-            seq: None,
-            event_id: None,
-            reason: format!("line cannot be read: {e}"),
-        })?;
-        walker.push_line(&line, line_number)?;
+        walker.push_line(line, line_number)?;
     }
     walker.finish()
 }
@@ -238,19 +254,12 @@ pub struct ChainWalker {
 
 impl ChainWalker {
     /// Checks the next line (its own hash, and its link to the line before); returns its event.
-    pub fn push_line(&mut self, line: &str, line_number: usize) -> Result<Value, ChainBreak> {
-        let event = parse_strict(line).map_err(|reason| ChainBreak {
-            line: line_number,
-            seq: None,
-            event_id: None,
-            reason,
-        })?;
-        let linked = check_event(&event).map_err(|(seq, event_id, reason)| ChainBreak {
-            line: line_number,
-            seq,
-            event_id,
-            reason,
-        })?;
+    pub fn push_line(
+        &mut self,
+        line: std::io::Result<String>,
+        line_number: usize,
+    ) -> Result<Value, ChainBreak> {
+        let (event, linked) = read_event(line_number, line)?;
         let broken = |reason: String| ChainBreak {
             line: line_number,
             seq: Some(linked.seq),

@@ -12,6 +12,7 @@
 mod chain;
 mod event;
 mod query;
+mod replica_log;
 mod sink;
 pub mod testing;
 mod writer;
@@ -34,6 +35,7 @@ pub use chain::ChainWalker;
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
 pub use event::{AuditEvent, Decision, EventType};
 pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
+pub use replica_log::{verify_replica_log, ReplicaLogReport};
 pub use writer::{CheckpointOptions, CheckpointSigner, WriterOptions};
 
 use sink::FileSink;

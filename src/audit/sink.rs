@@ -74,6 +74,7 @@ impl FileSink {
         };
         // Open now so that a file that cannot be written stops start-up instead of the first call.
         sink.ensure_open()?;
+        crate::files::tighten(&sink.path, 0o600, "audit.file");
         Ok(sink)
     }
 

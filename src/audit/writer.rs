@@ -230,7 +230,7 @@ impl Writer {
             (
                 &self.suppressed,
                 1000,
-                "request bodies were refused without an event of their own (rate limit)",
+                "refusals before check 8 passed got no event of their own (rate limit per address)",
             ),
             (
                 &self.shed,

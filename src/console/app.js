@@ -7,13 +7,35 @@ const main = document.getElementById('main');
 const signOut = document.getElementById('sign-out');
 let leave = () => {};
 
-// `sealgate demo` prints /console/#token=…: keep the token in session storage and take it out of the
-// address bar and the history at once.
-function adoptLinkToken() {
+// `sealgate demo` prints /console/#token=…: the token is taken out of the address bar and the history
+// at once. It is kept in session storage, unless another token is signed in already: then it replaces
+// that one only when the operator says so (a link must not swap who acts without being noticed).
+function takeLinkToken() {
   const match = /^#token=([^&]+)/.exec(window.location.hash);
-  if (!match) return;
-  token.set(decodeURIComponent(match[1]));
+  if (!match) return null;
   window.history.replaceState(null, '', `${window.location.pathname}#/overview`);
+  return decodeURIComponent(match[1]);
+}
+
+function askToReplace(offered) {
+  signOut.hidden = false;
+  const keep = el('button', { type: 'button', on: { click: () => route() } }, 'Keep my current token');
+  const use = el('button', { type: 'button', on: { click: () => { token.set(offered); route(); } } }, 'Use the link’s token');
+  replace(main,
+    el('h1', {}, 'Replace your token?'),
+    el('p', {}, 'You are signed in, and the link you opened carries another operator token. '
+      + 'Using it changes who you act as, and what you may do, from now on in this tab.'),
+    el('div', { class: 'actions' }, keep, use));
+  keep.focus();
+}
+
+// A `#token=` link opened in this tab, on load or later.
+function start() {
+  const offered = takeLinkToken();
+  const current = token.get();
+  if (offered && current && offered !== current) { askToReplace(offered); return; }
+  if (offered) token.set(offered);
+  route();
 }
 
 function signInPage() {
@@ -69,9 +91,9 @@ signOut.addEventListener('click', () => {
 });
 // A page chosen from the navigation takes the focus, so keyboard and screen-reader users land on it.
 window.addEventListener('hashchange', () => {
+  if (window.location.hash.startsWith('#token=')) { start(); return; }
   route();
   if (token.get()) main.focus({ preventScroll: true });
 });
 window.addEventListener('unhandledrejection', (event) => say(errorText(event.reason)));
-adoptLinkToken();
-route();
+start();

@@ -62,14 +62,18 @@ function overview(main) {
   replace(main, el('h1', {}, 'Overview'), el('p', { class: 'muted' }, 'From the gateway\'s /metrics, sampled every 3 s while the console is open.'), body);
   return every(POLL_MS, async () => {
     try {
-      const response = await fetch('/metrics');
-      const sample = summarise(parseMetrics(await response.text()));
+      // Sent with the token: /metrics needs seal.metrics.read on this listener (SPEC 11 r3).
+      const text = await api('GET', '/metrics');
+      const sample = summarise(parseMetrics(typeof text === 'string' ? text : ''));
       // A revisit within a second would make a rate out of a few milliseconds: replace the last sample.
       if (history.length && sample.t - history[history.length - 1].t < 1000) history.pop();
       history.push(sample);
       while (history.length && history[0].t < Date.now() - HISTORY_MS) history.shift();
     } catch (error) {
-      replace(body, problem(error));
+      const elsewhere = error instanceof ApiFailure && error.status === 404;
+      replace(body, elsewhere
+        ? el('p', { class: 'muted', role: 'status' }, 'This gateway serves /metrics on a listener of its own (metrics.listen), not to the console.')
+        : problem(error));
       return;
     }
     const rates = [];

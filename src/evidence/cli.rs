@@ -18,7 +18,11 @@ pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
     };
     let report = match verify::verify_files(files, ring.as_ref()) {
         Ok(report) => report,
-        Err(broken) => return fail(&format!("broken: {broken}")),
+        Err(broken) => {
+            eprintln!("broken: {broken}");
+            explain_replica_log(files);
+            return ExitCode::FAILURE;
+        }
     };
     let chain = &report.chain;
     println!(
@@ -44,6 +48,42 @@ pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
         report.unsigned_tail
     );
     ExitCode::SUCCESS
+}
+
+/// A whole-chain check that failed on one file that reads as a replica's own log (PostgreSQL: the events
+/// this replica wrote, others' seqs missing) says so, and what to run instead.
+fn explain_replica_log(files: &[PathBuf]) {
+    let [file] = files else { return };
+    let Ok(opened) = std::fs::File::open(file) else {
+        return;
+    };
+    if let Ok(report) = crate::audit::verify_replica_log(std::io::BufReader::new(opened)) {
+        if report.gaps > 0 {
+            eprintln!(
+                "this file reads as {report}. A replica's audit.file is not a whole chain: \
+                 `sealgate audit verify --replica-log` checks it as a replica's log, and the whole \
+                 chain is GET /v1/audit/export"
+            );
+        }
+    }
+}
+
+/// `sealgate audit verify --replica-log FILE`: checks a replica's own audit.file as such (SPEC 12).
+pub fn replica_log_verify(files: &[PathBuf]) -> ExitCode {
+    let [file] = files else {
+        return fail("--replica-log checks one file");
+    };
+    let opened = match std::fs::File::open(file) {
+        Ok(opened) => opened,
+        Err(e) => return fail(&format!("cannot open {}: {e}", file.display())),
+    };
+    match crate::audit::verify_replica_log(std::io::BufReader::new(opened)) {
+        Ok(report) => {
+            println!("ok: {report}");
+            ExitCode::SUCCESS
+        }
+        Err(broken) => fail(&format!("broken: {broken}")),
+    }
 }
 
 /// Exit 0 only when the receipt's signature, its `answer_sha256` and (with an envelope) its

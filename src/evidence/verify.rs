@@ -70,9 +70,8 @@ fn walk_file(
     let opened =
         std::fs::File::open(file).map_err(|e| format!("cannot open {}: {e}", file.display()))?;
     for (index, line) in BufReader::new(opened).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}: line {}: {e}", file.display(), index + 1))?;
         let event = walker
-            .push_line(&line, index + 1)
+            .push_line(line, index + 1)
             .map_err(|broken| format!("{}: {broken}", file.display()))?;
         if event.get("type").and_then(Value::as_str) != Some(EventType::AuditCheckpoint.as_str()) {
             continue;

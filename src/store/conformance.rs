@@ -26,6 +26,7 @@ pub(crate) fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
         committed_at: None,
         outcome: None,
         resolution: None,
+        taker: None,
     }
 }
 

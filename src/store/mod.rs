@@ -14,6 +14,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod memory;
+mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 pub mod testing;
@@ -223,8 +224,9 @@ pub struct ClaimRecord {
     #[serde(default)]
     pub kind: ClaimKind,
     pub request_id: String,
-    /// hex(SHA-256(JCS({"tool", "arguments"}))) of the call that took an invoke claim (SPEC 7.1 r2);
-    /// None for standalone claims.
+    /// What the claim is bound to (SPEC 7.1 r2, 7.4 r3): hex(SHA-256(JCS({"tool", "arguments"}))) of the
+    /// call that took an invoke claim, hex(SHA-256(JCS({"action"}))) for a standalone one (None for a
+    /// standalone claim taken before r3: its action is its binding).
     #[serde(default)]
     pub call_digest: Option<String>,
     /// The tool name (claims taken by `/v1/invoke`) or the action given to `POST /claim`.
@@ -238,6 +240,9 @@ pub struct ClaimRecord {
     pub committed_at: Option<String>,
     pub outcome: Option<ClaimOutcome>,
     pub resolution: Option<Resolution>,
+    /// The operator (token `sub`) who took a standalone claim: only they settle it (SPEC 7.4 r3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taker: Option<String>,
 }
 
 /// Where an approval request stands (SPEC 13).

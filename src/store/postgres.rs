@@ -6,15 +6,14 @@
 //! Every write is committed before it returns, so it is durable at once and `sync` has nothing to do.
 //! Every failure is a [`StoreError`] (the gateway answers 5005); none is swallowed.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
-use tokio_postgres::NoTls;
 
+use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
     ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
@@ -42,6 +41,7 @@ pub struct PgStore {
     pool: Pool,
     /// For the session listener's own connection (LISTEN needs one that the pool never lends out).
     config: tokio_postgres::Config,
+    tls: MakeRustls,
 }
 
 /// The error with its causes: tokio-postgres's own text is only "db error", the server's message is its
@@ -139,8 +139,8 @@ impl PgStore {
     /// Connects to `url` (`postgres://USER@HOST:PORT/DB`) and brings the schema up to date; refuses a
     /// schema newer than this build knows.
     pub async fn connect(url: &str) -> StoreResult<PgStore> {
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StoreError::unavailable(format!("store URL: {e}")))?;
+        let PgTarget { mut config, tls } =
+            super::pg_tls::target(url).map_err(StoreError::unavailable)?;
         config.connect_timeout(WAIT);
         config.application_name("sealgate");
         // No statement may hold a call longer than WAIT: a lock held elsewhere ends in an error (5005) on the
@@ -150,7 +150,7 @@ impl PgStore {
         config.keepalives_idle(WAIT);
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 // A connection the server closed (restart, pg_terminate_backend) is dropped, not reused.
                 recycling_method: RecyclingMethod::Fast,
@@ -164,7 +164,7 @@ impl PgStore {
             .recycle_timeout(Some(WAIT))
             .build()
             .map_err(db)?;
-        let store = PgStore { pool, config };
+        let store = PgStore { pool, config, tls };
         store.migrate().await?;
         Ok(store)
     }
@@ -176,7 +176,7 @@ impl PgStore {
         &self,
         changed: impl Fn(&str) -> bool + Send + Sync + 'static,
     ) -> StoreResult<()> {
-        let config = self.config.clone();
+        let (config, tls) = (self.config.clone(), self.tls.clone());
         // Server time (ms) up to which every change has been seen. Read before this replica caches any
         // session, so that the first connection catches up on revocations made while it was connecting.
         let mut seen_until: i64 = self
@@ -188,7 +188,7 @@ impl PgStore {
             .get(0);
         tokio::spawn(async move {
             loop {
-                match listen(&config, &mut seen_until, &changed).await {
+                match listen(&config, &tls, &mut seen_until, &changed).await {
                     Ok(Listening::Stopped) => return,
                     Ok(Listening::Lost) => {}
                     Err(e) => tracing::warn!(error = %e, "session change listener lost PostgreSQL"),
@@ -241,15 +241,7 @@ impl PgStore {
             .query_one_prepared("SELECT coalesce(max(version), 0) FROM schema_version", &[])
             .await
             .map_err(db)?;
-        let current: i32 = row.get(0);
-        let known = MIGRATIONS.len();
-        let current = usize::try_from(current).unwrap_or(usize::MAX);
-        if current > known {
-            return Err(StoreError::Unavailable(format!(
-                "the database schema is at version {current}, newer than the {known} this build knows: \
-                 refusing to start (upgrade this replica)"
-            )));
-        }
+        let current = known_schema(row.get(0))?;
         for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
             tx.batch_execute(migration).await.map_err(db)?;
             let version = i32::try_from(index + 1).unwrap_or(i32::MAX);
@@ -262,6 +254,30 @@ impl PgStore {
             tracing::info!(version, "store schema migrated");
         }
         tx.commit().await.map_err(db)
+    }
+
+    /// What `serve --check` can learn without changing anything: that `url` connects (TLS as asked,
+    /// the database exists, the user may log in) and that the schema is not newer than this build
+    /// knows. Returns the schema version found (0 for an empty database, which start-up sets up).
+    pub async fn check(url: &str) -> StoreResult<usize> {
+        let PgTarget { mut config, tls } =
+            super::pg_tls::target(url).map_err(StoreError::unavailable)?;
+        config.connect_timeout(WAIT);
+        let (client, connection) = config.connect(tls).await.map_err(db)?;
+        tokio::spawn(connection);
+        let exists: bool = client
+            .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        if !exists {
+            return Ok(0);
+        }
+        let row = client
+            .query_one("SELECT coalesce(max(version), 0) FROM schema_version", &[])
+            .await
+            .map_err(db)?;
+        known_schema(row.get(0))
     }
 
     /// Inserts unless the key exists; returns the existing record text otherwise. `insert` ends in
@@ -421,16 +437,30 @@ enum Listening {
     Lost,
 }
 
+/// The schema version a database is at, refused when it is newer than this build's migrations.
+fn known_schema(current: i32) -> StoreResult<usize> {
+    let known = MIGRATIONS.len();
+    let current = usize::try_from(current).unwrap_or(usize::MAX);
+    if current > known {
+        return Err(StoreError::Unavailable(format!(
+            "the database schema is at version {current}, newer than the {known} this build knows: \
+             refusing to start (upgrade this replica)"
+        )));
+    }
+    Ok(current)
+}
+
 /// One connection's worth of listening for session changes; see [`PgStore::watch_sessions`].
 /// The database server's clock, in ms since the epoch: the one clock that every replica's writes share.
 const SERVER_NOW_MS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 async fn listen(
     config: &tokio_postgres::Config,
+    tls: &MakeRustls,
     seen_until: &mut i64,
     changed: &(impl Fn(&str) -> bool + Send + Sync),
 ) -> Result<Listening, tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = config.connect(tls.clone()).await?;
     let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
     // The connection is driven by a task of its own, which hands over notifications; when it ends,
     // the channel closes and this listener reconnects.

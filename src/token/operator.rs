@@ -27,10 +27,12 @@ pub mod scopes {
     pub const CLAIM_RESOLVE: &str = "seal.claim.resolve";
     pub const APPROVAL_READ: &str = "seal.approval.read";
     pub const APPROVAL_DECIDE: &str = "seal.approval.decide";
+    /// `GET /metrics` on the main listener (SPEC 11 r3).
+    pub const METRICS_READ: &str = "seal.metrics.read";
     /// Grants every other scope.
     pub const ADMIN: &str = "seal.admin";
     /// Every name above, for tools that refuse a misspelt scope before it becomes a useless token.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         SESSION_CREATE,
         SESSION_REVOKE,
         SESSION_READ,
@@ -41,6 +43,7 @@ pub mod scopes {
         CLAIM_RESOLVE,
         APPROVAL_READ,
         APPROVAL_DECIDE,
+        METRICS_READ,
         ADMIN,
     ];
 }

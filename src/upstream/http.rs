@@ -10,6 +10,7 @@ use url::Url;
 
 use super::jsonrpc::{parse_http_answer, ToolAnswer};
 use super::UpstreamError;
+use crate::redact;
 
 /// Why a capped body read stopped.
 #[derive(Debug)]
@@ -136,7 +137,7 @@ impl HttpUpstream {
             let body = read_capped(response, cap).await.map_err(|e| match e {
                 CappedReadError::TooLarge => UpstreamError::TooLarge { limit: cap },
                 CappedReadError::Body(e) => {
-                    UpstreamError::Timeout(format!("the answer broke off: {e}"))
+                    UpstreamError::Timeout(format!("the answer broke off: {}", redact::error(&e)))
                 }
             })?;
             Ok((status.is_success(), body))
@@ -156,8 +157,11 @@ fn classify_send_error(e: reqwest::Error) -> UpstreamError {
     // A connect error (refused, DNS, TLS handshake) or a request that could not be built means
     // not one byte of the call left the gateway.
     if e.is_connect() || e.is_builder() {
-        UpstreamError::Unavailable(format!("cannot reach the tool: {e}"))
+        UpstreamError::Unavailable(format!("cannot reach the tool: {}", redact::error(&e)))
     } else {
-        UpstreamError::Timeout(format!("the call was sent but no answer came: {e}"))
+        UpstreamError::Timeout(format!(
+            "the call was sent but no answer came: {}",
+            redact::error(&e)
+        ))
     }
 }

@@ -34,6 +34,7 @@ use super::http::build_client;
 use super::jsonrpc::{error_object, ToolAnswer};
 use super::mcp_http_client::SessionAwareClient;
 use super::{UpstreamError, HARD_MAX_RESPONSE_BYTES};
+use crate::redact;
 
 /// Variables a stdio tool inherits from the gateway. Everything else is left out on purpose: the
 /// gateway's environment holds the credentials of other upstreams (`env:` header values).
@@ -306,7 +307,9 @@ impl McpUpstream {
         let tools = tokio::time::timeout(self.timeout, peer.list_all_tools())
             .await
             .map_err(|_| UpstreamError::Timeout("tools/list did not finish in time".into()))?
-            .map_err(|e| UpstreamError::BadResponse(format!("tools/list failed: {e}")))?;
+            .map_err(|e| {
+                UpstreamError::BadResponse(format!("tools/list failed: {}", redact::error(&e)))
+            })?;
         tools
             .into_iter()
             .map(|tool| {
@@ -423,6 +426,7 @@ impl McpUpstream {
                 if let Some(cwd) = &command.cwd {
                     process.current_dir(cwd);
                 }
+                crate::files::with_operator_umask(&mut process);
                 let mut wrapped = CommandWrap::from(process);
                 // Its own process group, so that a wrapper (npx, sh) dies with the server it runs.
                 wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
@@ -437,10 +441,12 @@ impl McpUpstream {
                     inner: transport,
                     watch: watch.clone(),
                 };
-                handler
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("MCP initialisation over stdio failed: {e}"))?
+                handler.serve(transport).await.map_err(|e| {
+                    format!(
+                        "MCP initialisation over stdio failed: {}",
+                        redact::error(&e)
+                    )
+                })?
             }
             McpTarget::Http { url, headers } => {
                 let http = build_client(self.timeout)?;
@@ -463,10 +469,13 @@ impl McpUpstream {
                     ),
                     watch: watch.clone(),
                 };
-                handler
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("MCP initialisation at {url} failed: {e}"))?
+                handler.serve(transport).await.map_err(|e| {
+                    format!(
+                        "MCP initialisation at {} failed: {}",
+                        redact::url(url.as_str()),
+                        redact::error(&e)
+                    )
+                })?
             }
         };
         Ok((service, watch))
@@ -486,7 +495,9 @@ impl McpUpstream {
         let handle = peer
             .send_request_with_option(request, PeerRequestOptions::with_timeout(self.timeout))
             .await
-            .map_err(|e| CallFailure::NotDelivered(format!("the session closed: {e}")))?;
+            .map_err(|e| {
+                CallFailure::NotDelivered(format!("the session closed: {}", redact::error(&e)))
+            })?;
         let request_id = handle.id.clone();
         // On timeout rmcp sends notifications/cancelled for the request and forgets it, so a late
         // answer is dropped on purpose rather than lost unnoticed.
@@ -552,7 +563,8 @@ impl McpUpstream {
             )),
             // TransportClosed, Cancelled and anything newer: the request may have been delivered.
             other => final_failure(UpstreamError::Timeout(format!(
-                "the session ended before the answer came: {other}"
+                "the session ended before the answer came: {}",
+                redact::error(&other)
             ))),
         }
     }
@@ -570,20 +582,22 @@ fn classify_transport_error(
     }
     let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() else {
         return CallFailure::Final(UpstreamError::Timeout(format!(
-            "transport failure: {error}"
+            "transport failure: {}",
+            redact::error(error)
         )));
     };
     match http {
         StreamableHttpError::Client(e) if e.is_connect() || e.is_builder() => {
-            CallFailure::NotDelivered(format!("cannot reach the MCP server: {e}"))
+            CallFailure::NotDelivered(format!("cannot reach the MCP server: {}", redact::error(e)))
         }
         StreamableHttpError::SessionExpired
         | StreamableHttpError::ReinitializationFailed(_)
         | StreamableHttpError::ReservedHeaderConflict(_)
         | StreamableHttpError::AuthRequired(_)
-        | StreamableHttpError::InsufficientScope(_) => {
-            CallFailure::NotDelivered(format!("the MCP server refused the request: {http}"))
-        }
+        | StreamableHttpError::InsufficientScope(_) => CallFailure::NotDelivered(format!(
+            "the MCP server refused the request: {}",
+            redact::error(http)
+        )),
         StreamableHttpError::ResponseBodyTooLarge { max_size } => {
             CallFailure::Final(UpstreamError::TooLarge {
                 limit: cap.min(*max_size as u64),
@@ -594,10 +608,10 @@ fn classify_transport_error(
         | StreamableHttpError::UnexpectedContentType(_)
         | StreamableHttpError::Deserialize(_)
         | StreamableHttpError::Sse(_) => {
-            CallFailure::Final(UpstreamError::BadResponse(http.to_string()))
+            CallFailure::Final(UpstreamError::BadResponse(redact::error(http)))
         }
         // Timeouts, resets, broken streams, an unfinished recovery: the request may have run.
-        other => CallFailure::Final(UpstreamError::Timeout(other.to_string())),
+        other => CallFailure::Final(UpstreamError::Timeout(redact::error(other))),
     }
 }
 

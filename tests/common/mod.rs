@@ -2,6 +2,7 @@
 //! a counting JSON-RPC tool on loopback, and the keys that orchestrators, operators and agents hold.
 #![allow(dead_code)]
 
+pub mod dockerfile;
 pub mod mcp;
 
 use std::io::{BufRead, BufReader};
@@ -189,10 +190,15 @@ impl Keys {
     }
 
     pub fn operator_token(&self, scope: &str) -> String {
+        self.operator_token_as("test-operator", scope)
+    }
+
+    /// An operator token for the subject `sub`.
+    pub fn operator_token_as(&self, sub: &str, scope: &str) -> String {
         let now = sealgate::clock::now_secs();
         sealgate::token::sign_eddsa_for_tests_and_cli(
             &self.operator_private,
-            &json!({"sub": "test-operator", "aud": "sealgate-operators", "scope": scope,
+            &json!({"sub": sub, "aud": "sealgate-operators", "scope": scope,
                     "iat": now, "exp": now + 600, "jti": uuid::Uuid::new_v4().to_string()}),
             None,
         )
@@ -439,8 +445,8 @@ pub fn launch_command(mut command: Command) -> (Child, String) {
     let base = loop {
         match lines.next() {
             Some(Ok(line)) => {
-                if let Some(url) = line.strip_prefix("sealgate ready on ") {
-                    break url.trim().to_string();
+                if let Some(url) = ready_url(&line) {
+                    break url;
                 }
             }
             other => panic!("sealgate exited before it was ready: {other:?}"),
@@ -449,6 +455,16 @@ pub fn launch_command(mut command: Command) -> (Child, String) {
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (child, base)
+}
+
+/// The base URL of a ready line: `sealgate ready on URL`, or with `log.format: json`
+/// `{"message": "sealgate ready", "listen": URL, …}`.
+pub fn ready_url(line: &str) -> Option<String> {
+    if let Some(url) = line.strip_prefix("sealgate ready on ") {
+        return Some(url.trim().to_string());
+    }
+    let object: Value = serde_json::from_str(line).ok()?;
+    (object["message"] == "sealgate ready").then(|| object["listen"].as_str().map(str::to_owned))?
 }
 
 impl Gateway {
@@ -528,21 +544,24 @@ impl Gateway {
         (Gateway::spawn(dir, &config, keys), tool)
     }
 
-    /// Like [`Gateway::start`], with the command adjusted by `adjust` (see [`launch_with`]) and its standard
-    /// error piped to the test (so not a terminal) and captured.
+    /// Like [`Gateway::start_with`] (`extra_upstreams` gets the test tool's base URL), with the command
+    /// adjusted by `adjust` (see [`launch_with`]) and its standard error piped to the test (so not a
+    /// terminal) and captured.
     pub async fn start_capturing(
         dir: &Path,
+        extra_upstreams: impl FnOnce(&str) -> String,
         extra_config: &str,
         adjust: impl FnOnce(&mut Command),
-    ) -> (Gateway, Stderr) {
+    ) -> (Gateway, Lines) {
         let (_tool, tool_base) = start_tool().await;
         let keys = Arc::new(Keys::new());
-        let config = write_config(dir, &keys, &tool_base, "", extra_config);
+        let upstreams = extra_upstreams(&tool_base);
+        let config = write_config(dir, &keys, &tool_base, &upstreams, extra_config);
         let mut gateway = Gateway::spawn_with(Vec::new(), dir, &config, keys, |command| {
             adjust(command);
             command.stderr(Stdio::piped());
         });
-        let stderr = Stderr::capture(&mut gateway);
+        let stderr = Lines::capture(gateway.child.stderr.take().expect("stderr is piped"));
         (gateway, stderr)
     }
 
@@ -771,22 +790,21 @@ impl Gateway {
     }
 }
 
-/// Everything the gateway writes to standard error, a line at a time, as it comes.
+/// Everything the gateway writes to one of its streams, a line at a time, as it comes.
 #[derive(Clone, Default)]
-pub struct Stderr(Arc<std::sync::Mutex<Vec<String>>>);
+pub struct Lines(Arc<std::sync::Mutex<Vec<String>>>);
 
-impl Stderr {
-    /// Reads the gateway's standard error, which its command piped (see [`Gateway::spawn_with`]).
-    pub fn capture(gateway: &mut Gateway) -> Stderr {
-        let stderr = Stderr::default();
-        let pipe = gateway.child.stderr.take().expect("stderr is piped");
-        let sink = stderr.clone();
+impl Lines {
+    /// Collects the lines of `stream` on a thread of its own until it closes.
+    pub fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
+        let lines = Lines::default();
+        let sink = lines.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 sink.0.lock().unwrap().push(line);
             }
         });
-        stderr
+        lines
     }
 
     pub fn lines(&self) -> Vec<String> {
@@ -863,6 +881,38 @@ pub fn assert_refused_at_start_up(config: &Path, expected: &str, secret: &str) {
         assert!(output.contains(expected), "{args:?}: {output}");
         assert!(!output.contains(secret), "{args:?}: {output}");
     }
+}
+
+/// Runs a `sealgate` command that must fail to start (`serve` with a configuration it refuses); returns
+/// everything it printed. One still running after 30 s is killed and the test fails: it serves.
+pub fn run_refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} still runs after 30 s:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// `count` gateway processes on one PostgreSQL store: each has a folder of its own (data, audit file,

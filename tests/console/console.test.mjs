@@ -20,6 +20,7 @@ const CONTEXT = env('CONSOLE_CONTEXT');
 const CLAIM = env('CONSOLE_CLAIM');
 const PENDING = env('CONSOLE_PENDING_CLAIM');
 const SHOTS = env('CONSOLE_SCREENSHOTS');
+const OTHER_TOKEN = env('CONSOLE_OTHER_TOKEN');
 
 async function api(method, route, body) {
   const response = await fetch(`${BASE}${route}`, {
@@ -237,6 +238,22 @@ try {
   await page.getByRole('button', { name: 'Filter' }).click();
   await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="events"] tbody tr td:nth-child(3)')].every((td) => td.textContent === 'SessionRevoked'));
   assert.deepEqual(await types(), ['SessionRevoked']);
+
+  step('a #token= link asks before it replaces the signed-in token, and leaves the address bar at once');
+  const stored = () => page.evaluate(() => sessionStorage.getItem('sealgate.operator_token'));
+  for (const [choice, expected] of [['Keep my current token', TOKEN], ['Use the link’s token', OTHER_TOKEN]]) {
+    await page.goto(`${BASE}/console/#token=${encodeURIComponent(OTHER_TOKEN)}`);
+    await page.getByRole('heading', { name: 'Replace your token?' }).waitFor();
+    assert.ok(!page.url().includes('token='), `the token left the address bar: ${page.url()}`);
+    assert.equal(await stored(), TOKEN, 'nothing is replaced before the operator answers');
+    await page.getByRole('button', { name: choice }).click();
+    await page.getByRole('heading', { name: 'Overview' }).waitFor();
+    assert.equal(await stored(), expected, choice);
+  }
+  // The same token again is no question.
+  await page.goto(`${BASE}/console/#token=${encodeURIComponent(OTHER_TOKEN)}`);
+  await page.getByRole('heading', { name: 'Overview' }).waitFor();
+  assert.equal(await stored(), OTHER_TOKEN);
 
   step('no errors in the browser console');
   assert.deepEqual(problems.map((p) => `${p.text} (${p.url})`), []);
