@@ -37,6 +37,8 @@ pub struct Config {
     /// The gateway's signing key for receipts and audit checkpoints (SPEC 14).
     pub signing: crate::evidence::SigningConfig,
     pub tls: crate::tls::TlsConfig,
+    /// OpenTelemetry traces over OTLP (SPEC 11 r3).
+    pub telemetry: crate::otel::TelemetryConfig,
     pub metrics: crate::telemetry::MetricsConfig,
     /// Archiving old audit events and removing old settled records (SPEC 12 r3).
     pub retention: crate::retention::RetentionConfig,
@@ -149,6 +151,7 @@ impl Default for Config {
             approvals: Approvals::default(),
             signing: crate::evidence::SigningConfig::default(),
             tls: crate::tls::TlsConfig::default(),
+            telemetry: crate::otel::TelemetryConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
             retention: crate::retention::RetentionConfig::default(),
             base_dir: PathBuf::from("."),
@@ -214,6 +217,7 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("tls.cert_file", EnvValue::Text),
     ("tls.key_file", EnvValue::Text),
     ("tls.client_ca_file", EnvValue::Text),
+    ("telemetry.otlp_endpoint", EnvValue::Text),
     ("metrics.listen", EnvValue::Text),
     ("retention.audit_days", EnvValue::Json),
     ("retention.claims_days", EnvValue::Json),
@@ -371,6 +375,7 @@ impl Config {
         }
         self.tls.validate()?;
         self.retention.validate()?;
+        self.telemetry.validate()?;
         if self.sessions.max_lifetime_secs <= 0 {
             return fail("sessions.max_lifetime_secs", "must be positive");
         }
@@ -716,6 +721,10 @@ mod tests {
             .chain(section_keys(
                 "tls",
                 serde_json::to_value(crate::tls::TlsConfig::default()).unwrap(),
+            ))
+            .chain(section_keys(
+                "telemetry",
+                serde_json::to_value(crate::otel::TelemetryConfig::default()).unwrap(),
             ));
         for key in keys {
             assert!(

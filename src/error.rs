@@ -183,6 +183,11 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status.unwrap_or_else(|| self.code.status());
+        crate::otel::refused(
+            self.code.number(),
+            self.code.name(),
+            status.is_server_error(),
+        );
         let mut response = (status, axum::Json(self.body())).into_response();
         if let Some(secs) = self.retry_after_secs {
             response

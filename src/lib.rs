@@ -26,6 +26,7 @@ pub mod files;
 pub mod fuzzing;
 pub mod gateway;
 pub mod logging;
+pub mod otel;
 pub mod pipeline;
 pub mod policy;
 pub mod recovery;

@@ -237,7 +237,12 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         } => return Ok(sealgate::config_check::run(config.as_deref()).await),
         Command::Serve { config, .. } => {
             let config = sealgate::logging::load_config_and_start(config.as_deref())?;
-            sealgate::gateway::serve(config).await?;
+            let traces = sealgate::otel::start(&config.telemetry, &config.replica_id)?;
+            let served = sealgate::gateway::serve(config).await;
+            if let Some(traces) = traces {
+                traces.stop().await;
+            }
+            served?;
         }
         Command::Demo { keep, serve, tls } => sealgate::demo::run(keep, serve, tls).await?,
         Command::Connect(args) => return Ok(sealgate::connect::run(args).await),

@@ -20,6 +20,7 @@ use crate::clock;
 use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
+use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, SecurityContext};
 use crate::session::LiveSession;
 use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
@@ -96,6 +97,8 @@ struct CallFacts {
     /// record was written. Every answer after both carries a signed receipt (SPEC 14).
     in_window: bool,
     signature_new: bool,
+    /// The exported span of the call's current phase (`crate::otel`); inert when traces are not exported.
+    phases: crate::otel::Phases,
 }
 
 impl CallFacts {
@@ -187,6 +190,16 @@ impl CallFacts {
             .collect()
     }
 
+    /// What the call's exported span says of it: names and ids, never arguments (SPEC 9.1).
+    fn traced(&self) -> crate::otel::CallAttributes<'_> {
+        crate::otel::CallAttributes {
+            tool: self.tool.as_deref(),
+            context: self.context.as_deref(),
+            claim: self.claim,
+            session_id: self.session_id.as_deref(),
+        }
+    }
+
     fn note_claim(&mut self, record: &ClaimRecord, outcome: &'static str) {
         self.request_id = Some(record.request_id.clone());
         self.action_ref = Some(record.action_ref.clone());
@@ -221,15 +234,20 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
             .then(|| env.signature.clone()),
         ..CallFacts::default()
     };
-    match run(gw, &env, &message, &mut facts, started).await {
-        Ok(outcome) => outcome,
-        Err(refusal) => {
-            let refusal = remember_before_refusing(gw, &mut facts, refusal).await;
-            Outcome::Refused {
-                error: record_refusal(gw, &env, &facts, *refusal, client, started).await,
-                tool: facts.tool,
-            }
+    let refusal = match run(gw, &env, &message, &mut facts, started).await {
+        Ok(outcome) => {
+            crate::otel::record_call(facts.traced());
+            return outcome;
         }
+        Err(refusal) => refusal,
+    };
+    facts.phases.enter(Phase::Settle);
+    let refusal = remember_before_refusing(gw, &mut facts, refusal).await;
+    let error = record_refusal(gw, &env, &facts, *refusal, client, started).await;
+    crate::otel::record_call(facts.traced());
+    Outcome::Refused {
+        error,
+        tool: facts.tool,
     }
 }
 
@@ -282,6 +300,7 @@ async fn run(
     started: Instant,
 ) -> Result<Outcome, Refused> {
     let now = clock::now_secs();
+    facts.phases.enter(Phase::Verify);
     let claims = verify_token(gw, env, now).await?; // checks 2–4
     facts.claims = Some(claims.clone());
     let session = live_session(gw, &claims, now).await?; // check 5
@@ -295,7 +314,10 @@ async fn run(
     facts.context = context.as_ref().map(|c| c.spec.name.clone());
     facts.context_version = context.as_ref().map(|c| c.version.clone());
     let (id, tool, arguments, idempotency_key) = match call {
-        Call::ToolsList { id } => return list_tools(gw, env, facts, context, &session, id).await,
+        Call::ToolsList { id } => {
+            facts.phases.enter(Phase::Forward);
+            return list_tools(gw, env, facts, context, &session, id).await;
+        }
         Call::ToolsCall {
             id,
             tool,
@@ -304,6 +326,7 @@ async fn run(
         } => (id, tool.as_str().to_string(), arguments, idempotency_key),
     };
     facts.tool = Some(tool.clone());
+    facts.phases.enter(Phase::Decide);
     let (context, index, rule) = decide(context, &session, &tool, &arguments)?; // SPEC 6.3
     let capability = &context.capabilities[index];
     if !gw.upstreams.has_route(&tool) {
@@ -312,6 +335,7 @@ async fn run(
             format!("no upstream serves {tool:?}"),
         ));
     }
+    facts.phases.enter(Phase::Claim);
     let claim_record = new_claim(
         &claims,
         &session,
@@ -367,6 +391,7 @@ async fn run(
         }
         Some(Taken::Skip(record)) => {
             facts.note_claim(&record, "SKIP");
+            facts.phases.enter(Phase::Settle);
             return skip(gw, env, facts, (&context, index, &rule), &record, &id).await;
         }
         Some(Taken::Pending(record)) => {
@@ -398,6 +423,7 @@ async fn run(
         }
         return Err(refusal);
     }
+    facts.phases.enter(Phase::Forward);
     let answer = gw
         .upstreams
         .call(
@@ -412,6 +438,7 @@ async fn run(
         answer,
         Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
     );
+    facts.phases.enter(Phase::Settle);
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }

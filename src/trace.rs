@@ -1,9 +1,10 @@
 //! W3C Trace Context at the HTTP edge. Every request gets a trace id: the caller's when it sent a valid
 //! `traceparent` (so an orchestrator's trace continues through the gateway), else a fresh one. The error
 //! body, the audit events and the refusal log line of the request all carry it, and the response's
-//! `traceparent` names the gateway's own span within that trace.
+//! `traceparent` names the gateway's own span within that trace. When traces are exported (`crate::otel`)
+//! that span is the exported one: its ids are the ones these carry.
 
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -17,7 +18,8 @@ pub struct TraceContext {
     trace_id: String,
     /// 16 lower-case hex digits, not all zero: this request's span.
     span_id: String,
-    /// The caller's trace flags (sampling), passed on unchanged; 0 for a trace that starts here.
+    /// The caller's trace flags (sampling), passed on unchanged; 0 for a trace that starts here (the
+    /// exported span's flags when traces are exported).
     flags: u8,
 }
 
@@ -32,12 +34,39 @@ impl TraceContext {
     pub fn continue_or_start(traceparent: Option<&str>) -> Self {
         let (trace_id, flags) = traceparent
             .and_then(parse_traceparent)
-            .unwrap_or_else(|| (new_trace_id(), 0));
+            .map_or_else(|| (new_trace_id(), 0), |p| (p.trace_id.to_owned(), p.flags));
         TraceContext {
             trace_id,
             span_id: format!("{:016x}", nonzero_random_u64()),
             flags,
         }
+    }
+
+    /// The trace of an API request (`/v1/…`) and its exported span, a child of the caller's when
+    /// `traceparent` is valid; None when traces are not exported or the request is a probe, a scrape or
+    /// the console's.
+    fn exported(
+        request: &Request,
+        traceparent: Option<&str>,
+    ) -> Option<(Self, opentelemetry::Context)> {
+        if !crate::otel::enabled() {
+            return None;
+        }
+        let route = request.extensions().get::<MatchedPath>()?.as_str();
+        if !route.starts_with("/v1/") {
+            return None;
+        }
+        let parent = traceparent
+            .and_then(parse_traceparent)
+            .map(|p| (p.trace_id, p.parent_id, p.flags));
+        let span = crate::otel::request_span(request.method().as_str(), route, parent)?;
+        let (trace_id, span_id, flags) = crate::otel::ids(&span);
+        let context = TraceContext {
+            trace_id,
+            span_id,
+            flags,
+        };
+        Some((context, span))
     }
 
     pub fn trace_id(&self) -> &str {
@@ -60,7 +89,7 @@ pub fn current_trace_id() -> Option<String> {
 pub fn carry<F: std::future::Future>(future: F) -> impl std::future::Future<Output = F::Output> {
     use tracing::Instrument;
     let context = CURRENT.try_with(TraceContext::clone).ok();
-    let future = future.in_current_span();
+    let future = crate::otel::within(crate::otel::current(), future.in_current_span());
     async move {
         match context {
             Some(context) => CURRENT.scope(context, future).await,
@@ -87,19 +116,36 @@ pub async fn propagate(request: Request, next: Next) -> Response {
         (Some(only), None) => only.to_str().ok(),
         _ => None,
     };
-    let context = TraceContext::continue_or_start(header);
+    let (context, span) = match TraceContext::exported(&request, header) {
+        Some((context, span)) => (context, Some(span)),
+        None => (TraceContext::continue_or_start(header), None),
+    };
     let traceparent = HeaderValue::from_str(&context.traceparent());
-    let mut response = CURRENT.scope(context, next.run(request)).await;
+    let answered = span.clone();
+    let served = crate::otel::within(span, next.run(request));
+    let mut response = CURRENT.scope(context, served).await;
+    if let Some(span) = answered {
+        crate::otel::answered(&span, response.status().as_u16());
+    }
     if let Ok(value) = traceparent {
         response.headers_mut().insert(TRACEPARENT, value);
     }
     response
 }
 
-/// The trace id and flags of a `traceparent` value (W3C Trace Context, version 00), or None when it is not
-/// one. As the recommendation asks, a later version is read for its version-00 fields when it has them
-/// in the same places; version `ff` is never valid.
-pub fn parse_traceparent(value: &str) -> Option<(String, u8)> {
+/// The fields of a valid `traceparent` value, borrowed from it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Traceparent<'a> {
+    pub trace_id: &'a str,
+    /// The caller's span.
+    pub parent_id: &'a str,
+    pub flags: u8,
+}
+
+/// The fields of a `traceparent` value (W3C Trace Context, version 00), or None when it is not one. As
+/// the recommendation asks, a later version is read for its version-00 fields when it has them in the
+/// same places; version `ff` is never valid.
+pub fn parse_traceparent(value: &str) -> Option<Traceparent<'_>> {
     let bytes = value.as_bytes();
     let version = value.get(0..2)?;
     if !is_lower_hex(version) || version == "ff" {
@@ -119,7 +165,11 @@ pub fn parse_traceparent(value: &str) -> Option<(String, u8)> {
         return None;
     }
     let flags = u8::from_str_radix(flags, 16).ok()?;
-    Some((trace_id.to_owned(), flags))
+    Some(Traceparent {
+        trace_id,
+        parent_id,
+        flags,
+    })
 }
 
 fn is_lower_hex(text: &str) -> bool {
@@ -132,12 +182,24 @@ mod tests {
 
     const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
+    /// The trace id and flags that a header gives, when it is valid.
+    fn trace_and_flags(value: &str) -> Option<(String, u8)> {
+        parse_traceparent(value).map(|p| (p.trace_id.to_owned(), p.flags))
+    }
+
     #[test]
     fn a_valid_version_00_header_gives_its_trace_id_and_flags() {
         let header = format!("00-{TRACE}-00f067aa0ba902b7-01");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 1)));
+        assert_eq!(
+            parse_traceparent(&header),
+            Some(Traceparent {
+                trace_id: TRACE,
+                parent_id: "00f067aa0ba902b7",
+                flags: 1
+            })
+        );
         let header = format!("00-{TRACE}-00f067aa0ba902b7-00");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 0)));
+        assert_eq!(trace_and_flags(&header), Some((TRACE.to_owned(), 0)));
     }
 
     #[test]
@@ -171,7 +233,7 @@ mod tests {
     #[test]
     fn a_later_version_is_read_for_its_version_00_fields() {
         let header = format!("01-{TRACE}-00f067aa0ba902b7-01-what-comes-later");
-        assert_eq!(parse_traceparent(&header), Some((TRACE.to_owned(), 1)));
+        assert_eq!(trace_and_flags(&header), Some((TRACE.to_owned(), 1)));
         let header = format!("01-{TRACE}-00f067aa0ba902b7-01x");
         assert_eq!(parse_traceparent(&header), None);
     }
@@ -182,13 +244,13 @@ mod tests {
         let context = TraceContext::continue_or_start(Some(&incoming));
         assert_eq!(context.trace_id(), TRACE);
         let answered = context.traceparent();
-        assert_eq!(parse_traceparent(&answered), Some((TRACE.to_owned(), 1)));
+        assert_eq!(trace_and_flags(&answered), Some((TRACE.to_owned(), 1)));
         assert_ne!(&answered[36..52], "00f067aa0ba902b7");
 
         let fresh = TraceContext::continue_or_start(Some("00-garbage"));
         assert_ne!(fresh.trace_id(), TRACE);
         assert_eq!(
-            parse_traceparent(&fresh.traceparent()),
+            trace_and_flags(&fresh.traceparent()),
             Some((fresh.trace_id().to_owned(), 0))
         );
     }

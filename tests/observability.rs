@@ -4,56 +4,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use common::{code, ready_url, start_tool, tool_call, write_config, Gateway, Keys};
+use common::{code, ready_url, start_tool, tool_call, write_config, Gateway, Keys, Lines};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
-
-/// Everything the gateway writes to one of its streams, a line at a time, as it comes.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<String>>>);
-
-impl Lines {
-    /// Collects the lines of `stream` on a thread of its own until it closes.
-    fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
-        let lines = Lines::default();
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                sink.0.lock().unwrap().push(line);
-            }
-        });
-        lines
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Waits until some line satisfies `found` (the writes race the HTTP answers by a little).
-    fn wait_for(&self, what: &str, found: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|l| found(l)) {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line {what} in {:#?}",
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
 
 /// Starts the binary with `extra` configuration and `env`, its standard error piped to the test (so not
 /// a terminal) and none of the test's own log settings passed on.
@@ -68,54 +28,14 @@ async fn start_logged_with(
     extra: &str,
     env: &[(&str, &str)],
 ) -> (Gateway, Lines) {
-    let (_tool, tool_base) = start_tool().await;
-    let keys = Arc::new(Keys::new());
-    let config = write_config(dir, &keys, &tool_base, &upstreams(&tool_base), extra);
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut gateway =
-        Gateway::spawn_with(Vec::new(), dir, &config, keys, |command: &mut Command| {
-            command
-                .env_remove("SEALGATE_LOG__LEVEL")
-                .env_remove("RUST_LOG")
-                .env_remove("NO_COLOR")
-                .envs(env)
-                .stderr(Stdio::piped());
-        });
-    let stderr = Lines::capture(gateway.child.stderr.take().unwrap());
-    (gateway, stderr)
-}
-
-/// Signs a call now and posts it with the given `traceparent` header values; the status, the body and
-/// the `traceparent` of the answer.
-async fn call_traced(
-    gw: &Gateway,
-    key: &ed25519_dalek::SigningKey,
-    token: &str,
-    payload: Value,
-    traceparents: &[&str],
-) -> (u16, Value, String) {
-    let envelope =
-        sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
-    let mut request = gw
-        .client
-        .post(format!("{}/v1/invoke", gw.base))
-        .json(&envelope);
-    for value in traceparents {
-        request = request.header("traceparent", *value);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let answered = response
-        .headers()
-        .get("traceparent")
-        .expect("every response has a traceparent")
-        .to_str()
-        .unwrap()
-        .to_owned();
-    (status, response.json().await.unwrap(), answered)
+    Gateway::start_capturing(dir, upstreams, extra, |command| {
+        command
+            .env_remove("SEALGATE_LOG__LEVEL")
+            .env_remove("RUST_LOG")
+            .env_remove("NO_COLOR")
+            .envs(env.iter().copied());
+    })
+    .await
 }
 
 /// The trace id of an answered `traceparent`, after checking its form: version 00, our own span id.
@@ -285,14 +205,14 @@ async fn a_callers_traceparent_joins_the_answer_the_audit_events_and_the_query()
     let incoming = format!("00-{TRACE}-{PARENT}-01");
 
     // A refusal: the error body and the answered traceparent name the caller's trace, flags kept.
-    let (status, body, answered) = call_traced(
-        &gw,
-        &key,
-        &token,
-        tool_call(1, "tool.read", json!({"path": "/etc/passwd"})),
-        &[&incoming],
-    )
-    .await;
+    let (status, body, answered) = gw
+        .call_traced(
+            &key,
+            &token,
+            tool_call(1, "tool.read", json!({"path": "/etc/passwd"})),
+            &[&incoming],
+        )
+        .await;
     assert_eq!((status, code(&body)), (403, 2002), "{body}");
     assert_eq!(body["error"]["trace_id"], TRACE);
     assert_eq!(answered_trace_id(&answered), TRACE);
@@ -303,14 +223,14 @@ async fn a_callers_traceparent_joins_the_answer_the_audit_events_and_the_query()
 
     // A success carries the trace in its header, and every event of the call records it.
     let second = "0af7651916cd43dd8448eb211c80319c";
-    let (status, body, answered) = call_traced(
-        &gw,
-        &key,
-        &token,
-        tool_call(2, "tool.read", json!({"path": "/workspace/a"})),
-        &[&format!("00-{second}-{PARENT}-00")],
-    )
-    .await;
+    let (status, body, answered) = gw
+        .call_traced(
+            &key,
+            &token,
+            tool_call(2, "tool.read", json!({"path": "/workspace/a"})),
+            &[&format!("00-{second}-{PARENT}-00")],
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(answered_trace_id(&answered), second);
     let events = audit_by_trace(&gw, second).await;
@@ -370,14 +290,14 @@ async fn an_invalid_or_repeated_traceparent_is_ignored_for_a_fresh_trace() {
     let mut seen = Vec::new();
     for (n, headers) in cases.iter().enumerate() {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-        let (status, body, answered) = call_traced(
-            &gw,
-            &key,
-            &token,
-            tool_call(n as u64, "tool.forbidden", json!({})),
-            &headers,
-        )
-        .await;
+        let (status, body, answered) = gw
+            .call_traced(
+                &key,
+                &token,
+                tool_call(n as u64, "tool.forbidden", json!({})),
+                &headers,
+            )
+            .await;
         assert_eq!((status, code(&body)), (403, 2001), "{body}");
         let fresh = answered_trace_id(&answered);
         assert_ne!(fresh, TRACE, "{headers:?} was honoured");

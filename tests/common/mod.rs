@@ -544,6 +544,27 @@ impl Gateway {
         (Gateway::spawn(dir, &config, keys), tool)
     }
 
+    /// Like [`Gateway::start_with`] (`extra_upstreams` gets the test tool's base URL), with the command
+    /// adjusted by `adjust` (see [`launch_with`]) and its standard error piped to the test (so not a
+    /// terminal) and captured.
+    pub async fn start_capturing(
+        dir: &Path,
+        extra_upstreams: impl FnOnce(&str) -> String,
+        extra_config: &str,
+        adjust: impl FnOnce(&mut Command),
+    ) -> (Gateway, Lines) {
+        let (_tool, tool_base) = start_tool().await;
+        let keys = Arc::new(Keys::new());
+        let upstreams = extra_upstreams(&tool_base);
+        let config = write_config(dir, &keys, &tool_base, &upstreams, extra_config);
+        let mut gateway = Gateway::spawn_with(Vec::new(), dir, &config, keys, |command| {
+            adjust(command);
+            command.stderr(Stdio::piped());
+        });
+        let stderr = Lines::capture(gateway.child.stderr.take().expect("stderr is piped"));
+        (gateway, stderr)
+    }
+
     /// SIGKILL to the gateway. Under a wrapper (strace) the gateway itself is killed, and the tracer is
     /// left to see it through its exit (a killed tracer would only detach from a still running gateway).
     pub fn kill(&mut self) {
@@ -736,6 +757,74 @@ impl Gateway {
         let envelope =
             sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
         self.post(&envelope).await
+    }
+
+    /// Signs a call now and posts it with the given `traceparent` header values; the status, the body
+    /// and the `traceparent` of the answer.
+    pub async fn call_traced(
+        &self,
+        key: &SigningKey,
+        token: &str,
+        payload: Value,
+        traceparents: &[&str],
+    ) -> (u16, Value, String) {
+        let envelope =
+            sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
+        let mut request = self
+            .client
+            .post(format!("{}/v1/invoke", self.base))
+            .json(&envelope);
+        for value in traceparents {
+            request = request.header("traceparent", *value);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let answered = response
+            .headers()
+            .get("traceparent")
+            .expect("every response has a traceparent")
+            .to_str()
+            .unwrap()
+            .to_owned();
+        (status, response.json().await.unwrap(), answered)
+    }
+}
+
+/// Everything the gateway writes to one of its streams, a line at a time, as it comes.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Lines {
+    /// Collects the lines of `stream` on a thread of its own until it closes.
+    pub fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
+        let lines = Lines::default();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                sink.0.lock().unwrap().push(line);
+            }
+        });
+        lines
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Waits until some line satisfies `found` (the writes race the HTTP answers by a little).
+    pub fn wait_for(&self, what: &str, found: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|l| found(l)) {
+                return line;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no log line {what} in {:#?}",
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
