@@ -1,17 +1,14 @@
-//! The code table of SPEC section 10: every refusal the gateway can give, with its number, name, HTTP
-//! status and the audit event that records it (SPEC 9.1), in one place so that the table and the code
-//! cannot drift apart.
+//! The code table of SPEC section 10: every refusal the gateway can give, with its number, name and HTTP
+//! status, in one place so that the table and the code cannot drift apart. Which audit event records a
+//! code (SPEC 9.1) is the audit module's table (`EventType::recording`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::audit::EventType;
-
-/// Declares the code table once: the enum, its list, and each code's number, name, HTTP status and
-/// audit event type (`-` for codes that write no event of their own).
+/// Declares the code table once: the enum, its list, and each code's number, name and HTTP status.
 macro_rules! code_table {
-    ($($variant:ident => ($number:literal, $name:literal, $status:literal, $event:tt),)*) => {
+    ($($variant:ident => ($number:literal, $name:literal, $status:literal),)*) => {
         /// Every error code of SPEC section 10.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Code {
@@ -27,55 +24,44 @@ macro_rules! code_table {
                     $(Code::$variant => ($number, $name, $status),)*
                 }
             }
-
-            /// The event type that records a call refused with this code (SPEC 9.1's table).
-            pub const fn event(self) -> Option<EventType> {
-                match self {
-                    $(Code::$variant => code_table!(@event $event),)*
-                }
-            }
         }
     };
-    (@event -) => { None };
-    (@event $event:ident) => { Some(EventType::$event) };
 }
 code_table! {
-    MalformedEnvelope => (1000, "MALFORMED_ENVELOPE", 400, EnvelopeRejected),
-    InvalidSignature => (1001, "INVALID_SIGNATURE", 401, SignatureVerificationFailed),
-    SignatureVerificationFailed => (1002, "SIGNATURE_VERIFICATION_FAILED", 401, SignatureVerificationFailed),
-    TokenExpired => (1003, "TOKEN_EXPIRED", 401, SecurityTokenExpired),
-    TokenVerificationFailed => (1004, "TOKEN_VERIFICATION_FAILED", 401, EnvelopeRejected),
-    SessionNotFound => (1005, "SESSION_NOT_FOUND", 401, EnvelopeRejected),
-    SessionInactive => (1006, "SESSION_INACTIVE", 401, EnvelopeRejected),
-    TimestampOutOfWindow => (1007, "TIMESTAMP_OUT_OF_WINDOW", 401, EnvelopeRejected),
-    EnvelopeReplayed => (1008, "ENVELOPE_REPLAYED", 401, EnvelopeRejected),
-    ToolNotAllowed => (2000, "POLICY_VIOLATION_TOOL_NOT_ALLOWED", 403, PolicyViolationBlocked),
-    ToolDenied => (2001, "POLICY_VIOLATION_TOOL_DENIED", 403, PolicyViolationBlocked),
-    PathNotAllowed => (2002, "POLICY_VIOLATION_PATH_NOT_ALLOWED", 403, PolicyViolationBlocked),
-    CommandNotAllowed => (2003, "POLICY_VIOLATION_COMMAND_NOT_ALLOWED", 403, PolicyViolationBlocked),
-    DomainNotAllowed => (2004, "POLICY_VIOLATION_DOMAIN_NOT_ALLOWED", 403, PolicyViolationBlocked),
-    RateLimitExceeded => (2005, "POLICY_VIOLATION_RATE_LIMIT_EXCEEDED", 429, PolicyViolationBlocked),
-    NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403, PolicyViolationBlocked),
-    ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502, ToolCallFailed),
-    BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403, PolicyViolationBlocked),
-    AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401, EnvelopeRejected),
-    ClaimPending => (4001, "CLAIM_PENDING", 409, ClaimBlocked),
-    IdempotencyKeyReused => (4002, "IDEMPOTENCY_KEY_REUSED", 422, ClaimBlocked),
-    // A new approval request is recorded as ApprovalRequested instead (SPEC 9.1; the pipeline says which).
-    ApprovalRequired => (4003, "APPROVAL_REQUIRED", 403, PolicyViolationBlocked),
-    ApprovalDenied => (4004, "APPROVAL_DENIED", 403, PolicyViolationBlocked),
-    UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502, ToolCallFailed),
-    UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504, ToolCallFailed),
-    UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502, ToolCallFailed),
-    NoRouteForTool => (5004, "NO_ROUTE_FOR_TOOL", 502, ToolCallFailed),
-    StoreUnavailable => (5005, "STORE_UNAVAILABLE", 503, ToolCallFailed),
-    // Shed before any check: no event per call, a periodic EnvelopeRejected count (SPEC 9.1).
-    GatewayOverloaded => (5006, "GATEWAY_OVERLOADED", 503, EnvelopeRejected),
-    OperatorUnauthenticated => (6001, "OPERATOR_UNAUTHENTICATED", 401, -),
-    OperatorForbidden => (6002, "OPERATOR_FORBIDDEN", 403, -),
-    NotFound => (6003, "NOT_FOUND", 404, -),
-    Conflict => (6004, "CONFLICT", 409, -),
-    InvalidRequest => (6005, "INVALID_REQUEST", 422, -),
+    MalformedEnvelope => (1000, "MALFORMED_ENVELOPE", 400),
+    InvalidSignature => (1001, "INVALID_SIGNATURE", 401),
+    SignatureVerificationFailed => (1002, "SIGNATURE_VERIFICATION_FAILED", 401),
+    TokenExpired => (1003, "TOKEN_EXPIRED", 401),
+    TokenVerificationFailed => (1004, "TOKEN_VERIFICATION_FAILED", 401),
+    SessionNotFound => (1005, "SESSION_NOT_FOUND", 401),
+    SessionInactive => (1006, "SESSION_INACTIVE", 401),
+    TimestampOutOfWindow => (1007, "TIMESTAMP_OUT_OF_WINDOW", 401),
+    EnvelopeReplayed => (1008, "ENVELOPE_REPLAYED", 401),
+    ToolNotAllowed => (2000, "POLICY_VIOLATION_TOOL_NOT_ALLOWED", 403),
+    ToolDenied => (2001, "POLICY_VIOLATION_TOOL_DENIED", 403),
+    PathNotAllowed => (2002, "POLICY_VIOLATION_PATH_NOT_ALLOWED", 403),
+    CommandNotAllowed => (2003, "POLICY_VIOLATION_COMMAND_NOT_ALLOWED", 403),
+    DomainNotAllowed => (2004, "POLICY_VIOLATION_DOMAIN_NOT_ALLOWED", 403),
+    RateLimitExceeded => (2005, "POLICY_VIOLATION_RATE_LIMIT_EXCEEDED", 429),
+    NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403),
+    ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502),
+    BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403),
+    AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401),
+    ClaimPending => (4001, "CLAIM_PENDING", 409),
+    IdempotencyKeyReused => (4002, "IDEMPOTENCY_KEY_REUSED", 422),
+    ApprovalRequired => (4003, "APPROVAL_REQUIRED", 403),
+    ApprovalDenied => (4004, "APPROVAL_DENIED", 403),
+    UpstreamUnavailable => (5001, "UPSTREAM_UNAVAILABLE", 502),
+    UpstreamTimeout => (5002, "UPSTREAM_TIMEOUT", 504),
+    UpstreamBadResponse => (5003, "UPSTREAM_BAD_RESPONSE", 502),
+    NoRouteForTool => (5004, "NO_ROUTE_FOR_TOOL", 502),
+    StoreUnavailable => (5005, "STORE_UNAVAILABLE", 503),
+    GatewayOverloaded => (5006, "GATEWAY_OVERLOADED", 503),
+    OperatorUnauthenticated => (6001, "OPERATOR_UNAUTHENTICATED", 401),
+    OperatorForbidden => (6002, "OPERATOR_FORBIDDEN", 403),
+    NotFound => (6003, "NOT_FOUND", 404),
+    Conflict => (6004, "CONFLICT", 409),
+    InvalidRequest => (6005, "INVALID_REQUEST", 422),
 }
 
 impl Code {
@@ -239,26 +225,6 @@ mod tests {
             Code::GatewayOverloaded.status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
-    }
-
-    #[test]
-    fn every_call_refusal_names_its_audit_event() {
-        assert_eq!(
-            Code::EnvelopeReplayed.event(),
-            Some(EventType::EnvelopeRejected)
-        );
-        assert_eq!(
-            Code::IdempotencyKeyReused.event(),
-            Some(EventType::ClaimBlocked)
-        );
-        assert_eq!(
-            Code::ResponseTooLarge.event(),
-            Some(EventType::ToolCallFailed)
-        );
-        for &code in Code::ALL {
-            let control_api = (6000..7000).contains(&code.number());
-            assert_eq!(code.event().is_none(), control_api, "{code:?}");
-        }
     }
 
     #[test]

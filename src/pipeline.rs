@@ -1039,7 +1039,7 @@ async fn record_refusal(
     started: Instant,
 ) -> ApiError {
     let code = refusal.error.code;
-    let Some(kind) = refusal.event.or(code.event()) else {
+    let Some(kind) = refusal.event.or(EventType::recording(code)) else {
         return refusal.error;
     };
     // Anyone holding a captured envelope or token can cause a refusal before check 8 passes (1000–1008),

@@ -10,6 +10,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::error::Code;
+
 /// The event types of SPEC 9.1, serialized as exactly these names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventType {
@@ -38,6 +40,45 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// The type of the event that records a call refused with `code` (SPEC 9.1's table); None for the
+    /// control API's codes, which no call gets.
+    pub const fn recording(code: Code) -> Option<EventType> {
+        match code {
+            // 5006: no event per shed call, a periodic EnvelopeRejected count (SPEC 9.1).
+            Code::MalformedEnvelope
+            | Code::TokenVerificationFailed
+            | Code::SessionNotFound
+            | Code::SessionInactive
+            | Code::TimestampOutOfWindow
+            | Code::EnvelopeReplayed
+            | Code::AttestationScopeMismatch
+            | Code::GatewayOverloaded => Some(EventType::EnvelopeRejected),
+            Code::InvalidSignature
+            | Code::SignatureVerificationFailed => Some(EventType::SignatureVerificationFailed),
+            Code::TokenExpired => Some(EventType::SecurityTokenExpired),
+            // A new approval request (4003) is recorded as ApprovalRequested instead; the pipeline says so.
+            Code::ToolNotAllowed
+            | Code::ToolDenied
+            | Code::PathNotAllowed
+            | Code::CommandNotAllowed
+            | Code::DomainNotAllowed
+            | Code::RateLimitExceeded
+            | Code::NoMatchingCapability
+            | Code::BudgetExhausted
+            | Code::ApprovalRequired
+            | Code::ApprovalDenied => Some(EventType::PolicyViolationBlocked),
+            Code::ResponseTooLarge
+            | Code::UpstreamUnavailable
+            | Code::UpstreamTimeout
+            | Code::UpstreamBadResponse
+            | Code::NoRouteForTool
+            | Code::StoreUnavailable => Some(EventType::ToolCallFailed),
+            Code::ClaimPending
+            | Code::IdempotencyKeyReused => Some(EventType::ClaimBlocked),
+            Code::OperatorUnauthenticated | Code::OperatorForbidden | Code::NotFound | Code::Conflict | Code::InvalidRequest => None,
+        }
+    }
+
     /// Every type, in the order of SPEC 9.1.
     pub const ALL: [EventType; 22] = [
         EventType::SessionCreated,
@@ -528,8 +569,7 @@ impl AuditEvent {
                 return Err(format!("{event_type} must carry the code of the refusal"));
             }
             (CodeRule::Required(recorded_as), Some(code))
-                if crate::error::Code::from_number(code).and_then(crate::error::Code::event)
-                    != Some(recorded_as) =>
+                if Code::from_number(code).and_then(EventType::recording) != Some(recorded_as) =>
             {
                 return Err(format!(
                     "code {code} is not one that {event_type} reports (SPEC 9.1)"

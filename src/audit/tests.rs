@@ -726,7 +726,7 @@ impl AuditBackend for GatedBackend {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
+async fn record_returns_only_after_the_store_is_durable_and_the_file_copy_follows() {
     let Some(dir) = tempfile::tempdir().ok() else {
         panic!("no tempdir")
     };
@@ -770,6 +770,8 @@ async fn record_returns_only_after_the_store_and_then_the_file_are_durable() {
         reopened.map(|h| h.hash),
         recorded.as_ref().map(|r| r.hash.clone())
     );
+    // The file is a copy written after the commit, off the caller's path; shutdown drains it.
+    log.shutdown().await;
     let sink_lines = read_lines(&sink_path);
     assert_eq!(sink_lines.len(), 1);
     assert_eq!(id_of(&sink_lines[0]), recorded.map(|r| r.event_id));
@@ -1480,4 +1482,25 @@ async fn the_interval_signs_a_tail_and_leaves_a_signed_head_alone() {
     record_ok(&log, authorized(2)).await;
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(checkpoint_seqs(&backend.events()), [2, 4]);
+}
+
+#[test]
+fn every_call_refusal_names_its_audit_event() {
+    use crate::error::Code;
+    assert_eq!(
+        EventType::recording(Code::EnvelopeReplayed),
+        Some(EventType::EnvelopeRejected)
+    );
+    assert_eq!(
+        EventType::recording(Code::IdempotencyKeyReused),
+        Some(EventType::ClaimBlocked)
+    );
+    assert_eq!(
+        EventType::recording(Code::ResponseTooLarge),
+        Some(EventType::ToolCallFailed)
+    );
+    for &code in Code::ALL {
+        let control_api = (6000..7000).contains(&code.number());
+        assert_eq!(EventType::recording(code).is_none(), control_api, "{code:?}");
+    }
 }
