@@ -200,7 +200,11 @@ fn append(path: &Path, text: &str) {
 fn check(dir: &Path, store: &str) -> (i32, String) {
     let config = dir.join(format!("check-{}.yaml", uuid::Uuid::new_v4().simple()));
     let policies = dir.join("policies");
-    let yaml = format!("listen: \"127.0.0.1:0\"\nstore: {store:?}\npolicies_dir: {policies:?}\n");
+    let signing = common::signing_key_file(dir);
+    let yaml = format!(
+        "listen: \"127.0.0.1:0\"\nstore: {store:?}\npolicies_dir: {policies:?}\n\
+         signing: {{ key_file: {signing:?} }}\n"
+    );
     std::fs::write(&config, yaml).unwrap();
     let config = config.to_str().unwrap();
     let (status, output) = common::run_cli(&["serve", "--check", "--config", config]);
