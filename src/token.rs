@@ -12,6 +12,7 @@ mod claims;
 pub mod cli;
 mod jwks_url;
 mod jwt;
+mod key_material;
 mod keys;
 mod mint;
 mod operator;

@@ -15,8 +15,7 @@ use super::event::{is_sha256_hex, EventType};
 use super::{AuditBackend, Recorded};
 use crate::strict_json;
 
-/// `prev_hash` of the first event of a store.
-pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub use crate::store::GENESIS_HASH;
 
 /// The layout of `at`: RFC 3339, UTC, exactly three fraction digits.
 const AT_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.3fZ";

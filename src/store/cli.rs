@@ -40,7 +40,10 @@ pub async fn run(command: StoreCommand) -> ExitCode {
         StoreCommand::Backup { config, file } => backup(config.as_deref(), &file),
         StoreCommand::Check { config } => check(config.as_deref()).await,
         StoreCommand::ImportSled { config, dir } => {
-            super::import_sled::run(config.as_deref(), &dir).await
+            match embedded_dir(config.as_deref()) {
+                Ok(data_dir) => super::import_sled::run(&data_dir, &dir).await,
+                Err(problem) => Err(problem),
+            }
         }
     };
     match outcome {
@@ -57,7 +60,7 @@ pub async fn run(command: StoreCommand) -> ExitCode {
 
 /// The embedded store's data folder, as `serve` would open it; an error for a PostgreSQL store, whose
 /// backups and checks are PostgreSQL's own tools.
-pub(super) fn embedded_dir(config: Option<&Path>) -> Result<PathBuf, String> {
+fn embedded_dir(config: Option<&Path>) -> Result<PathBuf, String> {
     let config = Config::load(config)?;
     if config.store != "embedded" {
         return Err(

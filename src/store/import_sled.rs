@@ -30,9 +30,9 @@ struct Copied {
 /// Audit events copied per append.
 const PAGE: usize = 512;
 
-pub async fn run(config: Option<&Path>, sled_dir: &Path) -> Result<String, String> {
-    let data_dir = super::cli::embedded_dir(config)?;
-    let target = SqliteStore::path_in(&data_dir);
+/// Imports `sled_dir` into a new embedded store in `data_dir`.
+pub async fn run(data_dir: &Path, sled_dir: &Path) -> Result<String, String> {
+    let target = SqliteStore::path_in(data_dir);
     if target.exists() {
         return Err(format!(
             "{} exists already: import into a data_dir that holds no store",
@@ -50,7 +50,7 @@ pub async fn run(config: Option<&Path>, sled_dir: &Path) -> Result<String, Strin
         .path(sled_dir)
         .open()
         .map_err(|e| format!("cannot open the sled store {}: {e}", sled_dir.display()))?;
-    let store = SqliteStore::open(&data_dir).map_err(|e| e.to_string())?;
+    let store = SqliteStore::open(data_dir).map_err(|e| e.to_string())?;
     let copied = copy(&sled, &store).await.map_err(|e| {
         format!(
             "import stopped: {e}; remove {} before trying again",

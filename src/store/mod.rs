@@ -37,6 +37,9 @@ pub(crate) fn decode_record<T: serde::de::DeserializeOwned>(text: &str) -> Store
 }
 
 /// The last event of the audit chain.
+/// `prev_hash` of the first event of a store: the head of an empty chain.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChainHead {
     pub seq: u64,
@@ -48,7 +51,7 @@ impl ChainHead {
     pub fn genesis() -> Self {
         ChainHead {
             seq: 0,
-            hash: crate::audit::GENESIS_HASH.to_owned(),
+            hash: GENESIS_HASH.to_owned(),
         }
     }
 

@@ -9,16 +9,13 @@ use serde::{Deserialize, Serialize};
 use super::cache::{VerifiedTokenCache, DEFAULT_CAPACITY};
 use super::claims::{
     check_audience, check_audience_shape, check_time, optional_seconds, optional_string,
-    required_seconds, required_string,
+    required_seconds, required_string, validate_common,
 };
 use super::jwt::MAX_TOKEN_BYTES;
 use super::keys::{KeyConfig, KeySet};
 use super::mint::TokenMinter;
 use super::TokenError;
 use crate::clock::Round;
-
-/// Leeway beyond this is refused as a configuration mistake: it would all but switch expiry off.
-pub(crate) const MAX_LEEWAY_SECS: u64 = 600;
 
 /// `agent_tokens` in the configuration file (SPEC section 11).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,23 +168,6 @@ impl AgentTokenVerifier {
     pub(crate) fn cached_tokens(&self) -> usize {
         self.cache.len()
     }
-}
-
-/// Checks shared by the agent and operator sections.
-pub(crate) fn validate_common(
-    section: &str,
-    issuer: Option<&str>,
-    leeway_secs: u64,
-) -> Result<(), String> {
-    if issuer == Some("") {
-        return Err(format!("{section}.issuer must not be empty"));
-    }
-    if leeway_secs > MAX_LEEWAY_SECS {
-        return Err(format!(
-            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

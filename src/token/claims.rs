@@ -5,6 +5,9 @@ use serde_json::{Map, Value};
 use super::TokenError;
 use crate::clock::{whole_seconds, Round};
 
+/// Leeway beyond this is refused as a configuration mistake: it would all but switch expiry off.
+pub(crate) const MAX_LEEWAY_SECS: u64 = 600;
+
 /// A required, non-empty string claim.
 pub(crate) fn required_string(
     claims: &Map<String, Value>,
@@ -246,4 +249,21 @@ mod tests {
         assert!(check_issuer(&object(json!({})), "orch").is_err());
         assert!(check_issuer(&object(json!({"iss": 1})), "orch").is_err());
     }
+}
+
+/// Checks shared by the agent and operator sections.
+pub(crate) fn validate_common(
+    section: &str,
+    issuer: Option<&str>,
+    leeway_secs: u64,
+) -> Result<(), String> {
+    if issuer == Some("") {
+        return Err(format!("{section}.issuer must not be empty"));
+    }
+    if leeway_secs > MAX_LEEWAY_SECS {
+        return Err(format!(
+            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
+        ));
+    }
+    Ok(())
 }

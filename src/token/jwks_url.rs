@@ -4,7 +4,7 @@
 //! `grace_secs` after it was fetched; then its tokens are refused. All fetching runs on a task of the
 //! source's own, so that no request ever talks to the identity provider itself.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
 use url::{Host, Url};
 
-use super::keys::{keys_from_fetched_jwks, resolve, KeyConfig, PinnedKey, TokenAlg};
+use super::key_material::{keys_from_fetched_jwks, PinnedKey, TokenAlg};
 use crate::upstream::{read_capped, CappedReadError};
 
 const DEFAULT_REFRESH_SECS: u64 = 300;
@@ -59,18 +59,25 @@ pub(crate) struct RemoteJwks {
     last_demand: Mutex<Option<(Instant, u64)>>,
 }
 
+/// A `jwks_url` entry of the configuration, its CA file resolved against the configuration's folder.
+pub(crate) struct RemoteSource<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) refresh_secs: Option<u64>,
+    pub(crate) grace_secs: Option<u64>,
+    pub(crate) ca_file: Option<PathBuf>,
+}
+
 impl RemoteJwks {
     /// Checks the entry (URL, bounds, CA file) without fetching anything.
     pub(crate) fn new(
-        config: &KeyConfig,
-        base_dir: &Path,
+        source: RemoteSource<'_>,
         place: &str,
         pin: Option<TokenAlg>,
         epoch: Arc<AtomicU64>,
     ) -> Result<Self, String> {
-        let url = parse_jwks_url(config.jwks_url.as_deref().unwrap_or_default())?;
-        let refresh_secs = config.refresh_secs.unwrap_or(DEFAULT_REFRESH_SECS);
-        let grace_secs = config.grace_secs.unwrap_or(MAX_GRACE_SECS);
+        let url = parse_jwks_url(source.url)?;
+        let refresh_secs = source.refresh_secs.unwrap_or(DEFAULT_REFRESH_SECS);
+        let grace_secs = source.grace_secs.unwrap_or(MAX_GRACE_SECS);
         if !(1..=MAX_REFRESH_SECS).contains(&refresh_secs) {
             return Err(format!(
                 "refresh_secs is {refresh_secs}; 1 to {MAX_REFRESH_SECS} are accepted"
@@ -87,7 +94,7 @@ impl RemoteJwks {
                  keys would expire between two routine fetches"
             ));
         }
-        let client = build_client(&url, config.ca_file.as_deref(), base_dir)?;
+        let client = build_client(&url, source.ca_file.as_deref())?;
         Ok(RemoteJwks {
             place: place.to_owned(),
             url,
@@ -315,11 +322,7 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
 
 /// No redirects and no proxy from the environment: the keys come from the URL configured, directly.
 /// With a CA file, only its certificates are trusted.
-fn build_client(
-    url: &Url,
-    ca_file: Option<&Path>,
-    base_dir: &Path,
-) -> Result<reqwest::Client, String> {
+fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, String> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -329,7 +332,7 @@ fn build_client(
         if url.scheme() != "https" {
             return Err("ca_file applies only to an https:// jwks_url".to_owned());
         }
-        builder = builder.tls_certs_only(read_ca_file(&resolve(base_dir, ca_file))?);
+        builder = builder.tls_certs_only(read_ca_file(ca_file)?);
     }
     builder
         .build()

@@ -7,9 +7,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::agent::validate_common;
 use super::claims::{
     check_audience, check_time, optional_seconds, required_seconds, required_string,
+    validate_common,
 };
 use super::keys::{KeyConfig, KeySet};
 use super::TokenError;

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::token::claims::MAX_LEEWAY_SECS;
 use crate::token::test_support::*;
 use crate::token::{ed25519_keypair_pem, KeyConfig};
 
