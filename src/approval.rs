@@ -9,15 +9,22 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::audit::{AuditEvent, EventType};
+use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::clock;
-use crate::gateway::Gateway;
 use crate::store::{ApprovalRecord, ApprovalStatus, Store, StoreError, StoreResult};
 
 pub use webhook::Notifier;
 
 /// How often the upkeep task looks for requests and grants whose time ran out (SPEC 13: within 60 s).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+/// What the approval steps work with: the store that holds the requests, the audit trail that records
+/// each change of state, and the webhook that announces new requests.
+pub struct Desk<'a> {
+    pub store: &'a dyn Store,
+    pub audit: &'a AuditLog,
+    pub notifier: &'a Notifier,
+}
 
 /// The call that would run: who asked, for which tool, with what, under which context.
 pub struct Call<'a> {
@@ -64,7 +71,7 @@ fn is_due(record: &ApprovalRecord, now_ms: i64) -> bool {
 /// The record as it stands now: a request or grant whose time ran out becomes `expired`, and the first
 /// one to notice writes `ApprovalExpired` (SPEC 13). Another replica noticing first is fine: the record
 /// it left is returned.
-pub async fn refresh(gw: &Gateway, record: ApprovalRecord) -> Result<ApprovalRecord, String> {
+pub async fn refresh(desk: &Desk<'_>, record: ApprovalRecord) -> Result<ApprovalRecord, String> {
     let mut record = record;
     loop {
         if !is_due(&record, clock::now_millis()) {
@@ -74,19 +81,19 @@ pub async fn refresh(gw: &Gateway, record: ApprovalRecord) -> Result<ApprovalRec
             status: ApprovalStatus::Expired,
             ..record.clone()
         };
-        if gw
+        if desk
             .store
             .approval_replace(&record, &expired)
             .await
             .map_err(|e| e.to_string())?
         {
-            gw.audit
+            desk.audit
                 .record(event(EventType::ApprovalExpired, &expired))
                 .await
                 .map_err(|e| e.to_string())?;
             return Ok(expired);
         }
-        record = gw
+        record = desk
             .store
             .approval_get(&record.approval_id)
             .await
@@ -96,12 +103,12 @@ pub async fn refresh(gw: &Gateway, record: ApprovalRecord) -> Result<ApprovalRec
 }
 
 /// Expires every request and grant whose time ran out; returns how many it expired.
-pub async fn sweep(gw: &Gateway) -> Result<usize, String> {
+pub async fn sweep(desk: &Desk<'_>) -> Result<usize, String> {
     let now = clock::now_millis();
     let mut expired = 0;
     let mut cursor = None;
     loop {
-        let (due, more) = gw
+        let (due, more) = desk
             .store
             .approval_page(cursor.as_ref(), 100, &|a| is_due(a, now))
             .await
@@ -111,7 +118,7 @@ pub async fn sweep(gw: &Gateway) -> Result<usize, String> {
             approval_id: a.approval_id.clone(),
         });
         for record in due {
-            if refresh(gw, record).await?.status == ApprovalStatus::Expired {
+            if refresh(desk, record).await?.status == ApprovalStatus::Expired {
                 expired += 1;
             }
         }
@@ -137,15 +144,15 @@ pub async fn still_pending(
 
 /// The approval step of one call (SPEC 13): use the call's grant, or say why the call must wait.
 /// A lost race with another replica is read again, a few times, before it is a store error.
-pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
+pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, String> {
     for _ in 0..4 {
-        let current = gw
+        let current = desk
             .store
             .approval_current(call.session_id, call.call_digest)
             .await
             .map_err(|e| e.to_string())?;
         let current = match current {
-            Some(record) => Some(refresh(gw, record).await?),
+            Some(record) => Some(refresh(desk, record).await?),
             None => None,
         };
         let now = clock::now_millis();
@@ -155,7 +162,7 @@ pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
                     status: ApprovalStatus::Used,
                     ..grant.clone()
                 };
-                let taken = gw.store.approval_replace(&grant, &used).await;
+                let taken = desk.store.approval_replace(&grant, &used).await;
                 if taken.map_err(|e| e.to_string())? {
                     return Ok(Gate::Granted(used));
                 }
@@ -171,13 +178,13 @@ pub async fn gate(gw: &Gateway, call: &Call<'_>) -> Result<Gate, String> {
             previous => {
                 let record = new_request(call, now);
                 let replacing = previous.as_ref().map(|p| p.approval_id.as_str());
-                if gw
+                if desk
                     .store
                     .approval_insert(&record, replacing)
                     .await
                     .map_err(|e| e.to_string())?
                 {
-                    gw.notifier.notify(&record);
+                    desk.notifier.notify(&record);
                     return Ok(Gate::Requested(record));
                 }
             }
@@ -236,19 +243,19 @@ impl From<StoreError> for DecideError {
 /// Grants or denies a pending request, recording the operator, the reason and the event. The decision
 /// stays in force for `expires_secs` from now.
 pub async fn decide(
-    gw: &Gateway,
+    desk: &Desk<'_>,
     approval_id: &str,
     grant: bool,
     actor: &str,
     reason: Option<String>,
 ) -> Result<ApprovalRecord, DecideError> {
     loop {
-        let record = gw
+        let record = desk
             .store
             .approval_get(approval_id)
             .await?
             .ok_or(DecideError::NotFound)?;
-        let record = refresh(gw, record).await.map_err(DecideError::Store)?;
+        let record = refresh(desk, record).await.map_err(DecideError::Store)?;
         if record.status != ApprovalStatus::Pending {
             return Err(DecideError::NotPending(Box::new(record)));
         }
@@ -266,7 +273,7 @@ pub async fn decide(
             ..record.clone()
         };
         // Lost to another decision (or an expiry) made meanwhile: read again, which answers 409.
-        if !gw.store.approval_replace(&record, &decided).await? {
+        if !desk.store.approval_replace(&record, &decided).await? {
             continue;
         }
         let kind = if grant {
@@ -278,7 +285,7 @@ pub async fn decide(
         if let Some(reason) = &reason {
             recorded = recorded.detail(reason);
         }
-        gw.audit
+        desk.audit
             .record(recorded)
             .await
             .map_err(|e| DecideError::Store(e.to_string()))?;

@@ -420,6 +420,45 @@ impl Config {
         }
     }
 
+    /// `serve`: reads the configuration, starts the log it asks for, then reads it once more so that
+    /// what loading reports (an ignored variable, say) is written to that log, in its format. Loading
+    /// has no side effects, so the second read differs from the first only in where its warnings go.
+    pub fn load_and_start_log(path: Option<&Path>) -> Result<Config, String> {
+        let first = tracing::subscriber::with_default(
+            tracing::subscriber::NoSubscriber::default(),
+            || Config::load(path),
+        )?;
+        crate::logging::start_for_serve(&first.log)?;
+        Config::load(path)
+    }
+
+    /// The listener's certificate, key and client CA files, resolved; None without both
+    /// `tls.cert_file` and `tls.key_file`.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        let tls = &self.tls;
+        let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) else {
+            return None;
+        };
+        Some(crate::tls::TlsFiles {
+            cert: self.resolve(cert),
+            key: self.resolve(key),
+            client_ca: tls.client_ca_file.as_ref().map(|f| self.resolve(f)),
+        })
+    }
+
+    /// `signing:` with its paths resolved, and what signing needs to know of the store and replica.
+    pub fn signing_setup(&self) -> crate::evidence::SigningSetup {
+        crate::evidence::SigningSetup {
+            key_file: self.signing.key_file.as_deref().map(|f| self.resolve(f)),
+            previous_public_keys: (self.signing.previous_public_keys.iter())
+                .map(|f| self.resolve(f))
+                .collect(),
+            data_dir: self.resolve(&self.data_dir),
+            shared_store: self.store != "embedded",
+            replica_id: self.replica_id.clone(),
+        }
+    }
+
     /// Where retention writes archive files: `retention.archive_dir`, else `data_dir/archive`, resolved.
     pub fn archive_path(&self) -> PathBuf {
         match &self.retention.archive_dir {
@@ -680,6 +719,25 @@ fn resolve_env_values(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logging::{LogFormat, LogLevel};
+
+    #[test]
+    fn the_section_has_defaults_and_refuses_unknown_values() {
+        let config = Config::from_yaml("", Path::new(""), &[]).unwrap();
+        assert_eq!(config.log, LogConfig::default());
+        let config = Config::from_yaml(
+            "log: { level: debug }",
+            Path::new(""),
+            &[("SEALGATE_LOG__FORMAT".into(), "json".into())],
+        )
+        .unwrap();
+        assert_eq!(config.log.level, LogLevel::Debug);
+        assert_eq!(config.log.format, LogFormat::Json);
+        let error = Config::from_yaml("log: { level: loud }", Path::new(""), &[]).unwrap_err();
+        assert!(error.contains("loud"), "{error}");
+        let error = Config::from_yaml("log: { format: xml }", Path::new(""), &[]).unwrap_err();
+        assert!(error.contains("xml"), "{error}");
+    }
 
     #[test]
     fn every_key_of_limits_audit_log_console_and_approvals_can_be_set_from_the_environment() {

@@ -105,8 +105,8 @@ fn check(config: &Config) -> Report {
             config.listen
         ));
     }
-    problems.extend(crate::evidence::config_problems(config));
-    if let Err(problem) = crate::tls::check(config) {
+    problems.extend(crate::evidence::config_problems(&config.signing_setup()));
+    if let Err(problem) = crate::tls::check(config.tls_files()) {
         problems.push(problem);
     }
     if let Some(file) = &config.audit.file {

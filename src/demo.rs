@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::envelope;
-use crate::gateway::{self, Gateway};
+use crate::gateway::Gateway;
 use crate::token;
 
 const DEMO_POLICY: &str = include_str!("../policies/demo.yaml");
@@ -119,7 +119,7 @@ impl Harness {
             .map_err(|e| e.to_string())?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(gateway::serve_on(gateway, listener, local, async {
+        let server = tokio::spawn(crate::serve::serve_on(gateway, listener, local, async {
             let _ = stopped.await;
         }));
         let now = crate::clock::now_secs();
@@ -319,7 +319,7 @@ async fn tour(dir: &Path, keep: bool, serve: bool, tls: bool) -> Result<(), Stri
     let h = Harness::start(dir, tls).await?;
     // SIGTERM as well as Ctrl-C: either way the folder, private keys included, is removed on the way out.
     // One listener for the whole tour: a signal that came between two listeners would be lost.
-    let stop = gateway::shutdown_signal();
+    let stop = crate::serve::shutdown_signal();
     tokio::pin!(stop);
     let walked = tokio::select! {
         walked = steps(&h, keep) => walked,

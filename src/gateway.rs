@@ -2,13 +2,11 @@
 //! the server loop with readiness, background upkeep and graceful shutdown.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
@@ -156,7 +154,8 @@ impl Gateway {
             file: config.audit.file.as_ref().map(|f| config.resolve(f)),
             ..config.audit.clone()
         };
-        let evidence = crate::evidence::Evidence::start(&config, store.as_ref()).await?;
+        let evidence =
+            crate::evidence::Evidence::start(&config.signing_setup(), store.as_ref()).await?;
         let options = crate::audit::WriterOptions {
             replica: Some(config.replica_id.clone()),
             checkpoints: Some(evidence.checkpoint_options(&config.audit)),
@@ -317,7 +316,7 @@ impl Gateway {
                 let Some(gateway) = gateway.upgrade() else {
                     break;
                 };
-                if let Err(e) = crate::approval::sweep(&gateway).await {
+                if let Err(e) = crate::approval::sweep(&gateway.approvals()).await {
                     tracing::warn!(error = %e, "could not expire overdue approvals");
                 }
             }
@@ -343,74 +342,19 @@ impl Gateway {
         });
     }
 
+    /// The store, audit trail and webhook that the approval steps work with.
+    pub fn approvals(&self) -> crate::approval::Desk<'_> {
+        crate::approval::Desk {
+            store: self.store.as_ref(),
+            audit: &self.audit,
+            notifier: &self.notifier,
+        }
+    }
+
     /// Records an event durably (with every store write made before it); an audit trail that cannot be written refuses the request (5005).
     pub async fn record(&self, event: AuditEvent) -> Result<crate::audit::Recorded, ApiError> {
         self.audit.record(event).await.map_err(ApiError::store)
     }
-}
-
-/// Binds, logs one ready line, serves until SIGTERM/SIGINT, then drains calls in flight.
-pub async fn serve(config: Config) -> Result<(), String> {
-    crate::api::server::raise_open_file_limit(config.limits.max_connections);
-    // TLS files that do not load stop start-up before the store is opened.
-    crate::tls::check(&config)?;
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    let gateway = Gateway::build(config).await?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    serve_on(gateway, listener, local, shutdown_signal()).await
-}
-
-pub async fn serve_on(
-    gateway: Arc<Gateway>,
-    listener: TcpListener,
-    local: SocketAddr,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let app = crate::api::router(gateway.clone());
-    let front = crate::api::server::Front::from_config(&gateway.config)?;
-    let scheme = front.scheme();
-    let metrics = crate::telemetry::start_listener(&gateway).await?;
-    tracing::info!(listen = %local, scheme, "sealgate ready");
-    // The ready line, on stdout, is how scripts and tests learn the port.
-    crate::logging::announce_ready(&format!("{scheme}://{local}"));
-    crate::api::server::serve(listener, app, front, shutdown).await;
-    crate::api::calls_finished(&gateway).await;
-    if let Some(metrics) = metrics {
-        metrics.abort();
-    }
-    gateway.audit.shutdown().await;
-    gateway.upstreams.shutdown().await;
-    let store = gateway.store.clone();
-    if let Err(e) = store.sync().await {
-        tracing::error!(error = %e, "the store could not be synced at shutdown");
-    }
-    tracing::info!("sealgate stopped");
-    Ok(())
-}
-
-/// SIGTERM or SIGINT (Ctrl-C): how a gateway, and the demo's, is told to stop.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down: draining calls in flight");
 }
 
 #[cfg(test)]

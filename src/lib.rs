@@ -32,6 +32,7 @@ pub mod policy;
 pub mod recovery;
 pub mod redact;
 pub mod retention;
+pub mod serve;
 pub mod session;
 pub mod store;
 pub mod strict_json;

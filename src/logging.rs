@@ -7,7 +7,6 @@
 //! ready line, a fatal error and a panic included.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -16,8 +15,6 @@ use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
-
-use crate::config::Config;
 
 /// `log:` in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,16 +68,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// `serve`: reads the configuration, starts the log it asks for, then reads it once more so that what
-/// loading reports (an ignored variable, say) is written to that log, in its format. Loading has no
-/// side effects, so the second read differs from the first only in where its warnings go.
-pub fn load_config_and_start(path: Option<&Path>) -> Result<Config, String> {
-    let first =
-        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-            Config::load(path)
-        })?;
-    start(&first.log, std::env::var("RUST_LOG").ok().as_deref())?;
-    Config::load(path)
+/// `serve`: the log that the configuration's `log:` section asks for.
+pub fn start_for_serve(config: &LogConfig) -> Result<(), String> {
+    start(config, std::env::var("RUST_LOG").ok().as_deref())
 }
 
 /// Every command but `serve`: warnings and errors as text, unless `RUST_LOG` says otherwise.
@@ -262,23 +252,5 @@ mod tests {
         );
         let error = filter(LogLevel::Info, Some("sealgate=loud")).unwrap_err();
         assert!(error.contains("RUST_LOG \"sealgate=loud\""), "{error}");
-    }
-
-    #[test]
-    fn the_section_has_defaults_and_refuses_unknown_values() {
-        let config = Config::from_yaml("", Path::new(""), &[]).unwrap();
-        assert_eq!(config.log, LogConfig::default());
-        let config = Config::from_yaml(
-            "log: { level: debug }",
-            Path::new(""),
-            &[("SEALGATE_LOG__FORMAT".into(), "json".into())],
-        )
-        .unwrap();
-        assert_eq!(config.log.level, LogLevel::Debug);
-        assert_eq!(config.log.format, LogFormat::Json);
-        let error = Config::from_yaml("log: { level: loud }", Path::new(""), &[]).unwrap_err();
-        assert!(error.contains("loud"), "{error}");
-        let error = Config::from_yaml("log: { format: xml }", Path::new(""), &[]).unwrap_err();
-        assert!(error.contains("xml"), "{error}");
     }
 }

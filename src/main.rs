@@ -236,9 +236,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             check: true,
         } => return Ok(sealgate::config_check::run(config.as_deref()).await),
         Command::Serve { config, .. } => {
-            let config = sealgate::logging::load_config_and_start(config.as_deref())?;
+            let config = sealgate::config::Config::load_and_start_log(config.as_deref())?;
             let traces = sealgate::otel::start(&config.telemetry, &config.replica_id)?;
-            let served = sealgate::gateway::serve(config).await;
+            let served = sealgate::serve::serve(config).await;
             if let Some(traces) = traces {
                 traces.stop().await;
             }

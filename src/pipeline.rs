@@ -529,7 +529,7 @@ async fn approve(
     rule: &policy::Rule,
 ) -> Result<crate::store::ApprovalRecord, Refused> {
     use crate::approval::Gate;
-    let gate = crate::approval::gate(gw, call)
+    let gate = crate::approval::gate(&gw.approvals(), call)
         .await
         .map_err(store_refusal)?;
     let (code, message, record, event) = match gate {
@@ -673,7 +673,7 @@ fn check_window(
     facts: &mut CallFacts,
 ) -> Result<(), Refused> {
     let skew = gw.config.limits.max_clock_skew_secs;
-    let window_end_ms = replay_record_expiry_ms(env.timestamp, skew);
+    let window_end_ms = crate::store::replay_record_expiry_ms(env.timestamp, skew);
     facts.replay_record = (window_end_ms > clock::now_millis()).then(|| SeenSignature {
         signature: signature.to_bytes(),
         expires_at_ms: window_end_ms,
@@ -686,15 +686,6 @@ fn check_window(
     }
     facts.in_window = true;
     Ok(())
-}
-
-/// When the replay record of an envelope signed at `timestamp` may be forgotten: once no clock within the
-/// window could accept that timestamp any more.
-pub fn replay_record_expiry_ms(timestamp: i64, skew_secs: i64) -> i64 {
-    timestamp
-        .saturating_add(skew_secs)
-        .saturating_add(1)
-        .saturating_mul(1000)
 }
 
 /// Check 9: the token is bound to this session and workload.

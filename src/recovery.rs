@@ -107,7 +107,7 @@ fn replay_record(event: &Value, skew_secs: i64, now_ms: i64) -> Option<SeenSigna
     let text = event.get("signature").and_then(Value::as_str)?;
     let signature = crate::envelope::decode_signature(text).ok()?.to_bytes();
     let timestamp = event.get("envelope_timestamp").and_then(Value::as_i64)?;
-    let expires_at_ms = crate::pipeline::replay_record_expiry_ms(timestamp, skew_secs);
+    let expires_at_ms = crate::store::replay_record_expiry_ms(timestamp, skew_secs);
     (expires_at_ms > now_ms).then_some(SeenSignature {
         signature,
         expires_at_ms,

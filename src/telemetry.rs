@@ -6,17 +6,12 @@
 //! `seal.metrics.read`, or, with `metrics.listen`, on a listener of their own without a token and not
 //! on the main listener at all.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use metrics::{describe_counter, describe_gauge, describe_histogram, Histogram, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
-
-use crate::error::{ApiError, Code};
-use crate::gateway::Gateway;
 
 /// `metrics:` in the configuration.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -25,48 +20,6 @@ pub struct MetricsConfig {
     /// `HOST:PORT` where /metrics is served without a token (a scraper's network, not the agents');
     /// None: on the main listener, to operator tokens with `seal.metrics.read`.
     pub listen: Option<String>,
-}
-
-/// The Prometheus text of this moment: the read gauges set, then everything rendered.
-pub async fn scrape(gw: &Gateway) -> Response {
-    observe_gateway(gw).await;
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics.render(),
-    )
-        .into_response()
-}
-
-/// Binds `metrics.listen`, when set, and serves /metrics there (everything else is 404) until the
-/// returned task is aborted. A listener that cannot be bound stops start-up, like the main one.
-pub async fn start_listener(
-    gw: &Arc<Gateway>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
-    let Some(listen) = gw.config.metrics.listen.clone() else {
-        return Ok(None);
-    };
-    let listener = tokio::net::TcpListener::bind(&listen)
-        .await
-        .map_err(|e| format!("metrics.listen: cannot listen on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let scraped = gw.clone();
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let gw = scraped.clone();
-                async move { scrape(&gw).await }
-            }),
-        )
-        .fallback(|| async { ApiError::new(Code::NotFound, "no such endpoint") });
-    let task = tokio::spawn(crate::api::server::serve(
-        listener,
-        app,
-        crate::api::server::Front::plain(&gw.config),
-        std::future::pending(),
-    ));
-    tracing::info!(listen = %local, "metrics served on their own listener");
-    Ok(Some(task))
 }
 
 pub const REQUEST_DURATION: &str = "sealgate_request_duration_seconds";
@@ -166,26 +119,6 @@ impl UpstreamLatency {
         if let Some(histogram) = self.0.get(outcome) {
             histogram.record(elapsed.as_secs_f64());
         }
-    }
-}
-
-/// Sets the gauges that are read rather than counted: calls in flight from the admission semaphore, and
-/// live sessions and pending claims with one count from the store.
-async fn observe_gateway(gw: &Gateway) {
-    let in_flight = gw
-        .config
-        .limits
-        .max_concurrent_calls
-        .saturating_sub(gw.call_slots.available_permits());
-    metrics::gauge!("sealgate_calls_in_flight").set(in_flight as f64);
-    match gw.store.live_counts(crate::clock::now_secs()).await {
-        Ok(counts) => {
-            metrics::gauge!("sealgate_sessions_live").set(counts.sessions as f64);
-            metrics::gauge!("sealgate_claims_pending").set(counts.pending_claims as f64);
-            metrics::gauge!("sealgate_approvals_pending").set(counts.pending_approvals as f64);
-        }
-        // The scrape still answers; the store's own metrics and /readyz say what is wrong.
-        Err(e) => tracing::warn!(error = %e, "cannot count sessions and claims for /metrics"),
     }
 }
 

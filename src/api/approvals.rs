@@ -142,7 +142,9 @@ pub async fn list(
     let tool = params.get("tool");
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
-    approval::sweep(&gw).await.map_err(ApiError::store)?;
+    approval::sweep(&gw.approvals())
+        .await
+        .map_err(ApiError::store)?;
     let keep = |a: &ApprovalRecord| {
         status.is_none_or(|s| a.status == s)
             && session_id.is_none_or(|id| *id == a.session_id)
@@ -187,7 +189,7 @@ pub async fn read(
         .await
         .map_err(ApiError::store)?
         .ok_or_else(|| not_found(&approval_id))?;
-    let record = approval::refresh(&gw, record)
+    let record = approval::refresh(&gw.approvals(), record)
         .await
         .map_err(ApiError::store)?;
     Ok(axum::Json(view(&record)).into_response())
@@ -275,18 +277,24 @@ async fn decide(
         }
         _ => {}
     }
-    let decided = approval::decide(gw, approval_id, grant, operator.name(), decision.reason)
-        .await
-        .map_err(|e| match e {
-            DecideError::NotFound => not_found(approval_id),
-            DecideError::NotPending(record) => ApiError::new(
-                Code::Conflict,
-                format!(
-                    "approval request {approval_id:?} is {}; only a pending request can be decided",
-                    record.status.as_str()
-                ),
+    let decided = approval::decide(
+        &gw.approvals(),
+        approval_id,
+        grant,
+        operator.name(),
+        decision.reason,
+    )
+    .await
+    .map_err(|e| match e {
+        DecideError::NotFound => not_found(approval_id),
+        DecideError::NotPending(record) => ApiError::new(
+            Code::Conflict,
+            format!(
+                "approval request {approval_id:?} is {}; only a pending request can be decided",
+                record.status.as_str()
             ),
-            DecideError::Store(e) => ApiError::store(e),
-        })?;
+        ),
+        DecideError::Store(e) => ApiError::store(e),
+    })?;
     Ok(axum::Json(view(&decided)).into_response())
 }

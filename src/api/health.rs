@@ -94,7 +94,7 @@ pub async fn metrics(
     let (mut parts, _) = request.into_parts();
     let operator = super::Operator::from_request_parts(&mut parts, &gw).await?;
     operator.require(crate::token::scopes::METRICS_READ)?;
-    Ok(crate::telemetry::scrape(&gw).await)
+    Ok(super::metrics::scrape(&gw).await)
 }
 
 /// Built once: the document is the same for every gateway of this binary.

@@ -10,6 +10,7 @@ mod contexts;
 mod health;
 mod invoke;
 mod keys;
+pub(crate) mod metrics;
 pub mod openapi;
 pub mod server;
 mod sessions;

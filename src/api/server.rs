@@ -38,7 +38,7 @@ impl Front {
     /// Reads the TLS files when `tls` is set; an error names the key whose file does not load.
     pub fn from_config(config: &Config) -> Result<Front, String> {
         Ok(Front {
-            tls: Acceptor::from_config(config)?,
+            tls: Acceptor::from_files(config.tls_files())?,
             ..Front::plain(config)
         })
     }

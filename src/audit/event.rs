@@ -53,8 +53,9 @@ impl EventType {
             | Code::EnvelopeReplayed
             | Code::AttestationScopeMismatch
             | Code::GatewayOverloaded => Some(EventType::EnvelopeRejected),
-            Code::InvalidSignature
-            | Code::SignatureVerificationFailed => Some(EventType::SignatureVerificationFailed),
+            Code::InvalidSignature | Code::SignatureVerificationFailed => {
+                Some(EventType::SignatureVerificationFailed)
+            }
             Code::TokenExpired => Some(EventType::SecurityTokenExpired),
             // A new approval request (4003) is recorded as ApprovalRequested instead; the pipeline says so.
             Code::ToolNotAllowed
@@ -73,9 +74,12 @@ impl EventType {
             | Code::UpstreamBadResponse
             | Code::NoRouteForTool
             | Code::StoreUnavailable => Some(EventType::ToolCallFailed),
-            Code::ClaimPending
-            | Code::IdempotencyKeyReused => Some(EventType::ClaimBlocked),
-            Code::OperatorUnauthenticated | Code::OperatorForbidden | Code::NotFound | Code::Conflict | Code::InvalidRequest => None,
+            Code::ClaimPending | Code::IdempotencyKeyReused => Some(EventType::ClaimBlocked),
+            Code::OperatorUnauthenticated
+            | Code::OperatorForbidden
+            | Code::NotFound
+            | Code::Conflict
+            | Code::InvalidRequest => None,
         }
     }
 

@@ -1501,6 +1501,10 @@ fn every_call_refusal_names_its_audit_event() {
     );
     for &code in Code::ALL {
         let control_api = (6000..7000).contains(&code.number());
-        assert_eq!(EventType::recording(code).is_none(), control_api, "{code:?}");
+        assert_eq!(
+            EventType::recording(code).is_none(),
+            control_api,
+            "{code:?}"
+        );
     }
 }

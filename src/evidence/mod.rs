@@ -27,7 +27,6 @@ pub use receipt::{verify as verify_receipt, Statement, Verified};
 pub use verify::{verify_files, TrailReport};
 
 use crate::audit::{AuditConfig, CheckpointOptions};
-use crate::config::Config;
 use crate::store::{SigningKeyRecord, Store, StoreError};
 use key::Signer;
 
@@ -42,6 +41,16 @@ pub struct SigningConfig {
     pub previous_public_keys: Vec<PathBuf>,
 }
 
+/// What signing needs of the configuration, every path resolved against the configuration's folder.
+pub struct SigningSetup {
+    pub key_file: Option<PathBuf>,
+    pub previous_public_keys: Vec<PathBuf>,
+    pub data_dir: PathBuf,
+    /// On a shared (PostgreSQL) store each replica is given its key, and publishes it there.
+    pub shared_store: bool,
+    pub replica_id: String,
+}
+
 /// The gateway's signing key and what it publishes.
 pub struct Evidence {
     signer: Arc<Signer>,
@@ -52,9 +61,9 @@ pub struct Evidence {
 impl Evidence {
     /// Loads (or on the embedded store makes) the signing key, reads the retired keys, and on a shared
     /// store publishes this replica's key, so that every replica lists it.
-    pub async fn start(config: &Config, store: &dyn Store) -> Result<Evidence, String> {
+    pub async fn start(config: &SigningSetup, store: &dyn Store) -> Result<Evidence, String> {
         let (signer, previous) = load_keys(config)?;
-        if shared_store(config) {
+        if config.shared_store {
             let record = SigningKeyRecord {
                 kid: signer.public().kid().to_owned(),
                 public_key: signer.public().to_bytes(),
@@ -153,32 +162,25 @@ pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
     Ok((receipts, started.elapsed() / runs))
 }
 
-fn shared_store(config: &Config) -> bool {
-    config.store != "embedded"
-}
-
 /// The signing key and the retired public keys, as the configuration names them.
-fn load_keys(config: &Config) -> Result<(Signer, Vec<PublicKey>), String> {
-    let key_file = config
-        .signing
-        .key_file
-        .as_deref()
-        .map(|f| config.resolve(f));
-    let data_dir = config.resolve(&config.data_dir);
-    let key = key::load(key_file.as_deref(), &data_dir, !shared_store(config))?;
+fn load_keys(config: &SigningSetup) -> Result<(Signer, Vec<PublicKey>), String> {
+    let key = key::load(
+        config.key_file.as_deref(),
+        &config.data_dir,
+        !config.shared_store,
+    )?;
     let signer = Signer::new(key).map_err(|e| format!("signing.key_file: {e}"))?;
     let previous = read_previous(config)?;
     Ok((signer, previous))
 }
 
-fn read_previous(config: &Config) -> Result<Vec<PublicKey>, String> {
+fn read_previous(config: &SigningSetup) -> Result<Vec<PublicKey>, String> {
     config
-        .signing
         .previous_public_keys
         .iter()
         .enumerate()
         .map(|(index, path)| {
-            key::read_public_pem(&config.resolve(path))
+            key::read_public_pem(path)
                 .map_err(|e| format!("signing.previous_public_keys[{index}]: {e}"))
         })
         .collect()
@@ -186,16 +188,11 @@ fn read_previous(config: &Config) -> Result<Vec<PublicKey>, String> {
 
 /// What `serve --check` finds wrong with `signing:` without making anything: an unreadable or
 /// unprotected key file, a missing one on PostgreSQL, a retired key that is not a public key.
-pub fn config_problems(config: &Config) -> Vec<String> {
-    let key_file = config
-        .signing
-        .key_file
-        .as_deref()
-        .map(|f| config.resolve(f));
-    let generated = config.resolve(&config.data_dir).join(GENERATED_KEY_FILE);
-    let key = match key_file {
-        Some(path) => Some(key::read_key_file(&path).map_err(|e| format!("signing.key_file: {e}"))),
-        None if shared_store(config) => Some(key::load(None, Path::new(""), false)),
+pub fn config_problems(config: &SigningSetup) -> Vec<String> {
+    let generated = config.data_dir.join(GENERATED_KEY_FILE);
+    let key = match &config.key_file {
+        Some(path) => Some(key::read_key_file(path).map_err(|e| format!("signing.key_file: {e}"))),
+        None if config.shared_store => Some(key::load(None, Path::new(""), false)),
         None if generated.exists() => {
             Some(key::read_key_file(&generated).map_err(|e| format!("signing key: {e}")))
         }

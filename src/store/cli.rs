@@ -39,12 +39,10 @@ pub async fn run(command: StoreCommand) -> ExitCode {
     let outcome = match command {
         StoreCommand::Backup { config, file } => backup(config.as_deref(), &file),
         StoreCommand::Check { config } => check(config.as_deref()).await,
-        StoreCommand::ImportSled { config, dir } => {
-            match embedded_dir(config.as_deref()) {
-                Ok(data_dir) => super::import_sled::run(&data_dir, &dir).await,
-                Err(problem) => Err(problem),
-            }
-        }
+        StoreCommand::ImportSled { config, dir } => match embedded_dir(config.as_deref()) {
+            Ok(data_dir) => super::import_sled::run(&data_dir, &dir).await,
+            Err(problem) => Err(problem),
+        },
     };
     match outcome {
         Ok(summary) => {

@@ -335,6 +335,15 @@ pub struct ClaimSettlement {
     pub settled: ClaimRecord,
 }
 
+/// When the replay record of an envelope signed at `timestamp` may be forgotten: once no clock within the
+/// window could accept that timestamp any more.
+pub fn replay_record_expiry_ms(timestamp: i64, skew_secs: i64) -> i64 {
+    timestamp
+        .saturating_add(skew_secs)
+        .saturating_add(1)
+        .saturating_mul(1000)
+}
+
 /// A replay record (SPEC 3 check 8): kept until the envelope's clock window has passed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenSignature {

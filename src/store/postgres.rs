@@ -1506,7 +1506,7 @@ mod tests {
         for (i, event) in events.iter().enumerate() {
             assert_eq!(event["seq"], i + 1);
             let prev = if i == 0 {
-                super::GENESIS_HASH.to_owned()
+                crate::store::GENESIS_HASH.to_owned()
             } else {
                 format!("h{i}")
             };

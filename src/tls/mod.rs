@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use server::{check, Acceptor};
+pub use server::{check, Acceptor, TlsFiles};
 
 /// The `tls` section: with `cert_file` and `key_file` the listener speaks HTTPS only.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

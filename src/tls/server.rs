@@ -16,8 +16,6 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::config::Config;
-
 /// How often the files are compared with what is in force: SPEC 11 r3 promises a change within 10 s.
 const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
@@ -29,8 +27,8 @@ pub struct Acceptor {
 impl Acceptor {
     /// The listener's TLS, or None without `tls.cert_file`; an error names the key whose file does not
     /// load. Starts the reload, which ends with the acceptor.
-    pub fn from_config(config: &Config) -> Result<Option<Acceptor>, String> {
-        let Some(files) = Files::of(config) else {
+    pub fn from_files(files: Option<TlsFiles>) -> Result<Option<Acceptor>, String> {
+        let Some(files) = files else {
             return Ok(None);
         };
         let loaded = files.read()?;
@@ -48,18 +46,18 @@ impl Acceptor {
 }
 
 /// Checks that the configured files load, as `serve` would load them (for `serve --check`).
-pub fn check(config: &Config) -> Result<(), String> {
-    match Files::of(config) {
+pub fn check(files: Option<TlsFiles>) -> Result<(), String> {
+    match files {
         Some(files) => files.read()?.server_config().map(drop),
         None => Ok(()),
     }
 }
 
 /// The configured files, resolved against the configuration's folder.
-struct Files {
-    cert: PathBuf,
-    key: PathBuf,
-    client_ca: Option<PathBuf>,
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// What the files held when read.
@@ -69,19 +67,7 @@ struct Contents {
     client_ca: Option<Vec<u8>>,
 }
 
-impl Files {
-    fn of(config: &Config) -> Option<Files> {
-        let tls = &config.tls;
-        let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) else {
-            return None;
-        };
-        Some(Files {
-            cert: config.resolve(cert),
-            key: config.resolve(key),
-            client_ca: tls.client_ca_file.as_ref().map(|f| config.resolve(f)),
-        })
-    }
-
+impl TlsFiles {
     fn read(&self) -> Result<Contents, String> {
         Ok(Contents {
             cert: read("tls.cert_file", &self.cert)?,
@@ -155,7 +141,7 @@ fn client_verifier(pem: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, String> {
 
 /// Reads the files every [`RELOAD_EVERY`] and puts a changed set in force once it loads; a set that
 /// does not load (a file half written, a key that does not fit) leaves the last good one in force.
-fn spawn_reload(files: Files, mut loaded: [u8; 32], current: Weak<ArcSwap<ServerConfig>>) {
+fn spawn_reload(files: TlsFiles, mut loaded: [u8; 32], current: Weak<ArcSwap<ServerConfig>>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(RELOAD_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -371,7 +371,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::token::keys::KeySet;
+    use crate::token::keys::{KeyConfig, KeySet};
     use crate::token::test_support::{ed_jwk, es256_jwk, rs256_jwk, ES256_PUBLIC};
 
     fn url_entry(url: &str) -> KeyConfig {
