@@ -76,7 +76,7 @@ pub async fn readyz(axum::extract::State(gw): State) -> Response {
         .into_response()
 }
 
-/// Prometheus metrics in the text exposition format (docs/operations.md lists them). With
+/// Prometheus metrics in the text exposition format (docs/metrics.md lists them). With
 /// `metrics.listen` set they are served there, without a token, and this route answers 404.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     security(("operator" = ["seal.metrics.read"])),
