@@ -568,3 +568,40 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
     assert_eq!(pending.len(), 2);
     assert_eq!(store.live_counts(0).await.unwrap().pending_approvals, 2);
 }
+
+/// Retention takes claims that are settled and approvals decided for good (denied, expired, used) from
+/// before the cutoff; a PENDING claim, a pending request and an unused grant stay, whatever their age.
+pub(crate) async fn retention_removes_only_what_is_finished(store: &dyn Store) {
+    let mut finished = Vec::new();
+    for (id, status) in [
+        ("pending", ApprovalStatus::Pending),
+        ("granted", ApprovalStatus::Granted),
+        ("denied", ApprovalStatus::Denied),
+        ("used", ApprovalStatus::Used),
+    ] {
+        let mut record = approval(id, id, 10);
+        assert!(store.approval_insert(&record, None).await.unwrap());
+        if status != ApprovalStatus::Pending {
+            let before = record.clone();
+            record.status = status;
+            assert!(store.approval_replace(&before, &record).await.unwrap());
+        }
+        finished.push(record);
+    }
+    assert!(store
+        .approval_insert(&approval("young", "y", 1_000), None)
+        .await
+        .unwrap());
+    store.sync().await.unwrap();
+    let (_, approvals) = store.settled_remove_before(500).await.unwrap();
+    assert_eq!(approvals, 2);
+    for record in &finished {
+        let kept = store.approval_get(&record.approval_id).await.unwrap();
+        let expected = matches!(
+            record.status,
+            ApprovalStatus::Pending | ApprovalStatus::Granted
+        );
+        assert_eq!(kept.is_some(), expected, "{}", record.approval_id);
+    }
+    assert!(store.approval_get("young").await.unwrap().is_some());
+}

@@ -470,8 +470,9 @@ pub trait Store: AuditBackend {
     /// Removes (durably) the events with seq ≤ `through`, which the caller archived and synced first
     /// (SPEC 12 r3 retention); returns how many.
     async fn events_remove_through(&self, through: u64) -> StoreResult<u64>;
-    /// Removes (durably) the claims that are no longer PENDING and the approval requests no longer
-    /// pending, taken or made before `before_ms` (SPEC 12 r3 retention); returns how many of each.
+    /// Removes (durably) the claims that are no longer PENDING and the approval requests decided for
+    /// good (denied, expired, used: a grant not yet used stays), taken or made before `before_ms` (SPEC
+    /// 12 r3 retention); returns how many of each.
     async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)>;
 
     /// Whether `holder` may run retention until `until_ms`: one replica at a time on a shared store (a

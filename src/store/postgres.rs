@@ -1034,7 +1034,8 @@ impl Store for PgStore {
             .map_err(db)?;
         let approvals = tx
             .execute_prepared(
-                "DELETE FROM approvals WHERE NOT pending AND requested_at_ms < $1",
+                "DELETE FROM approvals WHERE NOT pending AND requested_at_ms < $1 \
+                 AND replace(record, '\\u0000', '\\u0001')::json ->> 'status' <> 'granted'",
                 &[&before_ms],
             )
             .await
@@ -1316,6 +1317,15 @@ mod tests {
     async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call() {
         let db = TestDatabase::create().await;
         conformance::approvals_change_by_compare_and_set_and_one_request_is_current_per_call(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn retention_removes_only_what_is_finished() {
+        let db = TestDatabase::create().await;
+        conformance::retention_removes_only_what_is_finished(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

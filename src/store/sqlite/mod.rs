@@ -722,7 +722,8 @@ impl Store for SqliteStore {
                 let approvals = w
                     .conn
                     .prepare_cached(
-                        "DELETE FROM approvals WHERE pending = 0 AND requested_at_ms < ?1",
+                        "DELETE FROM approvals WHERE pending = 0 AND requested_at_ms < ?1 \
+                         AND json_extract(record, '$.status') <> 'granted'",
                     )
                     .and_then(|mut s| s.execute(params![before_ms]))
                     .map_err(db)?;

@@ -71,6 +71,12 @@ async fn approvals_change_by_compare_and_set_and_one_request_is_current_per_call
 }
 
 #[tokio::test]
+async fn retention_removes_only_what_is_finished() {
+    let (_dir, store) = open();
+    conformance::retention_removes_only_what_is_finished(&store).await;
+}
+
+#[tokio::test]
 async fn committed_state_survives_reopen_and_uncommitted_state_does_not() {
     let dir = tempfile::tempdir().unwrap();
     {
