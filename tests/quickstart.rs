@@ -36,7 +36,8 @@ const TEST_SCRIPT: &str = include_str!("../scripts/test.sh");
 /// The ports the page names: the gateway, the tool, the webhook receiver, the trace collector.
 const PAGE_PORTS: [&str; 4] = ["8089", "8090", "8091", "4318"];
 
-/// What a user waits for in all: a few seconds, and up to one trace export interval (5 s).
+/// The page takes seconds (its longest wait is one trace export interval, 5 s); this bounds a page that
+/// hangs in one of its wait loops.
 const PAGE_DEADLINE: Duration = Duration::from_secs(180);
 
 /// The work of the page's `sh setup` blocks, as the test does it.
