@@ -6,9 +6,11 @@ cd "$(dirname "$0")/.."
 if ! command -v strace >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq strace
 fi
-# tests/cli_tokens.rs round-trips keys through openssl and Python `cryptography` (Debian packages).
-if ! command -v openssl >/dev/null 2>&1 || ! python3 -c 'import cryptography' >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq openssl python3-cryptography
+# tests/cli_tokens.rs round-trips keys through openssl and Python `cryptography` (Debian packages);
+# tests/quickstart.rs runs docs/quickstart.md, which uses openssl and curl.
+if ! command -v openssl >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1 ||
+  ! python3 -c 'import cryptography' >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq openssl curl python3-cryptography
 fi
 # Real MCP servers for the integration tests, pinned by tests/mcp-servers/package-lock.json.
 if [ -f tests/mcp-servers/package-lock.json ]; then
@@ -38,7 +40,8 @@ python_tools schemathesis schemathesis==4.32.5
 # (@modelcontextprotocol/sdk, pinned by tests/connect-clients/package-lock.json) does too.
 python_tools mcp mcp==2.3.0
 npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
-# standardwebhooks checks the signed approval webhooks as a receiver would (tests/approvals.rs).
+# standardwebhooks checks the signed approval webhooks as a receiver would (tests/approvals.rs, and the
+# Quickstart page's receiver in tests/quickstart.rs).
 python_tools standardwebhooks standardwebhooks==1.1.0
 # rfc8785 (JCS), with the system's `cryptography`, verifies receipts and checkpoints with code we did not
 # write (tests/evidence.rs).

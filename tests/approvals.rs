@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,8 +12,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use common::{
-    assert_refused_at_start_up, code, start_replicas, start_tool, tool_call, until, write_config,
-    Gateway, Keys,
+    assert_refused_at_start_up, code, standardwebhooks_python, start_replicas, start_tool,
+    tool_call, until, write_config, Gateway, Keys,
 };
 use ed25519_dalek::SigningKey;
 use reqwest::Method;
@@ -572,24 +572,6 @@ fn webhook_secret() -> String {
     let mut bytes = [0u8; 32];
     getrandom::getrandom(&mut bytes).unwrap();
     format!("whsec_{}", STANDARD.encode(bytes))
-}
-
-/// The pinned standardwebhooks that scripts/test.sh installs (or `STANDARDWEBHOOKS_PYTHON`, a Python
-/// that can import it).
-fn standardwebhooks_python() -> PathBuf {
-    let path = std::env::var_os("STANDARDWEBHOOKS_PYTHON").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/venvs/standardwebhooks/bin/python")
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh, which installs the pinned standardwebhooks",
-        path.display()
-    );
-    path
 }
 
 /// What the standardwebhooks library says of `delivery` under `secret`: whether it verifies, and its

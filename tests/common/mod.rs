@@ -948,3 +948,21 @@ where
     }
     assert!(started.elapsed() < within, "{what}: not within {within:?}");
 }
+
+/// The pinned standardwebhooks that scripts/test.sh installs (or `STANDARDWEBHOOKS_PYTHON`, a Python
+/// that can import it).
+pub fn standardwebhooks_python() -> PathBuf {
+    let path = std::env::var_os("STANDARDWEBHOOKS_PYTHON").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/venvs/standardwebhooks/bin/python")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh, which installs the pinned standardwebhooks",
+        path.display()
+    );
+    path
+}
