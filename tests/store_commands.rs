@@ -1,0 +1,226 @@
+//! `sealgate store backup`, `store check` and `store import-sled` (SPEC 12 r3) through the real binary, as
+//! docs/backup.md and docs/upgrading.md tell operators to run them. The embedded store only: PostgreSQL's
+//! backups are its own tools.
+
+mod common;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    audit_verify, keyed_call, run_cli_with_env, start_tool, until, write_config, Gateway, Keys,
+};
+use serde_json::{json, Value};
+
+fn text(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// `sealgate store COMMAND --config CONFIG [ARG]`: the exit code and everything it printed. It reads the
+/// whole configuration as `serve` does, so it gets the environment that `serve` gets.
+fn store(command: &str, config: &Path, arg: Option<&Path>) -> (i32, String) {
+    let mut args = vec!["store", command, "--config", text(config)];
+    args.extend(arg.map(text));
+    run_cli_with_env(&args, &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")])
+}
+
+/// The keyed write whose answer the store keeps: a retry with the same key is a SKIP.
+fn report_write(id: u64) -> Value {
+    keyed_call(
+        id,
+        "tool.write",
+        json!({"path": "/workspace/report.txt"}),
+        "report-1",
+    )
+}
+
+/// Restores as docs/backup.md says: the configuration and policies as they were, and a new data folder
+/// (0700) holding the backup as `sealgate.db` beside the signing key kept from the old one.
+fn restore(backup: &Path, from: &Gateway, to: &Path) -> PathBuf {
+    let policies = to.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    for entry in std::fs::read_dir(from.dir.join("policies")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), policies.join(entry.file_name())).unwrap();
+    }
+    let config = to.join("sealgate.yaml");
+    std::fs::copy(&from.config_path, &config).unwrap();
+    let data = to.join("data");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&data)
+        .unwrap();
+    std::fs::copy(backup, data.join("sealgate.db")).unwrap();
+    std::fs::copy(from.dir.join("data/signing.key"), data.join("signing.key")).unwrap();
+    config
+}
+
+#[tokio::test]
+async fn a_backup_taken_while_serving_restores_the_claims_the_chain_and_the_signing_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (live, restored) = (dir.path().join("live"), dir.path().join("restored"));
+    let (tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    let config = write_config(&live, &keys, &tool_base, "", "");
+    // A checkpoint every two events, so that the backup holds one signed with the live gateway's key.
+    let gw = Gateway::spawn_with(Vec::new(), &live, &config, keys.clone(), |command| {
+        command.env("SEALGATE_AUDIT__CHECKPOINT_EVERY", "2");
+    });
+    let (key, token) = gw.session("exec-backup").await;
+    let (status, first) = gw.call(&key, &token, report_write(1)).await;
+    assert_eq!(first["receipt"]["claim"], "PROCEED", "{status} {first}");
+    until(
+        Duration::from_secs(10),
+        "a checkpoint in the chain",
+        || async { gw.export().await.contains("\"AuditCheckpoint\"") },
+    )
+    .await;
+
+    let backup = dir.path().join("sealgate-backup.db");
+    let (status, out) = store("backup", &config, Some(&backup));
+    assert_eq!(status, 0, "{out}");
+    assert!(
+        out.starts_with(&format!("ok: {} written", backup.display())),
+        "{out}"
+    );
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the copy holds everything the store does");
+    let backed_up = gw.export().await;
+
+    // The machine is lost; a fresh gateway starts on the restored folder.
+    let restored_config = restore(&backup, &gw, &restored);
+    drop(gw);
+    let gw = Gateway::spawn(&restored, &restored_config, keys);
+    let (status, again) = gw.call(&key, &token, report_write(2)).await;
+    assert_eq!(again["receipt"]["claim"], "SKIP", "{status} {again}");
+    assert_eq!(again["payload"]["result"], first["payload"]["result"]);
+    assert_eq!(
+        tool.count(),
+        1,
+        "the restored claim kept the tool from running again"
+    );
+    assert_eq!(
+        again["receipt"]["sig"]["kid"], first["receipt"]["sig"]["kid"],
+        "the restored gateway signs with the key it signed with before"
+    );
+
+    let export = dir.path().join("export.jsonl");
+    let chain = gw.save_export(&export).await;
+    let restored_part: Vec<&str> = backed_up.lines().collect();
+    let export_text = std::fs::read_to_string(&export).unwrap();
+    assert!(
+        export_text.starts_with(&restored_part.join("\n")),
+        "the restored chain begins with every event the backup held"
+    );
+    assert!(
+        chain.len() > restored_part.len(),
+        "the SKIP was recorded after them"
+    );
+    let (status, out) = audit_verify(&[&export], Some(&gw.keys_url()));
+    assert_eq!(status, 0, "{out}");
+    assert!(out.contains("checkpoints verified"), "{out}");
+    let (status, out) = store("check", &restored_config, None);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.starts_with("ok: integrity check passed"), "{out}");
+}
+
+#[tokio::test]
+async fn a_backup_never_replaces_a_file_and_names_what_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    gw.session("exec-refused").await;
+    let existing = dir.path().join("existing.db");
+    std::fs::write(&existing, "an earlier backup").unwrap();
+    let (status, out) = store("backup", &gw.config_path, Some(&existing));
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "cannot create {}: File exists",
+            existing.display()
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&existing).unwrap(),
+        "an earlier backup"
+    );
+
+    let nowhere = dir.path().join("no-such-folder/backup.db");
+    let (status, out) = store("backup", &gw.config_path, Some(&nowhere));
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "cannot create {}: No such file or directory",
+            nowhere.display()
+        )),
+        "{out}"
+    );
+
+    // A configuration whose data folder holds no store: nothing is made there.
+    let empty = dir.path().join("empty");
+    let config = write_config(&empty, &gw.keys, "http://127.0.0.1:1", "", "");
+    let (status, out) = store("backup", &config, Some(&dir.path().join("b.db")));
+    assert_eq!(status, 1, "{out}");
+    let database = empty.join("data/sealgate.db");
+    assert!(
+        out.starts_with(&format!("no embedded store at {}", database.display())),
+        "{out}"
+    );
+    assert!(!database.exists());
+}
+
+/// Edits the stored event `seq` (its `at`), as a hand with the `sqlite3` shell could.
+fn edit_event(database: &Path, seq: i64) {
+    let conn = rusqlite::Connection::open(database).unwrap();
+    let stored: String = conn
+        .query_row(
+            "SELECT event FROM audit_events WHERE seq = ?1",
+            [seq],
+            |row| row.get(0),
+        )
+        .unwrap();
+    let mut event: Value = serde_json::from_str(&stored).unwrap();
+    event["at"] = json!("2000-01-01T00:00:00.000Z");
+    conn.execute(
+        "UPDATE audit_events SET event = ?1 WHERE seq = ?2",
+        rusqlite::params![event.to_string(), seq],
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn store_check_names_the_event_that_was_edited_or_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-damage").await;
+    let (_, answer) = gw.call(&key, &token, report_write(1)).await;
+    assert_eq!(answer["receipt"]["claim"], "PROCEED", "{answer}");
+    let events = gw.export().await.lines().count();
+    assert!(events >= 3, "{events} events");
+    let (status, out) = store("check", &gw.config_path, None);
+    assert_eq!(status, 0, "{out}");
+    assert!(
+        out.contains(&format!("{events} events, seq 1..{events}, chain intact")),
+        "{out}"
+    );
+    gw.kill();
+
+    let database = gw.dir.join("data/sealgate.db");
+    edit_event(&database, 2);
+    let (status, out) = store("check", &gw.config_path, None);
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.contains("the audit chain is broken: audit chain broken at line 2, seq 2"),
+        "{out}"
+    );
+
+    let conn = rusqlite::Connection::open(&database).unwrap();
+    conn.execute("DELETE FROM audit_events WHERE seq = 2", [])
+        .unwrap();
+    drop(conn);
+    let (status, out) = store("check", &gw.config_path, None);
+    assert_eq!(status, 1, "{out}");
+    assert!(out.contains("seq 3 follows seq 1 (expected 2)"), "{out}");
+}
