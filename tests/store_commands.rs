@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    audit_verify, keyed_call, run_cli_with_env, start_tool, until, write_config, Gateway, Keys,
+    audit_verify, keyed_call, run_cli_with_env, run_refused, start_tool, until, write_config,
+    Gateway, Keys,
 };
 use serde_json::{json, Value};
 
@@ -34,6 +35,36 @@ fn report_write(id: u64) -> Value {
         json!({"path": "/workspace/report.txt"}),
         "report-1",
     )
+}
+
+/// Another keyed write, made after the backup.
+fn invoice_write(id: u64) -> Value {
+    keyed_call(
+        id,
+        "tool.write",
+        json!({"path": "/workspace/invoice.txt"}),
+        "invoice-1",
+    )
+}
+
+/// The audit events that a store file holds, oldest first.
+fn stored_events(database: &Path) -> Vec<Value> {
+    let conn =
+        rusqlite::Connection::open_with_flags(database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut select = conn
+        .prepare("SELECT event FROM audit_events ORDER BY seq")
+        .unwrap();
+    let texts = select.query_map([], |row| row.get::<_, String>(0)).unwrap();
+    texts
+        .map(|text| serde_json::from_str(&text.unwrap()).unwrap())
+        .collect()
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
 }
 
 /// Restores as docs/backup.md says: the configuration and policies as they were, and a new data folder
@@ -87,43 +118,69 @@ async fn a_backup_taken_while_serving_restores_the_claims_the_chain_and_the_sign
     );
     let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the copy holds everything the store does");
-    let backed_up = gw.export().await;
+    let backed_up = stored_events(&backup);
+    // A call after the backup: the restored store will not know it.
+    let (status, later) = gw.call(&key, &token, invoice_write(3)).await;
+    assert_eq!(later["receipt"]["claim"], "PROCEED", "{status} {later}");
+    let live_audit_file = gw.audit_file().await;
 
-    // The machine is lost; a fresh gateway starts on the restored folder.
+    // The machine is lost. Restored beside the live audit file, which holds events that the backup does
+    // not, the gateway refuses to start rather than fork the chain; with that file moved aside, it starts.
     let restored_config = restore(&backup, &gw, &restored);
     drop(gw);
+    let audit_file = restored.join("audit.jsonl");
+    std::fs::write(&audit_file, &live_audit_file).unwrap();
+    let refused = run_refused(
+        &["serve", "--config", text(&restored_config)],
+        &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")],
+    );
+    let expected = format!(
+        "ends at seq {} but the store's chain ends at seq {}",
+        json_lines(&live_audit_file).len(),
+        backed_up.len()
+    );
+    assert!(refused.contains(&expected), "{refused}");
+    std::fs::rename(&audit_file, restored.join("audit.jsonl.before-restore")).unwrap();
+
     let gw = Gateway::spawn(&restored, &restored_config, keys);
     let (status, again) = gw.call(&key, &token, report_write(2)).await;
     assert_eq!(again["receipt"]["claim"], "SKIP", "{status} {again}");
     assert_eq!(again["payload"]["result"], first["payload"]["result"]);
     assert_eq!(
         tool.count(),
-        1,
+        2,
         "the restored claim kept the tool from running again"
     );
     assert_eq!(
         again["receipt"]["sig"]["kid"], first["receipt"]["sig"]["kid"],
         "the restored gateway signs with the key it signed with before"
     );
+    let (status, lost) = gw.call(&key, &token, invoice_write(4)).await;
+    assert_eq!(
+        lost["receipt"]["claim"], "PROCEED",
+        "a claim taken after the backup is lost with the rest: {status} {lost}"
+    );
+    assert_eq!(tool.count(), 3);
 
     let export = dir.path().join("export.jsonl");
     let chain = gw.save_export(&export).await;
-    let restored_part: Vec<&str> = backed_up.lines().collect();
-    let export_text = std::fs::read_to_string(&export).unwrap();
-    assert!(
-        export_text.starts_with(&restored_part.join("\n")),
+    assert_eq!(
+        chain[..backed_up.len()],
+        backed_up[..],
         "the restored chain begins with every event the backup held"
-    );
-    assert!(
-        chain.len() > restored_part.len(),
-        "the SKIP was recorded after them"
     );
     let (status, out) = audit_verify(&[&export], Some(&gw.keys_url()));
     assert_eq!(status, 0, "{out}");
     assert!(out.contains("checkpoints verified"), "{out}");
     let (status, out) = store("check", &restored_config, None);
     assert_eq!(status, 0, "{out}");
-    assert!(out.starts_with("ok: integrity check passed"), "{out}");
+    let events = chain.len();
+    assert!(
+        out.starts_with(&format!(
+            "ok: integrity check passed; {events} events, seq 1..{events}, chain intact"
+        )),
+        "{out}"
+    );
 }
 
 #[tokio::test]
