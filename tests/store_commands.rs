@@ -281,3 +281,29 @@ async fn store_check_names_the_event_that_was_edited_or_removed() {
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("seq 3 follows seq 1 (expected 2)"), "{out}");
 }
+
+/// What a rollback meets (docs/upgrading.md): a build refuses a store whose schema is newer than it knows.
+#[tokio::test]
+async fn a_store_migrated_by_a_newer_build_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut gw, _tool) = Gateway::start(dir.path(), "").await;
+    gw.session("exec-newer").await;
+    gw.kill();
+    let conn = rusqlite::Connection::open(gw.dir.join("data/sealgate.db")).unwrap();
+    let known: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert!(known >= 1, "the schema version is kept as user_version");
+    conn.execute_batch(&format!("PRAGMA user_version = {}", known + 1))
+        .unwrap();
+    drop(conn);
+    let refused = run_refused(
+        &["serve", "--config", text(&gw.config_path)],
+        &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")],
+    );
+    let expected = format!(
+        "the store's schema is at version {}, newer than the {known} this build knows",
+        known + 1
+    );
+    assert!(refused.contains(&expected), "{refused}");
+}
