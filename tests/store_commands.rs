@@ -141,6 +141,13 @@ async fn a_backup_taken_while_serving_restores_the_claims_the_chain_and_the_sign
     );
     assert!(refused.contains(&expected), "{refused}");
     std::fs::rename(&audit_file, restored.join("audit.jsonl.before-restore")).unwrap();
+    let (status, out) = store("check", &restored_config, None);
+    assert_eq!(status, 0, "{out}");
+    let events = backed_up.len();
+    assert!(
+        out.contains(&format!("{events} events, seq 1..{events}")),
+        "{out}"
+    );
 
     let gw = Gateway::spawn(&restored, &restored_config, keys);
     let (status, again) = gw.call(&key, &token, report_write(2)).await;
@@ -306,4 +313,135 @@ async fn a_store_migrated_by_a_newer_build_is_refused_at_start_up() {
         known + 1
     );
     assert!(refused.contains(&expected), "{refused}");
+}
+
+/// A sled data folder of the previous release, made by its `make.sh` (see its README.md).
+const SLED_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sled-0.1.0");
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(SLED_FIXTURE).join(name)
+}
+
+/// The fixture's test keys: the session was registered, and its call signed, with these.
+fn fixture_keys() -> Keys {
+    let read = |name: &str| std::fs::read_to_string(fixture(&format!("keys/{name}"))).unwrap();
+    Keys {
+        operator_private: read("operator.key"),
+        operator_public: read("operator.pub.pem"),
+        agent_private: read("agents.key"),
+        agent_public: read("agents.pub.pem"),
+    }
+}
+
+/// Copies a folder and everything in it (sled opens its store for writing: never the repository's copy).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// `GET /v1/seal/sessions/ID`: what the gateway knows of the session.
+async fn session_view(gw: &Gateway, id: &str) -> Value {
+    let (status, view) = gw
+        .admin(
+            reqwest::Method::GET,
+            &format!("/v1/seal/sessions/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
+#[tokio::test]
+async fn a_sled_store_of_the_previous_release_imports_with_its_chain_and_its_stored_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sled = dir.path().join("data.sled");
+    copy_tree(&fixture("data"), &sled);
+    let (tool, tool_base) = start_tool().await;
+    let keys = Arc::new(fixture_keys());
+    let config = write_config(dir.path(), &keys, &tool_base, "", "");
+    // The audit file stays where it was: it holds the chain that the import copies.
+    std::fs::copy(fixture("audit.jsonl"), dir.path().join("audit.jsonl")).unwrap();
+    let old_chain = json_lines(&std::fs::read_to_string(fixture("audit.jsonl")).unwrap());
+    let proceed: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("proceed.json")).unwrap()).unwrap();
+    assert_eq!(proceed["receipt"]["claim"], "PROCEED", "{proceed}");
+
+    let not_sled = dir.path().join("not-sled");
+    std::fs::create_dir(&not_sled).unwrap();
+    let (status, out) = store("import-sled", &config, Some(&not_sled));
+    assert_eq!(status, 1, "{out}");
+    let expected = format!(
+        "{} is not a sled data folder (no conf and db files)",
+        not_sled.display()
+    );
+    assert!(out.starts_with(&expected), "{out}");
+
+    let (status, out) = store("import-sled", &config, Some(&sled));
+    assert_eq!(status, 0, "{out}");
+    let events = old_chain.len();
+    let expected = format!(
+        "ok: imported 1 sessions, 1 claims, 0 contexts, 0 approval requests, 1 budget counts and \
+         {events} audit events into {}; the chain verifies (seq 1..{events}, last hash {})",
+        dir.path().join("data/sealgate.db").display(),
+        old_chain[events - 1]["hash"].as_str().unwrap()
+    );
+    assert_eq!(out.trim_end(), expected);
+
+    let gw = Gateway::spawn(dir.path(), &config, keys.clone());
+    let export = dir.path().join("export.jsonl");
+    let chain = gw.save_export(&export).await;
+    assert_eq!(
+        chain[..events],
+        old_chain[..],
+        "the old chain, event for event, with its hashes"
+    );
+    let (status, out) = audit_verify(&[&export], None);
+    assert_eq!(status, 0, "{out}");
+    let session = session_view(&gw, "exec-sled").await;
+    assert_eq!(
+        session["calls"]["allowed"], 1,
+        "the budget count came along: {session}"
+    );
+
+    let session_key =
+        sealgate::envelope::read_signing_key_file(&fixture("keys/session.key")).unwrap();
+    let token = keys.agent_token("exec-sled");
+    let (status, again) = gw.call(&session_key, &token, report_write(3)).await;
+    assert_eq!(again["receipt"]["claim"], "SKIP", "{status} {again}");
+    assert_eq!(again["payload"]["result"], proceed["payload"]["result"]);
+    assert_eq!(
+        again["receipt"]["request_id"],
+        proceed["receipt"]["request_id"]
+    );
+    assert_eq!(tool.count(), 0, "the stored answer, not the tool, answered");
+    // The SKIP was the budget's second call of two: the next one is refused.
+    assert_eq!(session_view(&gw, "exec-sled").await["status"], "exhausted");
+    let (status, refused) = gw.call(&session_key, &token, invoice_write(4)).await;
+    assert_eq!((status, common::code(&refused)), (403, 2008), "{refused}");
+    // The audit file went on from the imported chain.
+    let audit_file = gw.audit_file().await;
+    let (status, out) = audit_verify(&[&dir.path().join("audit.jsonl")], None);
+    assert_eq!(status, 0, "{out}");
+    assert!(json_lines(&audit_file).len() > events, "{audit_file}");
+
+    // A data folder that holds a store already is never imported into.
+    let (status, out) = store("import-sled", &config, Some(&sled));
+    assert_eq!(status, 1, "{out}");
+    let database = dir.path().join("data/sealgate.db");
+    assert!(
+        out.starts_with(&format!(
+            "{} exists already: import into a data_dir that holds no store",
+            database.display()
+        )),
+        "{out}"
+    );
 }
