@@ -179,6 +179,9 @@ async fn a_backup_taken_while_serving_restores_the_claims_the_chain_and_the_sign
     let (status, out) = audit_verify(&[&export], Some(&gw.keys_url()));
     assert_eq!(status, 0, "{out}");
     assert!(out.contains("checkpoints verified"), "{out}");
+    // The new audit file begins after the restored chain; the export holds all of it.
+    let audit_file = json_lines(&gw.audit_file().await);
+    assert_eq!(audit_file[0], chain[backed_up.len()]);
     let (status, out) = store("check", &restored_config, None);
     assert_eq!(status, 0, "{out}");
     let events = chain.len();
