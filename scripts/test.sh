@@ -53,8 +53,8 @@ cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by
 # tests/common and dropped here). Left out: durability and crash (they trace the embedded store's own files),
-# store_failure (it takes the embedded store's folder away), replicas (PostgreSQL already), dockerfile and the
-# suites that start no gateway.
+# store_failure (it takes the embedded store's folder away), store_commands (the embedded store's own
+# commands), replicas (PostgreSQL already), dockerfile and the suites that start no gateway.
 POSTGRES=${SEALGATE_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432/test}
 drop_test_databases() {
   psql "$POSTGRES" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'sealgate\_test\_%'" |
@@ -64,4 +64,4 @@ trap drop_test_databases EXIT
 SEALGATE_TEST_STORE=postgres cargo test --locked \
   --test approvals --test audit_trail --test claims --test cli_tokens --test connect --test console --test front_door --test gateway_core --test hardening \
   --test mcp_gateway --test metrics --test observability --test openapi --test operability --test policy_api \
-  --test upstream_mcp --test file_modes "$@"
+  --test upstream_mcp --test file_modes --test retention "$@"

@@ -72,7 +72,11 @@ fn embedded_dir(config: Option<&Path>) -> Result<PathBuf, String> {
 
 fn backup(config: Option<&Path>, file: &Path) -> Result<String, String> {
     let dir = embedded_dir(config)?;
-    let events = super::sqlite::backup(&dir, file).map_err(|e| e.to_string())?;
+    // Its failures are mostly about FILE (exists, no such folder), which "store unavailable" would misname.
+    let events = super::sqlite::backup(&dir, file).map_err(|e| match e {
+        super::StoreError::Unavailable(why) => why,
+        other => other.to_string(),
+    })?;
     Ok(format!(
         "ok: {} written, a consistent copy of {} ({events} audit events)",
         file.display(),

@@ -662,6 +662,20 @@ impl Gateway {
         self.export_from(0).await
     }
 
+    /// The whole stored chain written to `path` (for `sealgate audit verify`); its events, oldest first.
+    pub async fn save_export(&self, path: &Path) -> Vec<Value> {
+        let text = self.export().await;
+        std::fs::write(path, &text).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// The URL of this gateway's JWK Set (`GET /v1/keys`), for `--keys`.
+    pub fn keys_url(&self) -> String {
+        format!("{}/v1/keys", self.base)
+    }
+
     /// The text of the audit file (`audit.jsonl` in the gateway's folder) once it holds the event `seq`:
     /// the file is a copy written after each commit, so it may trail the answer by a moment.
     pub async fn audit_file_through(&self, seq: u64) -> String {
@@ -865,6 +879,14 @@ pub fn run_cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+/// `sealgate audit verify FILES… [--keys KEYS]`: its exit code and everything it printed.
+pub fn audit_verify(files: &[&Path], keys: Option<&str>) -> (i32, String) {
+    let mut args = vec!["audit", "verify"];
+    args.extend(files.iter().map(|file| file.to_str().unwrap()));
+    args.extend(keys.iter().flat_map(|keys| ["--keys", keys]));
+    run_cli(&args)
 }
 
 /// Runs `serve` and `serve --check` on `config`: both must refuse it, say `expected`, and never print
