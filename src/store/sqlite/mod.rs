@@ -37,6 +37,9 @@ const READERS: usize = 2;
 
 /// What every connection of the writer sets. The writer never checkpoints by itself (the checkpointer
 /// does, off the commit path); the WAL file is cut back to 64 MiB after each reset.
+/// The write-ahead log is started over once it holds this much (SQLite's own default is about 4 MiB).
+const WAL_LIMIT_BYTES: u64 = 64 << 20;
+
 const WRITER_PRAGMAS: &str = "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0; \
      PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -8192; PRAGMA busy_timeout = 5000; \
      PRAGMA foreign_keys = OFF; PRAGMA temp_store = MEMORY;";
@@ -62,6 +65,10 @@ impl SqliteStore {
     /// Opens (creating when missing) `dir/sealgate.db`, brings its schema up to date and starts its
     /// threads. Refuses a schema newer than this build knows.
     pub fn open(dir: &Path) -> StoreResult<SqliteStore> {
+        SqliteStore::open_with_wal_limit(dir, WAL_LIMIT_BYTES)
+    }
+
+    fn open_with_wal_limit(dir: &Path, wal_limit: u64) -> StoreResult<SqliteStore> {
         let path = create_database_file(dir)?;
         let conn = Connection::open_with_flags(
             &path,
@@ -80,7 +87,7 @@ impl SqliteStore {
         conn.execute_batch(WRITER_PRAGMAS).map_err(db)?;
         migrate(&conn)?;
         let head = read_head(&conn)?;
-        let writer = Writer::start(Writable { conn, head })?;
+        let writer = Writer::start(Writable { conn, head }, wal_limit)?;
         let readers = Readers::start(&path, READERS)?;
         let checkpointer = Checkpointer::start(&path, writer.commits())?;
         Ok(SqliteStore {

@@ -163,3 +163,28 @@ async fn a_lost_transaction_stops_the_store_and_nothing_it_held_is_reported_dura
     assert!(found("durable").await);
     assert!(!found("answered").await);
 }
+
+#[tokio::test]
+async fn the_writer_starts_the_log_over_once_it_passes_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 64 * 1024;
+    let store = SqliteStore::open_with_wal_limit(dir.path(), limit).unwrap();
+    let wal = dir.path().join("sealgate.db-wal");
+    let mut largest = 0;
+    for n in 0..1_000 {
+        let record = claim(ClaimKind::Invoke, &format!("request-{n}"), n);
+        assert_eq!(store.claim_insert(&record).await.unwrap(), None);
+        store.sync().await.unwrap();
+        largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+    }
+    // A thousand commits of a page or more each would leave over 4 MiB in a log never started over.
+    assert!(largest < 2 * limit, "the WAL reached {largest} bytes");
+    assert_eq!(
+        store
+            .claim_get(ClaimKind::Invoke, "request-999")
+            .await
+            .unwrap()
+            .map(|c| c.claimed_at_ms),
+        Some(999)
+    );
+}
