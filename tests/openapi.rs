@@ -13,19 +13,7 @@ use serde_json::{json, Value};
 
 /// The pinned schemathesis that scripts/test.sh installs (or `SCHEMATHESIS`, a path to the program).
 fn schemathesis() -> PathBuf {
-    let path = std::env::var_os("SCHEMATHESIS").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/venvs/schemathesis/bin/schemathesis")
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh, which installs the pinned schemathesis",
-        path.display()
-    );
-    path
+    common::pinned_tool("schemathesis", "schemathesis", "SCHEMATHESIS")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,6 +158,23 @@ fn invalid(message: impl Into<String>) -> TokenError {
     TokenError::Invalid(message.into())
 }
 
+/// Checks shared by the agent and operator sections.
+pub(crate) fn validate_common(
+    section: &str,
+    issuer: Option<&str>,
+    leeway_secs: u64,
+) -> Result<(), String> {
+    if issuer == Some("") {
+        return Err(format!("{section}.issuer must not be empty"));
+    }
+    if leeway_secs > MAX_LEEWAY_SECS {
+        return Err(format!(
+            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,21 +266,4 @@ mod tests {
         assert!(check_issuer(&object(json!({})), "orch").is_err());
         assert!(check_issuer(&object(json!({"iss": 1})), "orch").is_err());
     }
-}
-
-/// Checks shared by the agent and operator sections.
-pub(crate) fn validate_common(
-    section: &str,
-    issuer: Option<&str>,
-    leeway_secs: u64,
-) -> Result<(), String> {
-    if issuer == Some("") {
-        return Err(format!("{section}.issuer must not be empty"));
-    }
-    if leeway_secs > MAX_LEEWAY_SECS {
-        return Err(format!(
-            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
-        ));
-    }
-    Ok(())
 }

@@ -974,16 +974,22 @@ where
 /// The pinned standardwebhooks that scripts/test.sh installs (or `STANDARDWEBHOOKS_PYTHON`, a Python
 /// that can import it).
 pub fn standardwebhooks_python() -> PathBuf {
-    let path = std::env::var_os("STANDARDWEBHOOKS_PYTHON").map_or_else(
+    pinned_tool("standardwebhooks", "python", "STANDARDWEBHOOKS_PYTHON")
+}
+
+/// `program` of the venv `target/venvs/VENV` that scripts/test.sh makes with its pinned packages, or the
+/// path in the variable `override_var`.
+pub fn pinned_tool(venv: &str, program: &str, override_var: &str) -> PathBuf {
+    let path = std::env::var_os(override_var).map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/venvs/standardwebhooks/bin/python")
+                .join(format!("target/venvs/{venv}/bin/{program}"))
         },
         PathBuf::from,
     );
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, which installs the pinned standardwebhooks",
+        "{} is missing: run scripts/test.sh, which installs the pinned {venv}",
         path.display()
     );
     path
