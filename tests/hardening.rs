@@ -154,18 +154,25 @@ async fn a_skip_is_held_to_the_response_cap_in_force_now() {
     }
 }
 
-#[tokio::test]
-async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_tool, tool_base) = common::start_tool().await;
+/// A gateway whose audit trail records at most three refusals a second before check 8 (and its tool).
+async fn gateway_recording_three_unauthenticated_per_second(
+    dir: &std::path::Path,
+) -> (std::sync::Arc<common::Tool>, Gateway) {
+    let (tool, tool_base) = common::start_tool().await;
     let keys = std::sync::Arc::new(common::Keys::new());
-    let config = common::write_config(dir.path(), &keys, &tool_base, "", "");
+    let config = common::write_config(dir, &keys, &tool_base, "", "");
     let text = std::fs::read_to_string(&config).unwrap().replace(
         "audit: { file: audit.jsonl }",
         "audit: { file: audit.jsonl, unauthenticated_per_second: 3 }",
     );
     std::fs::write(&config, text).unwrap();
-    let gw = Gateway::spawn(dir.path(), &config, keys);
+    (tool, Gateway::spawn(dir, &config, keys))
+}
+
+#[tokio::test]
+async fn unauthenticated_refusals_are_bounded_and_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, gw) = gateway_recording_three_unauthenticated_per_second(dir.path()).await;
     let huge_signature = "A".repeat(40_000);
     let huge_alg = format!(
         "{}.e30.c2ln",
@@ -482,15 +489,7 @@ async fn upstream_failures_name_no_upstream_address_or_credential() {
 #[tokio::test]
 async fn replayed_envelopes_and_revoked_tokens_cannot_flood_the_audit_trail() {
     let dir = tempfile::tempdir().unwrap();
-    let (_tool, tool_base) = common::start_tool().await;
-    let keys = std::sync::Arc::new(common::Keys::new());
-    let config = common::write_config(dir.path(), &keys, &tool_base, "", "");
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "audit: { file: audit.jsonl }",
-        "audit: { file: audit.jsonl, unauthenticated_per_second: 3 }",
-    );
-    std::fs::write(&config, text).unwrap();
-    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let (_tool, gw) = gateway_recording_three_unauthenticated_per_second(dir.path()).await;
     let (key, token) = gw.session("exec-flood").await;
     const SENT: usize = 40;
     let started = std::time::Instant::now();
