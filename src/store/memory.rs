@@ -86,6 +86,66 @@ impl RateWindows {
     }
 }
 
+/// The budget counts of the sessions calling now, as the counters table holds them once the writer has
+/// applied what is queued. A call is charged here, and its increment is queued for the writer in the same
+/// step under this lock, so the table never runs ahead of these counts and never lags behind one that was
+/// dropped. A count is loaded from the table (through the writer, after what is queued) on a key's first
+/// call; past `BUDGETS_KEPT` keys all are dropped and loaded again as calls come.
+#[derive(Default)]
+pub struct BudgetCounts {
+    counts: Mutex<HashMap<String, i64>>,
+}
+
+/// Keys of sessions that ended stay until this many are kept; a reload costs one read per session.
+const BUDGETS_KEPT: usize = 65_536;
+
+impl BudgetCounts {
+    /// Charges one call to `key` unless it holds `max` already, queueing the table's increment with
+    /// `queue` when it does: `Some(true)` charged, `Some(false)` used up, `None` when the count is not
+    /// loaded (load it, then ask again).
+    pub fn charge<E>(
+        &self,
+        key: &str,
+        max: u64,
+        queue: impl FnOnce() -> Result<(), E>,
+    ) -> Option<Result<bool, E>> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.get_mut(key)?;
+        if u64::try_from(*count).is_ok_and(|used| used >= max) {
+            return Some(Ok(false));
+        }
+        Some(queue().map(|()| {
+            *count += 1;
+            true
+        }))
+    }
+
+    /// Gives one call back (its claim was not written), queueing the table's decrement with `queue`.
+    pub fn refund<E>(&self, key: &str, queue: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        queue()?;
+        if let Some(count) = counts.get_mut(key) {
+            *count -= 1;
+        }
+        Ok(())
+    }
+
+    /// Takes `count`, read from the table, as `key`'s count unless a call loaded it meanwhile.
+    pub fn load(&self, key: &str, count: i64) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if counts.len() >= BUDGETS_KEPT && !counts.contains_key(key) {
+            counts.clear();
+        }
+        counts.entry(key.to_owned()).or_insert(count);
+    }
+
+    /// Forgets `key`'s count (the table was set directly).
+    pub fn forget(&self, key: &str) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.remove(key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +159,34 @@ mod tests {
         assert_eq!(replay.purge(1_000), 0);
         assert_eq!(replay.purge(1_001), 2);
         assert!(replay.remember(&[1; 64], 9_000));
+    }
+
+    #[test]
+    fn budget_counts_charge_only_loaded_keys_up_to_their_limit_and_only_once_queued() {
+        let budgets = BudgetCounts::default();
+        let queued = std::cell::Cell::new(0);
+        let queue = || -> Result<(), ()> {
+            queued.set(queued.get() + 1);
+            Ok(())
+        };
+        assert_eq!(budgets.charge("k", 2, queue), None, "not loaded yet");
+        budgets.load("k", 1);
+        budgets.load("k", 0); // a later read does not undo a charge made since the first
+        assert_eq!(budgets.charge("k", 2, queue), Some(Ok(true)));
+        assert_eq!(budgets.charge("k", 2, queue), Some(Ok(false)));
+        assert_eq!(queued.get(), 1, "a refusal queues nothing");
+        budgets.refund("k", queue).unwrap();
+        assert_eq!(
+            budgets.charge("k", 2, || Err("writer stopped")),
+            Some(Err("writer stopped"))
+        );
+        assert_eq!(
+            budgets.charge("k", 2, queue),
+            Some(Ok(true)),
+            "the failed charge counted nothing"
+        );
+        budgets.forget("k");
+        assert_eq!(budgets.charge("k", 2, queue), None);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
 use self::threads::{Checkpointer, Readers, Writable, Writer};
-use super::memory::{RateWindows, ReplaySet};
+use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
@@ -49,6 +49,7 @@ pub struct SqliteStore {
     readers: Readers,
     replay: ReplaySet,
     rates: RateWindows,
+    budgets: BudgetCounts,
     _checkpointer: Checkpointer,
 }
 
@@ -95,6 +96,7 @@ impl SqliteStore {
             readers,
             replay: ReplaySet::default(),
             rates: RateWindows::default(),
+            budgets: BudgetCounts::default(),
             _checkpointer: checkpointer,
         })
     }
@@ -403,22 +405,7 @@ impl Store for SqliteStore {
                 return Ok(Admitted::RateLimited { retry_after_ms });
             }
         }
-        let (budget, claim) = (admission.budget.clone(), admission.claim.clone());
-        let charged = self
-            .writer
-            .write(move |w| {
-                if let Some((key, max)) = &budget {
-                    if !charge_budget(&w.conn, key, *max)? {
-                        return Ok(None);
-                    }
-                }
-                let existing = match &claim {
-                    Some(claim) => claim_insert(&w.conn, claim)?,
-                    None => None,
-                };
-                Ok(Some(existing))
-            })
-            .await;
+        let charged = self.charge_and_claim(admission).await;
         if !matches!(charged, Ok(Some(_))) {
             // Refused by the budget, or not written: the rate window must not count the call either.
             if let Some((key, window)) = &admission.rate {
@@ -803,18 +790,74 @@ impl SqliteStore {
 
     /// Sets a budget count as an earlier release's store held it (`store import-sled`).
     pub(crate) async fn import_counter(&self, key: &str, count: i64) -> StoreResult<()> {
-        let key = key.as_bytes().to_vec();
-        self.writer
+        let bytes = key.as_bytes().to_vec();
+        let set = self
+            .writer
             .write(move |w| {
                 changes_one(
                     &w.conn,
                     "INSERT INTO counters (key, value) VALUES (?1, ?2) \
                      ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    params![key, count],
+                    params![bytes, count],
                 )
                 .map(drop)
             })
-            .await
+            .await;
+        self.budgets.forget(key);
+        set
+    }
+
+    /// Charges the call's budget, then inserts its claim: `None` when the budget is used up, otherwise
+    /// the claim that existed already, if any. Only the claim waits for the writer; a claim not written
+    /// gives its charge back.
+    async fn charge_and_claim(
+        &self,
+        admission: &Admission,
+    ) -> StoreResult<Option<Option<ClaimRecord>>> {
+        if let Some((key, max)) = &admission.budget {
+            if !self.charge_budget(key, *max).await? {
+                return Ok(None);
+            }
+        }
+        let Some(claim) = admission.claim.clone() else {
+            return Ok(Some(None));
+        };
+        let claimed = self
+            .writer
+            .write(move |w| claim_insert(&w.conn, &claim))
+            .await;
+        if let (Err(_), Some((key, _))) = (&claimed, &admission.budget) {
+            let owned = key.clone();
+            self.budgets.refund(key, || {
+                self.writer.write_detached("a budget refund", move |w| {
+                    changes_one(
+                        &w.conn,
+                        "UPDATE counters SET value = value - 1 WHERE key = ?1",
+                        params![owned.as_bytes()],
+                    )
+                    .map(drop)
+                })
+            })?;
+        }
+        claimed.map(Some)
+    }
+
+    /// Charges one call to the budget `key` in memory and queues the table's increment (see
+    /// [`BudgetCounts`]); false when it holds `max` already. A key's first call reads its count first.
+    async fn charge_budget(&self, key: &str, max: u64) -> StoreResult<bool> {
+        loop {
+            let queue_increment = || {
+                let owned = key.to_owned();
+                self.writer.write_detached("a budget charge", move |w| {
+                    charge_budget(&w.conn, &owned, max).map(drop)
+                })
+            };
+            if let Some(charged) = self.budgets.charge(key, max, queue_increment) {
+                return charged;
+            }
+            let count = self.counter_get(key).await?.unwrap_or(0);
+            self.budgets.load(key, count);
+        }
     }
 
     /// Fails when the writer has stopped (see [`threads`]): memory-only steps must not admit calls that

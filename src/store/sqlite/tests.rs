@@ -1,5 +1,6 @@
 use super::*;
 use crate::store::conformance::{self, claim};
+use std::sync::Arc;
 
 fn open() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
@@ -106,6 +107,38 @@ async fn committed_state_survives_reopen_and_uncommitted_state_does_not() {
     assert_eq!(store.counter_get("n").await.unwrap(), Some(1));
     assert_eq!(store.context_list().await.unwrap().len(), 1);
     assert_eq!(store.live_counts(0).await.unwrap().pending_claims, 1);
+}
+
+/// Budgets are charged in memory with the table's increment queued, not awaited: concurrent calls still
+/// get exactly the budget, and the table holds what was charged once committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_get_exactly_the_budget_and_the_table_keeps_the_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path()).unwrap());
+    let admission = Admission {
+        budget: Some(("b".into(), 10)),
+        ..Admission::default()
+    };
+    let calls = (0..64).map(|_| {
+        let (store, admission) = (store.clone(), admission.clone());
+        tokio::spawn(async move { store.admit(&admission).await.unwrap() })
+    });
+    let mut charged = 0;
+    for call in calls {
+        if matches!(call.await.unwrap(), Admitted::Charged { .. }) {
+            charged += 1;
+        }
+    }
+    assert_eq!(charged, 10);
+    assert_eq!(store.counter_get("b").await.unwrap(), Some(10));
+    store.sync().await.unwrap();
+    drop(store);
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.counter_get("b").await.unwrap(), Some(10));
+    assert_eq!(
+        store.admit(&admission).await.unwrap(),
+        Admitted::BudgetExhausted
+    );
 }
 
 #[tokio::test]

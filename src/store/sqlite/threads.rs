@@ -88,15 +88,34 @@ impl Writer {
         F: FnOnce(&mut Writable) -> StoreResult<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let work: WriteWork = Box::new(move |state| {
+        self.queue(move |state| {
             let _ = reply.send(state.and_then(|state| in_savepoint(state, work)));
-        });
-        self.tx
-            .send(Request::Write(work))
-            .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?;
+        })?;
         answer
             .await
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
+    }
+
+    /// Queues one statement's worth of work without waiting for it: it is applied after everything queued
+    /// before it and committed with the next commit. A failure is logged; the caller has moved on.
+    pub(crate) fn write_detached<F>(&self, what: &'static str, work: F) -> StoreResult<()>
+    where
+        F: FnOnce(&mut Writable) -> StoreResult<()> + Send + 'static,
+    {
+        self.queue(move |state| {
+            if let Err(e) = state.and_then(work) {
+                tracing::error!(target: "store", error = %e, "{what} was not written");
+            }
+        })
+    }
+
+    fn queue(
+        &self,
+        work: impl FnOnce(StoreResult<&mut Writable>) + Send + 'static,
+    ) -> StoreResult<()> {
+        self.tx
+            .send(Request::Write(Box::new(work)))
+            .map_err(|_| StoreError::unavailable("the store's writer has stopped"))
     }
 
     /// Returns once everything written before this call is committed (durable).
