@@ -305,8 +305,9 @@ fn watch_policies(
 }
 
 impl Gateway {
-    /// Forgets replay records whose window has passed, so the store never grows without bound, and
-    /// expires approval requests and grants whose time ran out (SPEC 13: within 60 s).
+    /// Forgets replay records whose window has passed and folds pending histogram samples, so neither the
+    /// store nor memory grows without bound, and expires approval requests and grants whose time ran out
+    /// (SPEC 13: within 60 s).
     fn spawn_upkeep(self: &Arc<Self>) {
         let gateway = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -338,6 +339,7 @@ impl Gateway {
                 if let Err(e) = store.purge_signatures(crate::clock::now_millis()).await {
                     tracing::warn!(error = %e, "could not purge expired replay records");
                 }
+                crate::telemetry::fold_samples();
             }
         });
     }
