@@ -1,7 +1,8 @@
 //! What the embedded store keeps in memory instead of on disk (issue 20): the replay records of SPEC 3
 //! check 8 and the rate windows of SPEC 6.3. Both would otherwise be a random write per call; both can be
 //! rebuilt at start-up from the audit chain, whose events carry every envelope signature that passed check 7
-//! and every call a capability charged (see `crate::recovery`).
+//! and every call a capability charged (see `crate::recovery`). Budget counts are kept here too, but only
+//! in front of their table, so that a call need not wait for the writer thread to charge one.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

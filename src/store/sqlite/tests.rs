@@ -141,6 +141,26 @@ async fn concurrent_calls_get_exactly_the_budget_and_the_table_keeps_the_count()
     );
 }
 
+/// A budget charge is queued, not awaited, and the call goes on: when it cannot be written the store stops
+/// (every later operation fails until a restart) rather than let the table fall behind what was admitted.
+#[tokio::test]
+async fn a_queued_write_that_fails_stops_the_store() {
+    let (_dir, store) = open();
+    store
+        .writer
+        .write_detached("a test write", |_| {
+            Err(StoreError::unavailable("disk full"))
+        })
+        .unwrap();
+    let err = store.sync().await.unwrap_err().to_string();
+    assert!(err.contains("a test write was not written"), "{err}");
+    let budget = Admission {
+        budget: Some(("b".into(), 10)),
+        ..Admission::default()
+    };
+    assert!(store.admit(&budget).await.is_err());
+}
+
 #[tokio::test]
 async fn a_lost_transaction_stops_the_store_and_nothing_it_held_is_reported_durable() {
     let dir = tempfile::tempdir().unwrap();

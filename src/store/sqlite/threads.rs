@@ -30,10 +30,13 @@ pub(crate) struct Writable {
 }
 
 type WriteWork = Box<dyn FnOnce(StoreResult<&mut Writable>) + Send>;
+type DetachedWork = Box<dyn FnOnce(&mut Writable) -> StoreResult<()> + Send>;
 type ReadWork = Box<dyn FnOnce(&Connection) + Send>;
 
 enum Request {
     Write(WriteWork),
+    /// Work that nobody waits for, named for the log (see [`Writer::write_detached`]).
+    Detached(&'static str, DetachedWork),
     Commit(oneshot::Sender<StoreResult<()>>),
     /// Commits what is open and ends the thread (the store is being dropped).
     Stop,
@@ -97,33 +100,32 @@ impl Writer {
     }
 
     /// Queues one statement's worth of work without waiting for it: it is applied after everything queued
-    /// before it and committed with the next commit. A failure is logged; the caller has moved on.
+    /// before it and committed with the next commit. The caller has already acted on it, so a failure
+    /// cannot be answered: it stops the writer, as a failed commit does.
     pub(crate) fn write_detached<F>(&self, what: &'static str, work: F) -> StoreResult<()>
     where
         F: FnOnce(&mut Writable) -> StoreResult<()> + Send + 'static,
     {
-        self.queue(move |state| {
-            if let Err(e) = state.and_then(work) {
-                tracing::error!(target: "store", error = %e, "{what} was not written");
-            }
-        })
+        self.send(Request::Detached(what, Box::new(work)))
     }
 
     fn queue(
         &self,
         work: impl FnOnce(StoreResult<&mut Writable>) + Send + 'static,
     ) -> StoreResult<()> {
+        self.send(Request::Write(Box::new(work)))
+    }
+
+    fn send(&self, request: Request) -> StoreResult<()> {
         self.tx
-            .send(Request::Write(Box::new(work)))
+            .send(request)
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))
     }
 
     /// Returns once everything written before this call is committed (durable).
     pub(crate) async fn commit(&self) -> StoreResult<()> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Commit(reply))
-            .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?;
+        self.send(Request::Commit(reply))?;
         answer
             .await
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
@@ -237,6 +239,7 @@ impl WriterLoop {
             while let Some(request) = next.take() {
                 match request {
                     Request::Write(work) => self.apply(work),
+                    Request::Detached(what, work) => self.apply_detached(what, work),
                     Request::Commit(reply) => waiters.push(reply),
                     Request::Stop => {
                         let result = self.commit();
@@ -257,7 +260,7 @@ impl WriterLoop {
         let _ = self.commit();
     }
 
-    fn apply(&mut self, work: WriteWork) {
+    fn apply(&mut self, work: impl FnOnce(StoreResult<&mut Writable>)) {
         if let Some(why) = self.failure.get() {
             return work(Err(stopped(why)));
         }
@@ -275,6 +278,18 @@ impl WriterLoop {
             // SQLite ended the transaction by itself (an I/O error): answered writes were lost.
             self.open = false;
             self.stop("an I/O error rolled the transaction back".into());
+        }
+    }
+
+    fn apply_detached(&mut self, what: &'static str, work: DetachedWork) {
+        let mut failed = None;
+        self.apply(|state| match state {
+            Ok(state) => failed = work(state).err(),
+            // Stopped already, or no transaction to write in: nothing of it was applied.
+            Err(e) => failed = Some(e),
+        });
+        if let (Some(e), None) = (failed, self.failure.get()) {
+            self.stop(format!("{what} was not written: {e}"));
         }
     }
 
