@@ -12,6 +12,10 @@ if ! command -v openssl >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1 ||
   ! python3 -c 'import cryptography' >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq openssl curl python3-cryptography
 fi
+# The store's unit tests read a packed row with the sqlite3 and zstd tools, as docs/durability.md shows.
+if ! command -v sqlite3 >/dev/null 2>&1 || ! command -v zstd >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq sqlite3 zstd
+fi
 # Real MCP servers for the integration tests, pinned by tests/mcp-servers/package-lock.json.
 if [ -f tests/mcp-servers/package-lock.json ]; then
   npm ci --prefix tests/mcp-servers --no-audit --no-fund --loglevel=error

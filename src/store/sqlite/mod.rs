@@ -10,6 +10,7 @@
 //! budget count, its claim and its audit events. They are rebuilt from the chain at start-up
 //! ([`Store::restore`]).
 
+mod packed;
 mod threads;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
+use self::packed::{pack, Stored};
 use self::threads::{Checkpointer, Readers, Writable, Writer};
 use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
@@ -41,7 +43,7 @@ const READERS: usize = 2;
 const WAL_LIMIT_BYTES: u64 = 64 << 20;
 
 const WRITER_PRAGMAS: &str = "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0; \
-     PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -8192; PRAGMA busy_timeout = 5000; \
+     PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -2048; PRAGMA busy_timeout = 5000; \
      PRAGMA foreign_keys = OFF; PRAGMA temp_store = MEMORY;";
 
 pub struct SqliteStore {
@@ -169,7 +171,7 @@ fn migrate(conn: &Connection) -> StoreResult<()> {
 
 /// The last event's seq and hash, or the genesis head for an empty chain.
 fn read_head(conn: &Connection) -> StoreResult<ChainHead> {
-    let last: Option<String> = conn
+    let last: Option<Stored> = conn
         .query_row(
             "SELECT event FROM audit_events ORDER BY seq DESC LIMIT 1",
             [],
@@ -177,7 +179,7 @@ fn read_head(conn: &Connection) -> StoreResult<ChainHead> {
         )
         .optional()
         .map_err(db)?;
-    let Some(text) = last else {
+    let Some(Stored(text)) = last else {
         return Ok(ChainHead::genesis());
     };
     let event: Value = decode_record(&text)?;
@@ -199,7 +201,7 @@ fn insert_or_get<T: serde::de::DeserializeOwned>(
     if inserted == 1 {
         return Ok(None);
     }
-    let existing: String = conn
+    let Stored(existing) = conn
         .prepare_cached(select)
         .and_then(|mut s| s.query_row(select_params, |row| row.get(0)))
         .map_err(db)?;
@@ -221,11 +223,11 @@ fn get_record<T: serde::de::DeserializeOwned>(
     sql: &str,
     params: &[&dyn rusqlite::ToSql],
 ) -> StoreResult<Option<T>> {
-    let text: Option<String> = conn
+    let text: Option<Stored> = conn
         .prepare_cached(sql)
         .and_then(|mut s| s.query_row(params, |row| row.get(0)).optional())
         .map_err(db)?;
-    text.map(|text| decode_record(&text)).transpose()
+    text.map(|Stored(text)| decode_record(&text)).transpose()
 }
 
 const SESSION_BY_ID: &str = "SELECT record FROM sessions WHERE session_id = ?1";
@@ -237,47 +239,73 @@ fn live_until(record: &SessionRecord) -> Option<i64> {
     record.revoked_at_ms.is_none().then_some(record.expires_at)
 }
 
-fn claim_insert(conn: &Connection, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
-    let kind = record.kind.as_str();
+/// A claim ready for its row, its text packed by the caller's thread so the one writer does not spend its
+/// time compressing.
+struct ClaimRow {
+    kind: ClaimKind,
+    request_id: String,
+    claimed_at_ms: i64,
+    pending: bool,
+    packed: Vec<u8>,
+}
+
+impl ClaimRow {
+    fn of(record: &ClaimRecord) -> StoreResult<ClaimRow> {
+        Ok(ClaimRow {
+            kind: record.kind,
+            request_id: record.request_id.clone(),
+            claimed_at_ms: record.claimed_at_ms,
+            pending: record.status == ClaimStatus::Pending,
+            packed: pack(&encode_record(record)?)?,
+        })
+    }
+}
+
+fn claim_insert(conn: &Connection, row: &ClaimRow) -> StoreResult<Option<ClaimRecord>> {
+    let kind = row.kind.as_str();
     insert_or_get(
         conn,
         "INSERT INTO claims (kind, request_id, claimed_at_ms, pending, record) \
          VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (kind, request_id) DO NOTHING",
         params![
             kind,
-            record.request_id,
-            record.claimed_at_ms,
-            record.status == ClaimStatus::Pending,
-            encode_record(record)?
+            row.request_id,
+            row.claimed_at_ms,
+            row.pending,
+            row.packed
         ],
         CLAIM_BY_ID,
-        params![kind, record.request_id],
+        params![kind, row.request_id],
     )
 }
 
+/// Compare-and-set of a claim: replaces (or with `new` None deletes) the row only while it still holds
+/// `old`. The comparison is of the records' text, not of packed bytes, which another zstd build may
+/// produce differently; the one writer thread makes the read and the write one step.
 fn claim_replace(
     conn: &Connection,
     old: &ClaimRecord,
-    new: Option<&ClaimRecord>,
+    new: Option<&ClaimRow>,
 ) -> StoreResult<bool> {
     let kind = old.kind.as_str();
+    let current: Option<Stored> = conn
+        .prepare_cached(CLAIM_BY_ID)
+        .and_then(|mut s| s.query_row(params![kind, old.request_id], |row| row.get(0)))
+        .optional()
+        .map_err(db)?;
+    if current.map(|Stored(text)| text) != Some(encode_record(old)?) {
+        return Ok(false);
+    }
     match new {
         Some(new) => changes_one(
             conn,
-            "UPDATE claims SET record = ?4, pending = ?5 \
-             WHERE kind = ?1 AND request_id = ?2 AND record = ?3",
-            params![
-                kind,
-                old.request_id,
-                encode_record(old)?,
-                encode_record(new)?,
-                new.status == ClaimStatus::Pending
-            ],
+            "UPDATE claims SET record = ?3, pending = ?4 WHERE kind = ?1 AND request_id = ?2",
+            params![kind, old.request_id, new.packed, new.pending],
         ),
         None => changes_one(
             conn,
-            "DELETE FROM claims WHERE kind = ?1 AND request_id = ?2 AND record = ?3",
-            params![kind, old.request_id, encode_record(old)?],
+            "DELETE FROM claims WHERE kind = ?1 AND request_id = ?2",
+            params![kind, old.request_id],
         ),
     }
 }
@@ -421,9 +449,9 @@ impl Store for SqliteStore {
     }
 
     async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
-        let record = record.clone();
+        let row = ClaimRow::of(record)?;
         self.writer
-            .write(move |w| claim_insert(&w.conn, &record))
+            .write(move |w| claim_insert(&w.conn, &row))
             .await
     }
 
@@ -443,7 +471,8 @@ impl Store for SqliteStore {
         old: &ClaimRecord,
         new: Option<&ClaimRecord>,
     ) -> StoreResult<bool> {
-        let (old, new) = (old.clone(), new.cloned());
+        let new = new.map(ClaimRow::of).transpose()?;
+        let old = old.clone();
         self.writer
             .write(move |w| claim_replace(&w.conn, &old, new.as_ref()))
             .await
@@ -752,7 +781,7 @@ impl Store for SqliteStore {
 }
 
 /// Reads one batch of a listing, after the cursor when there is one: rows of (cursor, record text).
-type BatchQuery<C> = fn(&Connection, Option<&C>, i64) -> rusqlite::Result<Vec<(C, String)>>;
+type BatchQuery<C> = fn(&Connection, Option<&C>, i64) -> rusqlite::Result<Vec<(C, Stored)>>;
 
 impl SqliteStore {
     /// Fills one page of a listing from batches that the readers read with `query`, starting after
@@ -776,7 +805,7 @@ impl SqliteStore {
                 .read(move |conn| query(conn, from.as_ref(), int(batch as u64)).map_err(db))
                 .await?;
             let exhausted = rows.len() < batch;
-            for (next, text) in rows {
+            for (next, Stored(text)) in rows {
                 cursor = Some(next);
                 if page.offer(decode_record(&text)?) {
                     return Ok(page.done(true));
@@ -814,12 +843,14 @@ impl SqliteStore {
         &self,
         admission: &Admission,
     ) -> StoreResult<Option<Option<ClaimRecord>>> {
+        // Packed before the charge: a claim that cannot be packed charges nothing.
+        let claim = admission.claim.as_ref().map(ClaimRow::of).transpose()?;
         if let Some((key, max)) = &admission.budget {
             if !self.charge_budget(key, *max).await? {
                 return Ok(None);
             }
         }
-        let Some(claim) = admission.claim.clone() else {
+        let Some(claim) = claim else {
             return Ok(Some(None));
         };
         let claimed = self
@@ -887,24 +918,27 @@ impl AuditBackend for SqliteStore {
         let after = after.clone();
         let rows = events
             .iter()
-            .map(|event| Ok((ChainHead::of_event(event)?, event.to_string())))
-            .collect::<StoreResult<Vec<(ChainHead, String)>>>()?;
-        let settlements = settlements.to_vec();
+            .map(|event| Ok((ChainHead::of_event(event)?, pack(&event.to_string())?)))
+            .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
+        let settlements = settlements
+            .iter()
+            .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
+            .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
         self.writer
             .write(move |w| {
                 if w.head != after {
                     return Err(StoreError::HeadMoved);
                 }
-                for settlement in &settlements {
+                for (pending, settled) in &settlements {
                     // A claim an operator resolved meanwhile is left as it is.
-                    claim_replace(&w.conn, &settlement.pending, Some(&settlement.settled))?;
+                    claim_replace(&w.conn, pending, Some(settled))?;
                 }
                 let mut insert = w
                     .conn
                     .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
                     .map_err(db)?;
-                for (head, text) in &rows {
-                    insert.execute(params![int(head.seq), text]).map_err(db)?;
+                for (head, packed) in &rows {
+                    insert.execute(params![int(head.seq), packed]).map_err(db)?;
                 }
                 drop(insert);
                 if let Some((head, _)) = rows.last() {
@@ -927,7 +961,7 @@ impl AuditBackend for SqliteStore {
         let before = before_seq.map_or(i64::MAX, int);
         let limit = int(limit as u64);
         self.read(move |conn| {
-            let texts: Vec<String> = conn
+            let texts: Vec<Stored> = conn
                 .prepare_cached(
                     "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
                 )
@@ -936,7 +970,10 @@ impl AuditBackend for SqliteStore {
                         .collect()
                 })
                 .map_err(db)?;
-            texts.iter().map(|text| decode_record(text)).collect()
+            texts
+                .iter()
+                .map(|Stored(text)| decode_record(text))
+                .collect()
         })
         .await
     }
@@ -944,7 +981,7 @@ impl AuditBackend for SqliteStore {
     async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
         let (from, limit) = (int(from_seq), int(limit as u64));
         self.read(move |conn| {
-            let texts: Vec<String> = conn
+            let texts: Vec<Stored> = conn
                 .prepare_cached(
                     "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
                 )
@@ -953,7 +990,10 @@ impl AuditBackend for SqliteStore {
                         .collect()
                 })
                 .map_err(db)?;
-            texts.iter().map(|text| decode_record(text)).collect()
+            texts
+                .iter()
+                .map(|Stored(text)| decode_record(text))
+                .collect()
         })
         .await
     }
@@ -1035,7 +1075,8 @@ pub fn check(
         .map_err(|e| e.to_string())?;
     let mut rows = events.query([]).map_err(|e| e.to_string())?;
     while let Some(row) = rows.next().map_err(|e| e.to_string())? {
-        visit(row.get(0).map_err(|e| e.to_string())?)?;
+        let Stored(text) = row.get(0).map_err(|e| e.to_string())?;
+        visit(text)?;
     }
     Ok(())
 }

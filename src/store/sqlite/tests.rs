@@ -241,3 +241,110 @@ async fn the_writer_starts_the_log_over_once_it_passes_its_limit() {
         Some(999)
     );
 }
+
+/// Events and claims are stored packed (smaller than their text); rows an earlier build wrote as plain text
+/// are read, compared-and-set and chained after as before.
+#[tokio::test]
+async fn events_and_claims_are_packed_and_plain_rows_of_an_earlier_build_still_serve() {
+    let (_dir, store) = open();
+    let pending = claim(ClaimKind::Invoke, "packed", 1);
+    store.claim_insert(&pending).await.unwrap();
+    let event =
+        serde_json::json!({"seq": 1, "hash": "h1", "tool": "fs.read", "pad": "x".repeat(500)});
+    store
+        .append(&ChainHead::genesis(), std::slice::from_ref(&event), &[])
+        .await
+        .unwrap();
+    let earlier = claim(ClaimKind::Invoke, "plain", 2);
+    let earlier_event = serde_json::json!({"seq": 2, "hash": "h2", "tool": "fs.write"});
+    let (text_claim, text_event) = (encode_record(&earlier).unwrap(), earlier_event.to_string());
+    let stored = store
+        .writer
+        .write(move |w| {
+            w.conn
+                .execute(
+                    "INSERT INTO claims (kind, request_id, claimed_at_ms, pending, record) \
+                     VALUES ('invoke', 'plain', 2, 1, ?1)",
+                    params![text_claim],
+                )
+                .map_err(db)?;
+            w.conn
+                .execute(
+                    "INSERT INTO audit_events (seq, event) VALUES (2, ?1)",
+                    params![text_event],
+                )
+                .map_err(db)?;
+            w.head = ChainHead {
+                seq: 2,
+                hash: "h2".into(),
+            };
+            w.conn
+                .query_row(
+                    "SELECT typeof(event), length(event) FROM audit_events WHERE seq = 1",
+                    [],
+                    |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
+                )
+                .map_err(db)
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored.0, "blob");
+    assert!(stored.1 < 300, "a 560-byte event took {} bytes", stored.1);
+    store.sync().await.unwrap();
+    assert_eq!(
+        store.events_oldest_first(1, 10).await.unwrap(),
+        vec![event, earlier_event]
+    );
+    assert_eq!(
+        store.claim_get(ClaimKind::Invoke, "packed").await.unwrap(),
+        Some(pending)
+    );
+    // The plain row is compared by its text and replaced by a packed one.
+    let mut settled = earlier.clone();
+    settled.status = ClaimStatus::Committed;
+    let mut stale = earlier.clone();
+    stale.action = "fs.other".into();
+    assert!(!store.claim_replace(&stale, Some(&settled)).await.unwrap());
+    assert!(store.claim_replace(&earlier, Some(&settled)).await.unwrap());
+    assert_eq!(
+        store.claim_get(ClaimKind::Invoke, "plain").await.unwrap(),
+        Some(settled)
+    );
+}
+
+/// What the durability page tells operators: a packed row, taken out with the `sqlite3` shell, is read by
+/// the `zstd` tool with the dictionary from the source tree.
+#[tokio::test]
+async fn a_packed_event_is_read_by_the_sqlite3_and_zstd_tools() {
+    let (dir, store) = open();
+    let event = serde_json::json!({"seq": 1, "hash": "h1", "type": "ToolCallCompleted"});
+    store
+        .append(&ChainHead::genesis(), std::slice::from_ref(&event), &[])
+        .await
+        .unwrap();
+    store.sync().await.unwrap();
+    let frame = dir.path().join("event.zst");
+    let query = format!(
+        "SELECT writefile('{}', event) FROM audit_events WHERE seq = 1",
+        frame.display()
+    );
+    let run = |program: &str, args: &[&str]| {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} (scripts/test.sh installs it): {e}"));
+        assert!(out.status.success(), "{program}: {out:?}");
+        out.stdout
+    };
+    let db = SqliteStore::path_in(dir.path());
+    run("sqlite3", &[db.to_str().unwrap(), &query]);
+    let dictionary = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/store/sqlite/records.zdict"
+    );
+    let text = run(
+        "zstd",
+        &["-q", "-d", "-D", dictionary, "-c", frame.to_str().unwrap()],
+    );
+    assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), event);
+}
