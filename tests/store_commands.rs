@@ -55,10 +55,24 @@ fn stored_events(database: &Path) -> Vec<Value> {
     let mut select = conn
         .prepare("SELECT event FROM audit_events ORDER BY seq")
         .unwrap();
-    let texts = select.query_map([], |row| row.get::<_, String>(0)).unwrap();
+    let texts = select.query_map([], |row| Ok(row_text(row))).unwrap();
     texts
         .map(|text| serde_json::from_str(&text.unwrap()).unwrap())
         .collect()
+}
+
+/// An event row's JSON text. The store packs events as standard zstd frames with the dictionary in the
+/// source tree (docs/durability.md); a row an older build wrote, or a test edited, is plain text.
+fn row_text(row: &rusqlite::Row<'_>) -> String {
+    match row.get_ref(0).unwrap() {
+        rusqlite::types::ValueRef::Text(text) => String::from_utf8(text.to_vec()).unwrap(),
+        rusqlite::types::ValueRef::Blob(frame) => {
+            let dictionary = include_bytes!("../src/store/sqlite/records.zdict");
+            let mut unpack = zstd::bulk::Decompressor::with_dictionary(dictionary).unwrap();
+            String::from_utf8(unpack.decompress(frame, 1 << 20).unwrap()).unwrap()
+        }
+        other => panic!("an event row holds {other:?}"),
+    }
 }
 
 fn json_lines(text: &str) -> Vec<Value> {
@@ -241,11 +255,11 @@ async fn a_backup_never_replaces_a_file_and_names_what_it_cannot_write() {
 /// Edits the stored event `seq` (its `at`), as a hand with the `sqlite3` shell could.
 fn edit_event(database: &Path, seq: i64) {
     let conn = rusqlite::Connection::open(database).unwrap();
-    let stored: String = conn
+    let stored = conn
         .query_row(
             "SELECT event FROM audit_events WHERE seq = ?1",
             [seq],
-            |row| row.get(0),
+            |row| Ok(row_text(row)),
         )
         .unwrap();
     let mut event: Value = serde_json::from_str(&stored).unwrap();
