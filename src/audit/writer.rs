@@ -339,17 +339,26 @@ impl Writer {
 
     /// Stores `batch` chained after the head this writer believes in, by compare-and-set: `HeadMoved` when
     /// another writer got there first. None when nothing was left to chain.
+    /// `durably`: the batch is also synced, with everything appended before it (see
+    /// [`AuditBackend::append_durably`]).
     async fn append_racing(
         &mut self,
         batch: &mut Vec<Job>,
         settlements: &[ClaimSettlement],
+        durably: bool,
     ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
         let head = self.current_head().await?;
         let (chained, recorded, new_head) = chain(batch, &head, self.plan().as_ref());
         if chained.is_empty() {
             return Ok(None);
         }
-        self.backend.append(&head, &chained, settlements).await?;
+        if durably {
+            self.backend
+                .append_durably(&head, &chained, settlements)
+                .await?;
+        } else {
+            self.backend.append(&head, &chained, settlements).await?;
+        }
         metrics::counter!("sealgate_audit_batches_total").increment(1);
         Ok(Some((chained, recorded, new_head)))
     }
@@ -376,18 +385,23 @@ impl Writer {
             .iter_mut()
             .filter_map(|job| job.settlement.take().map(|settlement| *settlement))
             .collect();
+        // A batch that callers wait for is synced with its append where the store can (one round trip).
+        let waited_on = batch.iter().any(|job| job.reply.is_some());
         let mut attempts = 0;
-        let (chained, recorded, new_head) = loop {
+        let (chained, recorded, new_head, synced) = loop {
             let contended = self
                 .contended_until
                 .is_some_and(|until| Instant::now() < until);
             let written = if contended {
                 self.append_in_turn(&mut batch, &settlements).await
             } else {
-                self.append_racing(&mut batch, &settlements).await
+                self.append_racing(&mut batch, &settlements, waited_on)
+                    .await
             };
             match written {
-                Ok(Some(written)) => break written,
+                Ok(Some((chained, recorded, new_head))) => {
+                    break (chained, recorded, new_head, waited_on && !contended)
+                }
                 Ok(None) => return,
                 // Another writer appended since this one read the head (a store whose turns are not
                 // exclusive can say so in either mode): chain the batch again after the events it wrote.
@@ -426,7 +440,11 @@ impl Writer {
         // The store is the record of truth: once its commit holds the batch, the callers are answered
         // and the copies (file, stdout) follow off the reply path (SPEC 12 r3: the file is a copy,
         // written after the commit and extended from the store at start-up).
-        if let Err(e) = self.sync().await {
+        if synced {
+            self.unsynced_since = None;
+            let events = std::mem::take(&mut self.unsynced);
+            self.committed(events);
+        } else if let Err(e) = self.sync().await {
             fail_pending(pending, &e);
             return;
         }
@@ -460,6 +478,12 @@ impl Writer {
             tracing::error!(target: "audit", error = %e, "audit store sync failed");
             return Err(AuditError::Store(e));
         }
+        self.committed(events);
+        Ok(())
+    }
+
+    /// Counts durable events and hands them to the copies.
+    fn committed(&self, events: Vec<(Value, bool)>) {
         let mut committed = Vec::with_capacity(events.len());
         for (event, count_decision) in events {
             count_metrics(&event, count_decision);
@@ -468,7 +492,6 @@ impl Writer {
         if let Some(copies) = &self.copies {
             copies.send(committed);
         }
-        Ok(())
     }
 }
 

@@ -87,63 +87,86 @@ impl RateWindows {
     }
 }
 
-/// The budget counts of the sessions calling now, as the counters table holds them once the writer has
-/// applied what is queued. A call is charged here, and its increment is queued for the writer in the same
-/// step under this lock, so the table never runs ahead of these counts and never lags behind one that was
-/// dropped. A count is loaded from the table (through the writer, after what is queued) on a key's first
-/// call; past `BUDGETS_KEPT` keys all are dropped and loaded again as calls come.
+/// The budget counts of the sessions calling now, and the changes to them that the counters table does not
+/// hold yet. A call is charged here; the store's writer takes the unwritten changes before each request it
+/// applies and before each commit ([`BudgetCounts::take_unwritten`]), so the table never runs ahead of
+/// these counts, a read through the writer sees every charge made before it, and the commit that makes a
+/// call's event durable holds its charge. A charge wakes nobody. A count is loaded from the table (through
+/// the writer) on a key's first call; past `BUDGETS_KEPT` keys all are dropped and loaded again as calls
+/// come.
 #[derive(Default)]
 pub struct BudgetCounts {
-    counts: Mutex<HashMap<String, i64>>,
+    state: Mutex<Budgets>,
+}
+
+#[derive(Default)]
+struct Budgets {
+    counts: HashMap<String, i64>,
+    /// What each key's count moved by since the writer last took it.
+    unwritten: HashMap<String, i64>,
+}
+
+impl Budgets {
+    fn add(&mut self, key: &str, change: i64) {
+        match self.unwritten.get_mut(key) {
+            Some(pending) => *pending += change,
+            None => {
+                self.unwritten.insert(key.to_owned(), change);
+            }
+        }
+    }
 }
 
 /// Keys of sessions that ended stay until this many are kept; a reload costs one read per session.
 const BUDGETS_KEPT: usize = 65_536;
 
 impl BudgetCounts {
-    /// Charges one call to `key` unless it holds `max` already, queueing the table's increment with
-    /// `queue` when it does: `Some(true)` charged, `Some(false)` used up, `None` when the count is not
-    /// loaded (load it, then ask again).
-    pub fn charge<E>(
-        &self,
-        key: &str,
-        max: u64,
-        queue: impl FnOnce() -> Result<(), E>,
-    ) -> Option<Result<bool, E>> {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.get_mut(key)?;
-        if u64::try_from(*count).is_ok_and(|used| used >= max) {
-            return Some(Ok(false));
-        }
-        Some(queue().map(|()| {
-            *count += 1;
-            true
-        }))
+    fn lock(&self) -> std::sync::MutexGuard<'_, Budgets> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives one call back (its claim was not written), queueing the table's decrement with `queue`.
-    pub fn refund<E>(&self, key: &str, queue: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        queue()?;
-        if let Some(count) = counts.get_mut(key) {
+    /// Charges one call to `key` unless it holds `max` already: `Some(true)` charged, `Some(false)` used
+    /// up, `None` when the count is not loaded (load it, then ask again).
+    pub fn charge(&self, key: &str, max: u64) -> Option<bool> {
+        let mut budgets = self.lock();
+        let count = budgets.counts.get_mut(key)?;
+        if u64::try_from(*count).is_ok_and(|used| used >= max) {
+            return Some(false);
+        }
+        *count += 1;
+        budgets.add(key, 1);
+        Some(true)
+    }
+
+    /// Gives one call back (its claim was not written).
+    pub fn refund(&self, key: &str) {
+        let mut budgets = self.lock();
+        if let Some(count) = budgets.counts.get_mut(key) {
             *count -= 1;
         }
-        Ok(())
+        budgets.add(key, -1);
     }
 
     /// Takes `count`, read from the table, as `key`'s count unless a call loaded it meanwhile.
     pub fn load(&self, key: &str, count: i64) {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        if counts.len() >= BUDGETS_KEPT && !counts.contains_key(key) {
-            counts.clear();
+        let mut budgets = self.lock();
+        if budgets.counts.len() >= BUDGETS_KEPT && !budgets.counts.contains_key(key) {
+            budgets.counts.clear();
         }
-        counts.entry(key.to_owned()).or_insert(count);
+        budgets.counts.entry(key.to_owned()).or_insert(count);
     }
 
     /// Forgets `key`'s count (the table was set directly).
     pub fn forget(&self, key: &str) {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        counts.remove(key);
+        self.lock().counts.remove(key);
+    }
+
+    /// The changes the table does not hold yet, by key, now handed to the writer; `None` when there are
+    /// none.
+    pub fn take_unwritten(&self) -> Option<HashMap<String, i64>> {
+        let mut budgets = self.lock();
+        budgets.unwritten.retain(|_, change| *change != 0);
+        (!budgets.unwritten.is_empty()).then(|| std::mem::take(&mut budgets.unwritten))
     }
 }
 
@@ -163,31 +186,29 @@ mod tests {
     }
 
     #[test]
-    fn budget_counts_charge_only_loaded_keys_up_to_their_limit_and_only_once_queued() {
+    fn budget_counts_charge_only_loaded_keys_up_to_their_limit_and_hand_the_writer_each_change_once() {
         let budgets = BudgetCounts::default();
-        let queued = std::cell::Cell::new(0);
-        let queue = || -> Result<(), ()> {
-            queued.set(queued.get() + 1);
-            Ok(())
-        };
-        assert_eq!(budgets.charge("k", 2, queue), None, "not loaded yet");
+        assert_eq!(budgets.charge("k", 2), None, "not loaded yet");
         budgets.load("k", 1);
         budgets.load("k", 0); // a later read does not undo a charge made since the first
-        assert_eq!(budgets.charge("k", 2, queue), Some(Ok(true)));
-        assert_eq!(budgets.charge("k", 2, queue), Some(Ok(false)));
-        assert_eq!(queued.get(), 1, "a refusal queues nothing");
-        budgets.refund("k", queue).unwrap();
+        assert_eq!(budgets.charge("k", 2), Some(true));
+        assert_eq!(budgets.charge("k", 2), Some(false));
         assert_eq!(
-            budgets.charge("k", 2, || Err("writer stopped")),
-            Some(Err("writer stopped"))
+            budgets.take_unwritten(),
+            Some(HashMap::from([("k".to_owned(), 1)])),
+            "a refusal changes nothing"
         );
+        assert_eq!(budgets.take_unwritten(), None, "taken once");
+        budgets.refund("k");
         assert_eq!(
-            budgets.charge("k", 2, queue),
-            Some(Ok(true)),
-            "the failed charge counted nothing"
+            budgets.take_unwritten(),
+            Some(HashMap::from([("k".to_owned(), -1)]))
         );
+        assert_eq!(budgets.charge("k", 2), Some(true));
+        budgets.refund("k");
+        assert_eq!(budgets.take_unwritten(), None, "a charge given back nets out");
         budgets.forget("k");
-        assert_eq!(budgets.charge("k", 2, queue), None);
+        assert_eq!(budgets.charge("k", 2), None);
     }
 
     #[test]

@@ -111,6 +111,17 @@ pub trait AuditBackend: Send + Sync + 'static {
     /// Makes everything written to the store so far durable (fsync, or nothing where every write is a
     /// commit): events, claims, sessions, replay records, counters.
     async fn sync(&self) -> StoreResult<()>;
+    /// `append`, then `sync`: a batch that callers wait for. A store whose writes and commits go through
+    /// one queue sends both at once, so that the batch costs one round trip to its writer, not two.
+    async fn append_durably(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        self.append(after, events, settlements).await?;
+        self.sync().await
+    }
     /// Up to `limit` stored events in descending seq order, below `before_seq` (from the newest when
     /// `None`). Fewer than `limit` means none are left.
     async fn events_newest_first(

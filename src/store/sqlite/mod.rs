@@ -14,6 +14,7 @@ mod packed;
 mod threads;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
@@ -51,7 +52,7 @@ pub struct SqliteStore {
     readers: Readers,
     replay: ReplaySet,
     rates: RateWindows,
-    budgets: BudgetCounts,
+    budgets: Arc<BudgetCounts>,
     _checkpointer: Checkpointer,
 }
 
@@ -90,7 +91,12 @@ impl SqliteStore {
         conn.execute_batch(WRITER_PRAGMAS).map_err(db)?;
         migrate(&conn)?;
         let head = read_head(&conn)?;
-        let writer = Writer::start(Writable { conn, head }, wal_limit)?;
+        let budgets = Arc::new(BudgetCounts::default());
+        let writer = Writer::start(
+            Writable { conn, head },
+            wal_limit,
+            unwritten_budgets(budgets.clone()),
+        )?;
         let readers = Readers::start(&path, READERS)?;
         let checkpointer = Checkpointer::start(&path, writer.commits())?;
         Ok(SqliteStore {
@@ -98,7 +104,7 @@ impl SqliteStore {
             readers,
             replay: ReplaySet::default(),
             rates: RateWindows::default(),
-            budgets: BudgetCounts::default(),
+            budgets,
             _checkpointer: checkpointer,
         })
     }
@@ -310,14 +316,24 @@ fn claim_replace(
     }
 }
 
-/// Counts one call against the budget cell `key` unless it holds `max` already; false when it does.
-fn charge_budget(conn: &Connection, key: &str, max: u64) -> StoreResult<bool> {
-    changes_one(
-        conn,
-        "INSERT INTO counters (key, value) SELECT ?1, 1 WHERE ?2 > 0 \
-         ON CONFLICT (key) DO UPDATE SET value = value + 1 WHERE value < ?2",
-        params![key.as_bytes(), int(max)],
-    )
+/// The budget counts' changes that the counters table does not hold yet, for the writer to write (see
+/// [`BudgetCounts`]).
+fn unwritten_budgets(budgets: Arc<BudgetCounts>) -> threads::Unwritten {
+    Box::new(move || {
+        let changes = budgets.take_unwritten()?;
+        Some(Box::new(move |conn: &Connection| {
+            let mut add = conn
+                .prepare_cached(
+                    "INSERT INTO counters (key, value) VALUES (?1, ?2) \
+                     ON CONFLICT (key) DO UPDATE SET value = value + excluded.value",
+                )
+                .map_err(db)?;
+            for (key, change) in &changes {
+                add.execute(params![key.as_bytes(), change]).map_err(db)?;
+            }
+            Ok(())
+        }))
+    })
 }
 
 #[async_trait::async_trait]
@@ -858,33 +874,17 @@ impl SqliteStore {
             .write(move |w| claim_insert(&w.conn, &claim))
             .await;
         if let (Err(_), Some((key, _))) = (&claimed, &admission.budget) {
-            let owned = key.clone();
-            self.budgets.refund(key, || {
-                self.writer.write_detached("a budget refund", move |w| {
-                    changes_one(
-                        &w.conn,
-                        "UPDATE counters SET value = value - 1 WHERE key = ?1",
-                        params![owned.as_bytes()],
-                    )
-                    .map(drop)
-                })
-            })?;
+            self.budgets.refund(key);
         }
         claimed.map(Some)
     }
 
-    /// Charges one call to the budget `key` in memory and queues the table's increment (see
-    /// [`BudgetCounts`]); false when it holds `max` already. A key's first call reads its count first.
+    /// Charges one call to the budget `key` in memory, for the writer to write (see [`BudgetCounts`]);
+    /// false when it holds `max` already. A key's first call reads its count first.
     async fn charge_budget(&self, key: &str, max: u64) -> StoreResult<bool> {
         loop {
-            let queue_increment = || {
-                let owned = key.to_owned();
-                self.writer.write_detached("a budget charge", move |w| {
-                    charge_budget(&w.conn, &owned, max).map(drop)
-                })
-            };
-            if let Some(charged) = self.budgets.charge(key, max, queue_increment) {
-                return charged;
+            if let Some(charged) = self.budgets.charge(key, max) {
+                return Ok(charged);
             }
             let count = self.counter_get(key).await?.unwrap_or(0);
             self.budgets.load(key, count);
@@ -951,6 +951,21 @@ impl AuditBackend for SqliteStore {
 
     async fn sync(&self) -> StoreResult<()> {
         self.writer.commit().await
+    }
+
+    async fn append_durably(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        // `join!` polls the append first, and its first poll queues the write (nothing before it
+        // awaits), so the commit queued next covers it: one wake of the writer for both.
+        let (appended, committed) = tokio::join!(
+            self.append(after, events, settlements),
+            self.writer.commit()
+        );
+        appended.and(committed)
     }
 
     async fn events_newest_first(

@@ -141,24 +141,52 @@ async fn concurrent_calls_get_exactly_the_budget_and_the_table_keeps_the_count()
     );
 }
 
-/// A budget charge is queued, not awaited, and the call goes on: when it cannot be written the store stops
-/// (every later operation fails until a restart) rather than let the table fall behind what was admitted.
+/// A budget charge is counted in memory and written by the writer's next request or commit; the call goes
+/// on. When it cannot be written the store stops (every later operation fails until a restart) rather than
+/// let the table fall behind what was admitted.
 #[tokio::test]
-async fn a_queued_write_that_fails_stops_the_store() {
+async fn a_budget_charge_that_cannot_be_written_stops_the_store() {
     let (_dir, store) = open();
-    store
-        .writer
-        .write_detached("a test write", |_| {
-            Err(StoreError::unavailable("disk full"))
-        })
-        .unwrap();
-    let err = store.sync().await.unwrap_err().to_string();
-    assert!(err.contains("a test write was not written"), "{err}");
     let budget = Admission {
         budget: Some(("b".into(), 10)),
         ..Admission::default()
     };
+    store.admit(&budget).await.unwrap();
+    store.sync().await.unwrap();
+    assert_eq!(store.counter_get("b").await.unwrap(), Some(1));
+    store
+        .writer
+        .write(|w| w.conn.execute_batch("DROP TABLE counters").map_err(db))
+        .await
+        .unwrap();
+    // Counted in memory: admitted without waiting for the writer.
+    assert!(matches!(
+        store.admit(&budget).await.unwrap(),
+        Admitted::Charged { .. }
+    ));
+    let err = store.sync().await.unwrap_err().to_string();
+    assert!(err.contains("budget counts kept in memory were not written"), "{err}");
     assert!(store.admit(&budget).await.is_err());
+}
+
+/// A charge wakes nobody, yet a read through the writer and the next commit both hold it.
+#[tokio::test]
+async fn budget_charges_reach_the_table_with_the_next_request_and_the_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let budget = Admission {
+        budget: Some(("b".into(), 10)),
+        ..Admission::default()
+    };
+    for _ in 0..3 {
+        store.admit(&budget).await.unwrap();
+    }
+    assert_eq!(store.counter_get("b").await.unwrap(), Some(3));
+    store.admit(&budget).await.unwrap();
+    store.sync().await.unwrap();
+    drop(store);
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.counter_get("b").await.unwrap(), Some(4));
 }
 
 #[tokio::test]

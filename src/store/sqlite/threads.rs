@@ -30,13 +30,16 @@ pub(crate) struct Writable {
 }
 
 type WriteWork = Box<dyn FnOnce(StoreResult<&mut Writable>) + Send>;
-type DetachedWork = Box<dyn FnOnce(&mut Writable) -> StoreResult<()> + Send>;
 type ReadWork = Box<dyn FnOnce(&Connection) + Send>;
+
+/// Writes what was changed in memory and not yet in the tables (budget counts): `None` when nothing was.
+/// The writer asks before each request it applies and before each commit, so nobody has to wake it for
+/// such a change, and a failure to write it stops the writer: the calls it counted were already admitted.
+pub(crate) type Unwritten =
+    Box<dyn FnMut() -> Option<Box<dyn FnOnce(&Connection) -> StoreResult<()>>> + Send>;
 
 enum Request {
     Write(WriteWork),
-    /// Work that nobody waits for, named for the log (see [`Writer::write_detached`]).
-    Detached(&'static str, DetachedWork),
     Commit(oneshot::Sender<StoreResult<()>>),
     /// Commits what is open and ends the thread (the store is being dropped).
     Stop,
@@ -63,7 +66,11 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// `wal_limit`: WAL bytes beyond which the writer starts the log over (see [`WriterLoop::bound_wal`]).
-    pub(crate) fn start(state: Writable, wal_limit: u64) -> StoreResult<Writer> {
+    pub(crate) fn start(
+        state: Writable,
+        wal_limit: u64,
+        unwritten: Unwritten,
+    ) -> StoreResult<Writer> {
         let (tx, rx) = mpsc::channel();
         let failure: Failure = Arc::default();
         let commits = Arc::new(AtomicU64::new(0));
@@ -72,7 +79,7 @@ impl Writer {
             .spawn({
                 let failure = failure.clone();
                 let commits = commits.clone();
-                move || WriterLoop::new(state, failure, commits, wal_limit).run(rx)
+                move || WriterLoop::new(state, failure, commits, wal_limit, unwritten).run(rx)
             })
             .map_err(StoreError::unavailable)?;
         Ok(Writer {
@@ -97,16 +104,6 @@ impl Writer {
         answer
             .await
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
-    }
-
-    /// Queues one statement's worth of work without waiting for it: it is applied after everything queued
-    /// before it and committed with the next commit. The caller has already acted on it, so a failure
-    /// cannot be answered: it stops the writer, as a failed commit does.
-    pub(crate) fn write_detached<F>(&self, what: &'static str, work: F) -> StoreResult<()>
-    where
-        F: FnOnce(&mut Writable) -> StoreResult<()> + Send + 'static,
-    {
-        self.send(Request::Detached(what, Box::new(work)))
     }
 
     fn queue(
@@ -196,6 +193,7 @@ struct WriterLoop {
     open: bool,
     wal: PathBuf,
     wal_limit: u64,
+    unwritten: Unwritten,
 }
 
 impl WriterLoop {
@@ -204,6 +202,7 @@ impl WriterLoop {
         failure: Failure,
         commits: Arc<AtomicU64>,
         wal_limit: u64,
+        unwritten: Unwritten,
     ) -> WriterLoop {
         let wal = PathBuf::from(format!("{}-wal", state.conn.path().unwrap_or_default()));
         WriterLoop {
@@ -213,6 +212,7 @@ impl WriterLoop {
             open: false,
             wal,
             wal_limit,
+            unwritten,
         }
     }
 
@@ -239,7 +239,6 @@ impl WriterLoop {
             while let Some(request) = next.take() {
                 match request {
                     Request::Write(work) => self.apply(work),
-                    Request::Detached(what, work) => self.apply_detached(what, work),
                     Request::Commit(reply) => waiters.push(reply),
                     Request::Stop => {
                         let result = self.commit();
@@ -264,14 +263,8 @@ impl WriterLoop {
         if let Some(why) = self.failure.get() {
             return work(Err(stopped(why)));
         }
-        if !self.open {
-            if let Err(e) = self.state.conn.execute_batch("BEGIN IMMEDIATE") {
-                // Nothing was applied, so nothing is lost: this write alone fails.
-                return work(Err(StoreError::unavailable(format!(
-                    "cannot begin a transaction: {e}"
-                ))));
-            }
-            self.open = true;
+        if let Err(e) = self.begin().and_then(|()| self.catch_up()) {
+            return work(Err(e));
         }
         work(Ok(&mut self.state));
         if self.open && self.state.conn.is_autocommit() {
@@ -281,23 +274,39 @@ impl WriterLoop {
         }
     }
 
-    fn apply_detached(&mut self, what: &'static str, work: DetachedWork) {
-        let mut failed = None;
-        self.apply(|state| match state {
-            Ok(state) => failed = work(state).err(),
-            // Stopped already, or no transaction to write in: nothing of it was applied.
-            Err(e) => failed = Some(e),
-        });
-        if let (Some(e), None) = (failed, self.failure.get()) {
-            self.stop(format!("{what} was not written: {e}"));
+    /// Opens the transaction that requests are applied in, unless one is open.
+    fn begin(&mut self) -> StoreResult<()> {
+        if !self.open {
+            // Nothing was applied, so nothing is lost: the request that needed it alone fails.
+            self.state
+                .conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(|e| StoreError::unavailable(format!("cannot begin a transaction: {e}")))?;
+            self.open = true;
         }
+        Ok(())
     }
 
-    /// Commits the open transaction, if any; a failure stops the writer.
+    /// Writes what was changed in memory since the last request (see [`Unwritten`]).
+    fn catch_up(&mut self) -> StoreResult<()> {
+        let Some(write) = (self.unwritten)() else {
+            return Ok(());
+        };
+        // The changes were taken: unless they are written, the table would lag behind what was admitted.
+        let written = self.begin().and_then(|()| write(&self.state.conn));
+        written.map_err(|e| {
+            let why = format!("budget counts kept in memory were not written: {e}");
+            self.stop(why.clone());
+            stopped(&why)
+        })
+    }
+
+    /// Commits the open transaction, if any, with what was changed in memory; a failure stops the writer.
     fn commit(&mut self) -> StoreResult<()> {
         if let Some(why) = self.failure.get() {
             return Err(stopped(why));
         }
+        self.catch_up()?;
         if !self.open {
             return Ok(());
         }
