@@ -186,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn budget_counts_charge_only_loaded_keys_up_to_their_limit_and_hand_the_writer_each_change_once() {
+    fn budget_counts_charge_up_to_the_limit_and_hand_each_change_to_the_writer_once() {
         let budgets = BudgetCounts::default();
         assert_eq!(budgets.charge("k", 2), None, "not loaded yet");
         budgets.load("k", 1);
@@ -206,7 +206,11 @@ mod tests {
         );
         assert_eq!(budgets.charge("k", 2), Some(true));
         budgets.refund("k");
-        assert_eq!(budgets.take_unwritten(), None, "a charge given back nets out");
+        assert_eq!(
+            budgets.take_unwritten(),
+            None,
+            "a charge given back nets out"
+        );
         budgets.forget("k");
         assert_eq!(budgets.charge("k", 2), None);
     }

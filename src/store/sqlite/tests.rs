@@ -165,7 +165,10 @@ async fn a_budget_charge_that_cannot_be_written_stops_the_store() {
         Admitted::Charged { .. }
     ));
     let err = store.sync().await.unwrap_err().to_string();
-    assert!(err.contains("budget counts kept in memory were not written"), "{err}");
+    assert!(
+        err.contains("budget counts kept in memory were not written"),
+        "{err}"
+    );
     assert!(store.admit(&budget).await.is_err());
 }
 
