@@ -246,6 +246,17 @@ main() {
     envelopes bench-off 20000 "$THREADS" "$LOAD/nginx" "$SECS"
     ROW_PID="" wrk_row nginx "$THREADS" "$CONNECTIONS" "$SECS" "http://127.0.0.1:$nginx_port/rpc" cycle "$LOAD/nginx"
 
+    # What this stack costs before the gateway does its own work: its HTTP server and client, one Ed25519
+    # verification and one signature a call, nothing else (the same envelopes as nginx's, which it does not
+    # check for replay).
+    say "floor: HTTP server and client with one verification and one signature, ${SECS}s"
+    start floor "$BIN" bench floor --upstream "$up/rpc"
+    local floor_pid=$STARTED floor_url
+    floor_url=$(wait_line floor '^bench floor on ' "$floor_pid")
+    floor_url=${floor_url#bench floor on }
+    ROW_PID=$floor_pid wrk_row floor "$THREADS" "$CONNECTIONS" "$SECS" "$floor_url/v1/invoke" cycle "$LOAD/nginx"
+    kill "$floor_pid"
+
     local mode
     for mode in off claim; do
         say "sealgate, $(label $mode), ${SECS}s"
@@ -366,11 +377,12 @@ print_table() {
     echo
     echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
     echo "|---|---|---|---|---|---|---|---|"
-    local rows="nginx off claim"
+    local rows="nginx floor off claim"
     [[ -z ${R[pg1.requests]:-} ]] || rows="$rows pg1 pg2"
     for row in $rows; do
         case $row in
             nginx) name="nginx pass-through"; cpu="—"; rss="—" ;;
+            floor) name="floor: the same HTTP server and client, one Ed25519 verification and one signature a call, nothing else (\`sealgate bench floor\`)" ;;
             pg1) name="sealgate on PostgreSQL, durable claims, 1 replica" ;;
             pg2) name="sealgate on PostgreSQL, durable claims, 2 replicas (CPU of both; RSS of one)" ;;
             *) name="sealgate, $(label $row)" ;;

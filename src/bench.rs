@@ -33,6 +33,14 @@ const LIFETIME_SECS: i64 = 6 * 3600;
 pub enum BenchCommand {
     /// Serve the fast JSON-RPC upstream on one thread at a free loopback port (prints its URL).
     Upstream,
+    /// Serve a floor for the gateway at a free loopback port (prints its URL): the gateway's own HTTP server
+    /// and client, with one Ed25519 verification and one signature per call and nothing else (no token,
+    /// session, policy, store or audit). What this stack costs before the gateway does its work.
+    Floor {
+        /// The upstream's JSON-RPC URL.
+        #[arg(long)]
+        upstream: String,
+    },
     /// Write keys, the two bench contexts and a gateway configuration (`sealgate.yaml`) into DIR.
     Setup {
         #[arg(long)]
@@ -139,6 +147,7 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Upstream => tokio::task::spawn_blocking(upstream)
             .await
             .map_err(|e| e.to_string())?,
+        BenchCommand::Floor { upstream } => floor(upstream).await,
         BenchCommand::Setup { dir, upstream } => setup(&dir, &upstream),
         BenchCommand::OperatorToken { dir } => {
             println!("{}", operator_token(&dir, token::scopes::CLAIM_RESOLVE)?);
@@ -225,6 +234,75 @@ async fn answer(body: Bytes) -> axum::Json<Value> {
     axum::Json(
         json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "ok"}]}}),
     )
+}
+
+/// What the floor holds. Its keys are fixed: the envelope's signature does not match the verifying key,
+/// and an Ed25519 verification costs the same whether or not it does (all of it runs before the compare).
+struct Floor {
+    upstream: String,
+    client: reqwest::Client,
+    verifying: ed25519_dalek::VerifyingKey,
+    signing: SigningKey,
+}
+
+/// The floor's signing key, fixed: its receipts can be checked by whoever knows these bytes.
+const FLOOR_KEY: [u8; 32] = [7; 32];
+
+async fn floor(upstream: String) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("bench floor on http://{addr}");
+    axum::serve(listener, floor_app(upstream))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn floor_app(upstream: String) -> axum::Router {
+    let signing = SigningKey::from_bytes(&FLOOR_KEY);
+    let floor = Arc::new(Floor {
+        upstream,
+        client: reqwest::Client::new(),
+        verifying: signing.verifying_key(),
+        signing,
+    });
+    axum::Router::new()
+        .route("/v1/invoke", axum::routing::post(floor_call))
+        .with_state(floor)
+}
+
+/// Parses the envelope, verifies its signature over the body, forwards its payload, signs the answer.
+async fn floor_call(
+    axum::extract::State(floor): axum::extract::State<Arc<Floor>>,
+    body: Bytes,
+) -> Result<axum::Json<Value>, axum::http::StatusCode> {
+    use axum::http::StatusCode;
+    use ed25519_dalek::Signer as _;
+    let envelope: Value = serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+    let signature = envelope
+        .get("signature")
+        .and_then(Value::as_str)
+        .and_then(|text| envelope::decode_signature(text).ok())
+        .ok_or(StatusCode::BAD_REQUEST)?;
+    // Does not match (see `Floor`): only its cost counts.
+    let _ = floor.verifying.verify_strict(&body, &signature);
+    let answer = floor
+        .client
+        .post(&floor.upstream)
+        .json(&envelope["payload"])
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|_| StatusCode::BAD_GATEWAY)?
+        .bytes()
+        .await
+        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let result: Value = serde_json::from_slice(&answer).map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let receipt = floor.signing.sign(&answer);
+    Ok(axum::Json(
+        json!({"result": result, "signature": hex::encode(receipt.to_bytes())}),
+    ))
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), String> {
@@ -581,7 +659,8 @@ async fn closed_loop(
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::*;
+    use ed25519_dalek::Verifier as _;
 
     #[test]
     fn percentile_is_the_nearest_rank() {
@@ -594,5 +673,47 @@ mod tests {
         assert_eq!(percentile(&[7, 9], 51.0), 9);
         assert_eq!(percentile(&[5], 99.0), 5);
         assert_eq!(percentile(&[], 50.0), 0);
+    }
+
+    async fn serve(app: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn the_floor_forwards_the_payload_and_signs_the_answer_and_refuses_what_is_no_envelope() {
+        let upstream = serve(axum::Router::new().fallback(answer)).await;
+        let floor = serve(floor_app(format!("{upstream}/rpc"))).await;
+        let client = reqwest::Client::new();
+        let envelope = json!({
+            "signature": "A".repeat(86) + "==",
+            "payload": {"jsonrpc": "2.0", "id": 41, "method": "tools/call"},
+        });
+        let response = client
+            .post(format!("{floor}/v1/invoke"))
+            .json(&envelope)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answered: Value = response.json().await.unwrap();
+        assert_eq!(answered["result"]["id"], 41, "{answered}");
+        let signature: [u8; 64] = hex::decode(answered["signature"].as_str().unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let key = SigningKey::from_bytes(&FLOOR_KEY).verifying_key();
+        let signed = serde_json::to_vec(&answered["result"]).unwrap();
+        key.verify(&signed, &ed25519_dalek::Signature::from_bytes(&signature))
+            .expect("the floor signs the upstream's answer");
+        let refused = client
+            .post(format!("{floor}/v1/invoke"))
+            .json(&json!({"payload": {}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400, "no signature");
     }
 }
