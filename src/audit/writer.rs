@@ -441,8 +441,7 @@ impl Writer {
         // and the copies (file, stdout) follow off the reply path (SPEC 12 r3: the file is a copy,
         // written after the commit and extended from the store at start-up).
         if synced {
-            self.unsynced_since = None;
-            let events = std::mem::take(&mut self.unsynced);
+            let events = self.take_unsynced();
             self.committed(events);
         } else if let Err(e) = self.sync().await {
             fail_pending(pending, &e);
@@ -471,8 +470,7 @@ impl Writer {
 
     /// Makes every appended event durable, then counts them and hands them to the copies.
     async fn sync(&mut self) -> Result<(), AuditError> {
-        self.unsynced_since = None;
-        let events = std::mem::take(&mut self.unsynced);
+        let events = self.take_unsynced();
         if let Err(e) = self.backend.sync().await {
             self.head = None;
             tracing::error!(target: "audit", error = %e, "audit store sync failed");
@@ -480,6 +478,12 @@ impl Writer {
         }
         self.committed(events);
         Ok(())
+    }
+
+    /// The events appended since the last sync, for the commit about to hold them (dropped if it fails).
+    fn take_unsynced(&mut self) -> Vec<(Value, bool)> {
+        self.unsynced_since = None;
+        std::mem::take(&mut self.unsynced)
     }
 
     /// Counts durable events and hands them to the copies.
