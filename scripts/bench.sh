@@ -175,6 +175,16 @@ EOF
 }
 
 cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+# PostgreSQL's CPU, counted with the gateway's on its rows (issue 20): every server process's time, and the
+# time of the server's children that exited, which the postmaster (the oldest process) has reaped.
+pg_ticks() {
+    local pid total=0 postmaster
+    postmaster=$(pgrep -o -x postgres) || { echo 0; return; }
+    for pid in $(pgrep -x postgres); do
+        total=$(( total + $(cpu_ticks "$pid" 2>/dev/null || echo 0) ))
+    done
+    echo $(( total + $(sed 's/^.*) //' "/proc/$postmaster/stat" | awk '{print $14 + $15}') ))
+}
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 # ---- results: R[row.key]=value, read from the `key=value …` lines that wrk and `sealgate bench` print ----
@@ -305,7 +315,9 @@ main() {
             start_gateway pg-a "$WORK/gw/data-pg-a"
         local pg_a=$GW_PID pg_a_url=$GW_URL
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
+        local pg_before; pg_before=$(pg_ticks)
         ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
+        R[pg1.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg1.requests]} ))
         rm -f "$LOAD/pg1".*
         say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
         SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-b.key" \
@@ -315,8 +327,9 @@ main() {
         start_nginx balancer "$lb_port" 1 "${pg_a_url#http://}" "${pg_b_url#http://}"
         GW_URL="http://127.0.0.1:$lb_port"
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
-        local before_b; before_b=$(cpu_ticks "$pg_b")
+        local before_b; before_b=$(cpu_ticks "$pg_b") pg_before=$(pg_ticks)
         ROW_PID=$pg_a wrk_row pg2 "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/pg2"
+        R[pg2.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
         # Both replicas' CPU counts for the row.
         R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + ($(cpu_ticks "$pg_b") - before_b) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
         rm -f "$LOAD/pg2".*
@@ -398,6 +411,14 @@ print_table() {
     echo "targets (issue 20): claim: off ≥ 0.35 × nginx and ≤ 1.5 Ed25519 verifications of CPU per call; durable claims ≥ 0.25 × and ≤ 2.2; \`POST /claim\` ≥ 20 × SafeAgent"
     echo
     echo "- one Ed25519 verification (openssl speed ed25519, this run): $(us_of_ns "${R[ed.verify_ns]}")"
+    if [[ -n ${R[pg1.requests]:-} ]]; then
+        local row
+        for row in pg1 pg2; do
+            local both=$(( ${R[$row.cpu_us]} + ${R[$row.server_cpu_us]} ))
+            echo "- PostgreSQL's own CPU per call (its server processes), ${row#pg} replica(s): $(num "${R[$row.server_cpu_us]}") µs; with the gateway's, $(num "$both") µs ($(verifications "$both"))"
+        done
+        echo "  target: two replicas cost no more CPU per call, gateway and PostgreSQL together, than one"
+    fi
     echo
     local f50=${R[fsync.p50_us]} f99=${R[fsync.p99_us]}
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
