@@ -1,7 +1,8 @@
 //! The shared store on PostgreSQL (SPEC 12): any number of replicas pointed at one database behave as
 //! one gateway. Every decision is a single statement or one transaction, so it holds across processes:
 //! insert-if-absent is `INSERT … ON CONFLICT DO NOTHING`, compare-and-set compares the stored record text,
-//! `admit` locks its counter rows (`SELECT … FOR UPDATE`), and an audit append locks the chain head.
+//! `admit` locks its counter rows (the admissions of concurrent calls share one statement, [`admit`]), and
+//! an audit append locks the chain head.
 //!
 //! Every write is committed before it returns, so it is durable at once and `sync` has nothing to do.
 //! Every failure is a [`StoreError`] (the gateway answers 5005); none is swallowed.
@@ -19,6 +20,7 @@ use super::{
     ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
     SigningKeyRecord, Store, StoreError, StoreResult, StoredContext,
 };
+use admit::{AdmitRow, Admitter};
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -28,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0004_approvals.sql"),
     include_str!("migrations/postgres/0005_signing_keys.sql"),
     include_str!("migrations/postgres/0006_gauges_and_retention.sql"),
+    include_str!("migrations/postgres/0007_batch_functions.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -38,8 +41,12 @@ const POOL_SIZE: usize = 16;
 /// How long a call waits for a connection, or for one to be made, before failing closed.
 const WAIT: Duration = Duration::from_secs(5);
 
+mod admit;
+
 pub struct PgStore {
     pool: Pool,
+    /// Admissions without a rate window, committed a batch at a time.
+    admitter: Admitter,
     /// For the session listener's own connection (LISTEN needs one that the pool never lends out).
     config: tokio_postgres::Config,
     tls: MakeRustls,
@@ -165,7 +172,12 @@ impl PgStore {
             .recycle_timeout(Some(WAIT))
             .build()
             .map_err(db)?;
-        let store = PgStore { pool, config, tls };
+        let store = PgStore {
+            admitter: Admitter::start(pool.clone()),
+            pool,
+            config,
+            tls,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -310,65 +322,46 @@ impl PgStore {
         }
     }
 
-    /// [`Store::admit`] without a rate window, in one statement and one round trip: the replay record, the
-    /// budget charge and the claim insert commit together, each only when the one before it happened. (A
-    /// rate window is computed here, not in SQL, so a call with one takes the transaction of
-    /// [`Store::admit`].) The signature and the claim are optional: their parameters are then NULL.
-    async fn admit_in_one_statement(
+    /// [`Store::admit`] without a rate window, in the statement of a batch of concurrent calls (see
+    /// [`admit`]): the replay record, the budget charge and the claim insert commit together, each only
+    /// when the one before it happened. (A rate window is computed here, not in SQL, so a call with one
+    /// takes the transaction of [`Store::admit`].)
+    async fn admit_batched(
         &self,
         admission: &Admission,
         (key, max): (&str, u64),
     ) -> StoreResult<Admitted> {
-        // The counter's state is the count as 8 big-endian bytes (int8send), as `budget_bytes` writes it.
-        const ADMIT: &str = "WITH seen AS (\
-             INSERT INTO seen_signatures (signature, expires_at_ms) \
-             SELECT $1::bytea, $2::bigint WHERE $1::bytea IS NOT NULL ON CONFLICT DO NOTHING RETURNING 1), \
-             fresh AS (SELECT 1 WHERE $1::bytea IS NULL OR EXISTS (SELECT 1 FROM seen)), \
-             charged AS (\
-             INSERT INTO counters (key, state) SELECT $3, int8send(1::bigint) FROM fresh WHERE $4::bigint > 0 \
-             ON CONFLICT (key) DO UPDATE \
-             SET state = int8send(coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) + 1) \
-             WHERE coalesce(('x' || encode(counters.state, 'hex'))::bit(64)::bigint, 0) < $4 \
-             RETURNING 1), \
-             claimed AS (\
-             INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
-             SELECT $5, $6::text, $7, $8 FROM charged WHERE $6::text IS NOT NULL \
-             ON CONFLICT DO NOTHING RETURNING 1) \
-             SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM charged), \
-             (SELECT count(*) FROM claimed)";
-        let max = i64::try_from(max).unwrap_or(i64::MAX);
-        let signature = admission.signature.as_ref();
         let claim = admission.claim.as_ref();
-        let claim_text = claim.map(encode).transpose()?;
-        let row = self
-            .conn()
-            .await?
-            .query_one_prepared(
-                ADMIT,
-                &[
-                    &signature.map(|seen| &seen.signature[..]),
-                    &signature.map(|seen| seen.expires_at_ms),
-                    &key.as_bytes(),
-                    &max,
-                    &claim.map(|claim| claim.kind.as_str()),
-                    &claim.map(|claim| claim.request_id.as_str()),
-                    &claim.map(|claim| claim.claimed_at_ms),
-                    &claim_text,
-                ],
-            )
-            .await
-            .map_err(db)?;
-        let (fresh, charged, claimed): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        if fresh == 0 {
+        let row = AdmitRow {
+            signature: admission
+                .signature
+                .as_ref()
+                .map(|seen| (seen.signature.to_vec(), seen.expires_at_ms)),
+            cell: key.as_bytes().to_vec(),
+            max: i64::try_from(max).unwrap_or(i64::MAX),
+            claim: claim
+                .map(|claim| -> StoreResult<_> {
+                    let text = encode(claim)?;
+                    Ok((
+                        claim.kind.as_str(),
+                        claim.request_id.clone(),
+                        claim.claimed_at_ms,
+                        text,
+                    ))
+                })
+                .transpose()?,
+        };
+        let outcome = self.admitter.admit(row).await?;
+        if !outcome.fresh {
             return Ok(Admitted::Replayed);
         }
-        if charged == 0 {
+        if !outcome.charged {
             return Ok(Admitted::BudgetExhausted);
         }
         // Charged, and the request id was taken: the call is answered from that claim (section 7). If it
         // was released meanwhile, this call takes it now.
         let existing_claim = match claim {
-            Some(claim) if claimed == 0 => self.claim_insert(claim).await?.map(Box::new),
+            Some(claim) if !outcome.claimed => self.claim_insert(claim).await?.map(Box::new),
             _ => None,
         };
         Ok(Admitted::Charged { existing_claim })
@@ -662,7 +655,7 @@ impl Store for PgStore {
 
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
         if let (None, Some((key, max))) = (&admission.rate, &admission.budget) {
-            return self.admit_in_one_statement(admission, (key, *max)).await;
+            return self.admit_batched(admission, (key, *max)).await;
         }
         let now_ms = admission.now_ms;
         let mut conn = self.conn().await?;
@@ -1157,12 +1150,8 @@ async fn write_batch(
              INSERT INTO audit_events (seq, event) \
              SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
              settled AS (\
-             UPDATE claims SET record = s.settled \
-             FROM moved, unnest($7::text[], $8::text[], $9::text[], $10::text[]) \
-             AS s(kind, request_id, pending, settled) \
-             WHERE claims.kind = s.kind AND claims.request_id = s.request_id \
-             AND claims.record = s.pending) \
-             SELECT count(*) FROM moved",
+             SELECT sealgate_settle($7::text[], $8::text[], $9::text[], $10::text[]) FROM moved) \
+             SELECT count(*) FROM moved, settled",
             &[
                 &seqs,
                 &texts,
@@ -1294,6 +1283,7 @@ mod tests {
     use crate::policy::rate::SlidingWindow;
     use crate::store::conformance::{self, claim};
     use crate::store::testing::TestDatabase;
+    use crate::store::SeenSignature;
 
     #[tokio::test]
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
@@ -1460,6 +1450,59 @@ mod tests {
         }
         assert_eq!((charged_new, charged_existing, exhausted), (1, 19, 20));
         assert_eq!(stores[1].counter_get("budget").await.unwrap(), Some(20));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_batched_across_calls_and_replicas_admit_as_one_at_a_time_would() {
+        // No rate window: every admission goes through the batches of `sealgate_admit`. Each envelope is
+        // sent to both replicas; pairs of envelopes share a request id; one budget of 40 over 60 envelopes.
+        let db = TestDatabase::create().await;
+        let stores = two_replicas(&db).await;
+        let mut tasks = Vec::new();
+        for n in 0..120usize {
+            let store = Arc::clone(&stores[n % 2]);
+            let request_id = format!("call-{}", n / 4);
+            tasks.push(tokio::spawn(async move {
+                let admission = Admission {
+                    signature: Some(SeenSignature {
+                        signature: [u8::try_from(n / 2).unwrap(); 64],
+                        expires_at_ms: 60_000,
+                    }),
+                    budget: Some(("budget".into(), 40)),
+                    claim: Some(claim(ClaimKind::Invoke, &request_id, 5_000)),
+                    now_ms: 5_000,
+                    ..Admission::default()
+                };
+                (request_id, store.admit(&admission).await.unwrap())
+            }));
+        }
+        let (mut replayed, mut exhausted, mut new_claims) = (0, 0, 0);
+        let mut charged_ids = std::collections::BTreeSet::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                (_, Admitted::Replayed) => replayed += 1,
+                (_, Admitted::BudgetExhausted) => exhausted += 1,
+                (id, Admitted::Charged { existing_claim }) => {
+                    new_claims += usize::from(existing_claim.is_none());
+                    if let Some(existing) = existing_claim {
+                        assert_eq!(existing.request_id, id);
+                    }
+                    charged_ids.insert(id);
+                }
+                (_, other) => panic!("no rate window: {other:?}"),
+            }
+        }
+        assert_eq!((replayed, exhausted), (60, 20));
+        assert_eq!(stores[0].counter_get("budget").await.unwrap(), Some(40));
+        // Each request id that was charged is claimed exactly once; the other charged calls found it.
+        assert_eq!(new_claims, charged_ids.len());
+        for id in &charged_ids {
+            assert!(stores[1]
+                .claim_get(ClaimKind::Invoke, id)
+                .await
+                .unwrap()
+                .is_some());
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,240 @@
+//! Group commit of admissions on PostgreSQL (issue 20): the admissions of concurrent calls that need no
+//! rate window go to one task, which admits whatever has queued while its previous batch was in flight in
+//! one statement (`sealgate_admit`, migration 0007): one round trip and one commit for the batch instead of
+//! one of each per call. No timer holds a call back: a batch is what queued meanwhile.
+
+use deadpool_postgres::Pool;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::error::SqlState;
+
+use super::{db, Prepared};
+use crate::store::{StoreError, StoreResult};
+
+/// The most admissions one statement takes; more wait for the next.
+const MAX_BATCH: usize = 128;
+
+/// How often a batch is tried when PostgreSQL picks it as a deadlock's victim.
+const DEADLOCK_ATTEMPTS: usize = 3;
+
+const ADMIT_BATCH: &str = "SELECT ordinal, fresh, charged, claimed FROM sealgate_admit(\
+     $1::bytea[], $2::bigint[], $3::bytea[], $4::bigint[], $5::text[], $6::text[], $7::bigint[], $8::text[])";
+
+/// One call's admission as the statement takes it: its replay record, its budget cell and maximum, and
+/// the PENDING claim (kind, request id, claimed at, record text) to insert when charged.
+#[derive(Debug, Clone)]
+pub(super) struct AdmitRow {
+    pub signature: Option<(Vec<u8>, i64)>,
+    pub cell: Vec<u8>,
+    pub max: i64,
+    pub claim: Option<(&'static str, String, i64, String)>,
+}
+
+/// What the statement did for one admission: whether the replay record was new, the budget charged, the
+/// claim inserted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AdmitOutcome {
+    pub fresh: bool,
+    pub charged: bool,
+    pub claimed: bool,
+}
+
+struct Job {
+    row: AdmitRow,
+    reply: oneshot::Sender<StoreResult<AdmitOutcome>>,
+}
+
+/// The handle the store keeps; the task ends when it is dropped.
+pub(super) struct Admitter {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl Admitter {
+    /// Starts the task that admits batches over connections of `pool`.
+    pub fn start(pool: Pool) -> Admitter {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::spawn(run(pool, queue));
+        Admitter { jobs }
+    }
+
+    pub async fn admit(&self, row: AdmitRow) -> StoreResult<AdmitOutcome> {
+        let (reply, answer) = oneshot::channel();
+        let stopped =
+            || StoreError::unavailable("the admission task of the PostgreSQL store stopped");
+        self.jobs.send(Job { row, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(pool: Pool, mut queue: mpsc::UnboundedReceiver<Job>) {
+    while let Some(batch) = next_batch(&mut queue).await {
+        admit_batch(&pool, batch).await;
+    }
+}
+
+/// Waits for one admission, then takes every one queued behind it, up to [`MAX_BATCH`]. None when the
+/// store is gone.
+async fn next_batch(queue: &mut mpsc::UnboundedReceiver<Job>) -> Option<Vec<Job>> {
+    let first = queue.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match queue.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+/// Admits `batch` in one statement and answers every job. A batch that PostgreSQL aborted as a deadlock
+/// (another replica's batch took a claim's request id that this one holds, and the other way round)
+/// changed nothing, and is admitted again.
+async fn admit_batch(pool: &Pool, batch: Vec<Job>) {
+    let rows: Vec<&AdmitRow> = batch.iter().map(|job| &job.row).collect();
+    let mut attempts = 1;
+    let answer = loop {
+        match execute(pool, &rows).await {
+            Err(Failure::Deadlock(_)) if attempts < DEADLOCK_ATTEMPTS => attempts += 1,
+            answer => break answer.map_err(StoreError::from),
+        }
+    };
+    match answer {
+        Ok(outcomes) => {
+            for (job, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = job.reply.send(Ok(outcome));
+            }
+        }
+        Err(error) => {
+            for job in batch {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+enum Failure {
+    Deadlock(StoreError),
+    Other(StoreError),
+}
+
+impl From<Failure> for StoreError {
+    fn from(failure: Failure) -> StoreError {
+        match failure {
+            Failure::Deadlock(error) | Failure::Other(error) => error,
+        }
+    }
+}
+
+/// Runs the statement for `rows`; one outcome per row, in their order.
+async fn execute(pool: &Pool, rows: &[&AdmitRow]) -> Result<Vec<AdmitOutcome>, Failure> {
+    let conn = pool.get().await.map_err(|e| Failure::Other(db(e)))?;
+    let columns = Columns::of(rows);
+    let answer = conn
+        .query_prepared(
+            ADMIT_BATCH,
+            &[
+                &columns.signatures,
+                &columns.expiries,
+                &columns.cells,
+                &columns.maxes,
+                &columns.kinds,
+                &columns.ids,
+                &columns.times,
+                &columns.records,
+            ],
+        )
+        .await;
+    let answer = answer.map_err(|e| match e.code() {
+        Some(&SqlState::T_R_DEADLOCK_DETECTED) => Failure::Deadlock(db(e)),
+        _ => Failure::Other(db(e)),
+    })?;
+    let mut outcomes = vec![None; rows.len()];
+    for row in answer {
+        let ordinal: i32 = row.get(0);
+        let slot = usize::try_from(ordinal - 1)
+            .ok()
+            .and_then(|index| outcomes.get_mut(index));
+        if let Some(slot) = slot {
+            *slot = Some(AdmitOutcome {
+                fresh: row.get(1),
+                charged: row.get(2),
+                claimed: row.get(3),
+            });
+        }
+    }
+    outcomes
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Failure::Other(StoreError::Corrupt("sealgate_admit skipped a row".into())))
+}
+
+/// The statement's parameters: one array per column, NULL where an admission has no such part.
+struct Columns<'a> {
+    signatures: Vec<Option<&'a [u8]>>,
+    expiries: Vec<Option<i64>>,
+    cells: Vec<&'a [u8]>,
+    maxes: Vec<i64>,
+    kinds: Vec<Option<&'static str>>,
+    ids: Vec<Option<&'a str>>,
+    times: Vec<Option<i64>>,
+    records: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(rows: &[&'a AdmitRow]) -> Columns<'a> {
+        let signature = |row: &&'a AdmitRow| row.signature.as_ref();
+        let claim = |row: &&'a AdmitRow| row.claim.as_ref();
+        Columns {
+            signatures: rows
+                .iter()
+                .map(|r| signature(r).map(|s| &s.0[..]))
+                .collect(),
+            expiries: rows.iter().map(|r| signature(r).map(|s| s.1)).collect(),
+            cells: rows.iter().map(|r| &r.cell[..]).collect(),
+            maxes: rows.iter().map(|r| r.max).collect(),
+            kinds: rows.iter().map(|r| claim(r).map(|c| c.0)).collect(),
+            ids: rows
+                .iter()
+                .map(|r| claim(r).map(|c| c.1.as_str()))
+                .collect(),
+            times: rows.iter().map(|r| claim(r).map(|c| c.2)).collect(),
+            records: rows
+                .iter()
+                .map(|r| claim(r).map(|c| c.3.as_str()))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(cell: &str) -> (Job, oneshot::Receiver<StoreResult<AdmitOutcome>>) {
+        let (reply, answer) = oneshot::channel();
+        let row = AdmitRow {
+            signature: None,
+            cell: cell.as_bytes().to_vec(),
+            max: 1,
+            claim: None,
+        };
+        (Job { row, reply }, answer)
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_everything_queued_up_to_the_cap_and_the_rest_waits() {
+        let (jobs, mut queue) = mpsc::unbounded_channel();
+        let mut answers = Vec::new();
+        for n in 0..MAX_BATCH + 3 {
+            let (job, answer) = job(&format!("cell-{n}"));
+            jobs.send(job).unwrap_or_else(|_| panic!("queue open"));
+            answers.push(answer);
+        }
+        let first = next_batch(&mut queue).await.unwrap();
+        assert_eq!(first.len(), MAX_BATCH);
+        assert_eq!(first[0].row.cell, b"cell-0");
+        let second = next_batch(&mut queue).await.unwrap();
+        assert_eq!(second.len(), 3);
+        drop(jobs);
+        assert!(next_batch(&mut queue).await.is_none());
+    }
+}
