@@ -20,7 +20,7 @@ use super::{
     ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
     SigningKeyRecord, Store, StoreError, StoreResult, StoredContext,
 };
-use admit::{AdmitRow, Admitter};
+use admit::{AdmitRow, Admitter, PendingClaim};
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -332,24 +332,19 @@ impl PgStore {
         (key, max): (&str, u64),
     ) -> StoreResult<Admitted> {
         let claim = admission.claim.as_ref();
+        let pending = |claim: &ClaimRecord| -> StoreResult<PendingClaim> {
+            Ok(PendingClaim {
+                kind: claim.kind.as_str(),
+                request_id: claim.request_id.clone(),
+                claimed_at_ms: claim.claimed_at_ms,
+                record: encode(claim)?,
+            })
+        };
         let row = AdmitRow {
-            signature: admission
-                .signature
-                .as_ref()
-                .map(|seen| (seen.signature.to_vec(), seen.expires_at_ms)),
+            signature: admission.signature.clone(),
             cell: key.as_bytes().to_vec(),
             max: i64::try_from(max).unwrap_or(i64::MAX),
-            claim: claim
-                .map(|claim| -> StoreResult<_> {
-                    let text = encode(claim)?;
-                    Ok((
-                        claim.kind.as_str(),
-                        claim.request_id.clone(),
-                        claim.claimed_at_ms,
-                        text,
-                    ))
-                })
-                .transpose()?,
+            claim: claim.map(pending).transpose()?,
         };
         let outcome = self.admitter.admit(row).await?;
         if !outcome.fresh {

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 
 use super::{db, Prepared};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{SeenSignature, StoreError, StoreResult};
 
 /// The most admissions one statement takes; more wait for the next.
 const MAX_BATCH: usize = 128;
@@ -20,13 +20,22 @@ const ADMIT_BATCH: &str = "SELECT ordinal, fresh, charged, claimed FROM sealgate
      $1::bytea[], $2::bigint[], $3::bytea[], $4::bigint[], $5::text[], $6::text[], $7::bigint[], $8::text[])";
 
 /// One call's admission as the statement takes it: its replay record, its budget cell and maximum, and
-/// the PENDING claim (kind, request id, claimed at, record text) to insert when charged.
+/// the PENDING claim to insert when charged.
 #[derive(Debug, Clone)]
 pub(super) struct AdmitRow {
-    pub signature: Option<(Vec<u8>, i64)>,
+    pub signature: Option<SeenSignature>,
     pub cell: Vec<u8>,
     pub max: i64,
-    pub claim: Option<(&'static str, String, i64, String)>,
+    pub claim: Option<PendingClaim>,
+}
+
+/// A PENDING claim's columns, its record already the text the table keeps.
+#[derive(Debug, Clone)]
+pub(super) struct PendingClaim {
+    pub kind: &'static str,
+    pub request_id: String,
+    pub claimed_at_ms: i64,
+    pub record: String,
 }
 
 /// What the statement did for one admission: whether the replay record was new, the budget charged, the
@@ -181,27 +190,36 @@ struct Columns<'a> {
 
 impl<'a> Columns<'a> {
     fn of(rows: &[&'a AdmitRow]) -> Columns<'a> {
-        let signature = |row: &&'a AdmitRow| row.signature.as_ref();
-        let claim = |row: &&'a AdmitRow| row.claim.as_ref();
-        Columns {
-            signatures: rows
-                .iter()
-                .map(|r| signature(r).map(|s| &s.0[..]))
-                .collect(),
-            expiries: rows.iter().map(|r| signature(r).map(|s| s.1)).collect(),
-            cells: rows.iter().map(|r| &r.cell[..]).collect(),
-            maxes: rows.iter().map(|r| r.max).collect(),
-            kinds: rows.iter().map(|r| claim(r).map(|c| c.0)).collect(),
-            ids: rows
-                .iter()
-                .map(|r| claim(r).map(|c| c.1.as_str()))
-                .collect(),
-            times: rows.iter().map(|r| claim(r).map(|c| c.2)).collect(),
-            records: rows
-                .iter()
-                .map(|r| claim(r).map(|c| c.3.as_str()))
-                .collect(),
+        let mut columns = Columns {
+            signatures: Vec::with_capacity(rows.len()),
+            expiries: Vec::with_capacity(rows.len()),
+            cells: Vec::with_capacity(rows.len()),
+            maxes: Vec::with_capacity(rows.len()),
+            kinds: Vec::with_capacity(rows.len()),
+            ids: Vec::with_capacity(rows.len()),
+            times: Vec::with_capacity(rows.len()),
+            records: Vec::with_capacity(rows.len()),
+        };
+        for row in rows {
+            let (signature, claim) = (row.signature.as_ref(), row.claim.as_ref());
+            columns
+                .signatures
+                .push(signature.map(|seen| &seen.signature[..]));
+            columns
+                .expiries
+                .push(signature.map(|seen| seen.expires_at_ms));
+            columns.cells.push(&row.cell);
+            columns.maxes.push(row.max);
+            columns.kinds.push(claim.map(|claim| claim.kind));
+            columns
+                .ids
+                .push(claim.map(|claim| claim.request_id.as_str()));
+            columns.times.push(claim.map(|claim| claim.claimed_at_ms));
+            columns
+                .records
+                .push(claim.map(|claim| claim.record.as_str()));
         }
+        columns
     }
 }
 
