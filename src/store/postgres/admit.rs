@@ -227,25 +227,25 @@ impl<'a> Columns<'a> {
 mod tests {
     use super::*;
 
-    fn job(cell: &str) -> (Job, oneshot::Receiver<StoreResult<AdmitOutcome>>) {
-        let (reply, answer) = oneshot::channel();
+    fn job(cell: &str) -> Job {
         let row = AdmitRow {
             signature: None,
             cell: cell.as_bytes().to_vec(),
             max: 1,
             claim: None,
         };
-        (Job { row, reply }, answer)
+        Job {
+            row,
+            reply: oneshot::channel().0,
+        }
     }
 
     #[tokio::test]
     async fn a_batch_is_everything_queued_up_to_the_cap_and_the_rest_waits() {
         let (jobs, mut queue) = mpsc::unbounded_channel();
-        let mut answers = Vec::new();
         for n in 0..MAX_BATCH + 3 {
-            let (job, answer) = job(&format!("cell-{n}"));
-            jobs.send(job).unwrap_or_else(|_| panic!("queue open"));
-            answers.push(answer);
+            jobs.send(job(&format!("cell-{n}")))
+                .unwrap_or_else(|_| panic!("queue open"));
         }
         let first = next_batch(&mut queue).await.unwrap();
         assert_eq!(first.len(), MAX_BATCH);

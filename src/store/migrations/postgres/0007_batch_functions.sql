@@ -1,9 +1,8 @@
 -- sealgate schema, version 7 (issue 20): two functions that do one thing for every call of a batch.
 --
--- Admission without a rate window for a whole batch of concurrent
--- calls in one statement and one commit (group commit): each element is what one call's admission was
--- before, in the order given: its replay record first; its budget charge only when the record is new;
--- its PENDING claim only when charged. A budget counter's state is the count as 8 big-endian bytes
+-- Admission without a rate window for a whole batch of concurrent calls in one statement and one commit
+-- (group commit): each element is admitted as one call alone would be, in the order given: its replay
+-- record first; its budget charge only when the record is new; its PENDING claim only when charged. A budget counter's state is the count as 8 big-endian bytes
 -- (int8send). A batch first creates or locks all its counters, in key order: batches of different replicas
 -- then never wait for each other in a circle over counters, nor over the replay records and claims of one
 -- session, which only the holder of its counter writes.
