@@ -265,6 +265,11 @@ main() {
     floor_url=$(wait_line floor '^bench floor on ' "$floor_pid")
     floor_url=${floor_url#bench floor on }
     ROW_PID=$floor_pid wrk_row floor "$THREADS" "$CONNECTIONS" "$SECS" "$floor_url/v1/invoke" cycle "$LOAD/nginx"
+    # One call at a time through nginx and the floor: the latency the stack has before the gateway's own
+    # work, beside the gateway's one-call-at-a-time rows below.
+    say "nginx and the floor, one call at a time, ${SERIAL_SECS}s each"
+    ROW_PID="" wrk_row serial_nginx 1 1 "$SERIAL_SECS" "http://127.0.0.1:$nginx_port/rpc" cycle "$LOAD/nginx"
+    ROW_PID="" wrk_row serial_floor 1 1 "$SERIAL_SECS" "$floor_url/v1/invoke" cycle "$LOAD/nginx"
     kill "$floor_pid"
 
     local mode
@@ -428,9 +433,14 @@ print_table() {
         echo "- fixed $(num "$RATE") req/s open loop (at most 64 in flight), $(label $row): p99 $(ms "${R[$r.p99_us]}") (p50 $(ms "${R[$r.p50_us]}"), max $(ms "${R[$r.max_us]}"); $(num "${R[$r.rps]}") req/s achieved, $(num "${R[$r.unsent]}") calls unsent when time was up, ${R[$r.non2xx]} errors)"
     done
     echo "  target: p99 ≤ 2 ms with claim: off; ≤ 2 ms + 2 × fsync p99 = $(ms $((2000 + 2 * f99))) with claims"
-    for row in off claim; do
-        local r=serial_$row
-        echo "- one call at a time, $(label $row): p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
+    for row in nginx floor off claim; do
+        local r=serial_$row name
+        case $row in
+            nginx) name="nginx pass-through" ;;
+            floor) name="the floor" ;;
+            *) name="sealgate, $(label $row)" ;;
+        esac
+        echo "- one call at a time, $name: p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
     done
     echo "  target: p50 ≤ 0.3 ms + 1 × fsync p50 = $(ms $((300 + f50))) with claim: off; + 2 × = $(ms $((300 + 2 * f50))) with claims"
     local answered
