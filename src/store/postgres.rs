@@ -2,7 +2,7 @@
 //! one gateway. Every decision is a single statement or one transaction, so it holds across processes:
 //! insert-if-absent is `INSERT … ON CONFLICT DO NOTHING`, compare-and-set compares the stored record text,
 //! `admit` locks its counter rows (the admissions of concurrent calls share one statement, [`admit`]), and
-//! an audit append locks the chain head.
+//! an audit append locks the chain head ([`audit`]).
 //!
 //! Every write is committed before it returns, so it is durable at once and `sync` has nothing to do.
 //! Every failure is a [`StoreError`] (the gateway answers 5005); none is swallowed.
@@ -16,9 +16,9 @@ use serde_json::Value;
 
 use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
-    Admission, Admitted, ApprovalCursor, ApprovalRecord, AuditBackend, ChainHead, Chainer,
-    ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement, LiveCounts, Page, SessionRecord,
-    SigningKeyRecord, Store, StoreError, StoreResult, StoredContext,
+    Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
+    LiveCounts, Page, SessionRecord, SigningKeyRecord, Store, StoreError, StoreResult,
+    StoredContext,
 };
 use admit::{AdmitRow, Admitter, PendingClaim};
 
@@ -42,6 +42,7 @@ const POOL_SIZE: usize = 16;
 const WAIT: Duration = Duration::from_secs(5);
 
 mod admit;
+mod audit;
 
 pub struct PgStore {
     pool: Pool,
@@ -1102,174 +1103,6 @@ impl Store for PgStore {
     }
 }
 
-/// Writes a chained batch and its claims' settlements in one statement, only if the head is still
-/// `after` (a compare-and-set); false when it moved.
-async fn write_batch(
-    client: &(impl Prepared + Sync),
-    after: &ChainHead,
-    events: &[Value],
-    settlements: &[ClaimSettlement],
-) -> StoreResult<bool> {
-    let Some(last) = events.last() else {
-        return Ok(true);
-    };
-    let last_seq = seq_of(last)?;
-    let last_hash = last
-        .get("hash")
-        .and_then(Value::as_str)
-        .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
-    let seqs = events
-        .iter()
-        .map(seq_of)
-        .collect::<StoreResult<Vec<i64>>>()?;
-    let texts: Vec<String> = events.iter().map(Value::to_string).collect();
-    let mut columns: [Vec<String>; 4] = Default::default();
-    for settlement in settlements {
-        let pending = &settlement.pending;
-        columns[0].push(pending.kind.as_str().to_owned());
-        columns[1].push(pending.request_id.clone());
-        columns[2].push(encode(pending)?);
-        columns[3].push(encode(&settlement.settled)?);
-    }
-    let [kinds, request_ids, pendings, settleds] = &columns;
-    // One statement: the head moves only from where this batch was chained (compare-and-set), and the
-    // events and the claims' settlements are written only when it did. Outside a transaction it is one
-    // commit, and the head's row lock is held for this statement alone; a replica that lost the race
-    // sees no row changed and chains again.
-    let row = client
-        .query_one_prepared(
-            "WITH moved AS (\
-             UPDATE audit_head SET seq = $3, hash = $4 WHERE id = 1 AND seq = $5 AND hash = $6 \
-             RETURNING 1), \
-             appended AS (\
-             INSERT INTO audit_events (seq, event) \
-             SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
-             settled AS (\
-             SELECT sealgate_settle($7::text[], $8::text[], $9::text[], $10::text[]) FROM moved) \
-             SELECT count(*) FROM moved, settled",
-            &[
-                &seqs,
-                &texts,
-                &last_seq,
-                &last_hash,
-                &bigint(after.seq),
-                &after.hash,
-                kinds,
-                request_ids,
-                pendings,
-                settleds,
-            ],
-        )
-        .await
-        .map_err(db)?;
-    Ok(row.get::<_, i64>(0) == 1)
-}
-
-#[async_trait::async_trait]
-impl AuditBackend for PgStore {
-    async fn head(&self) -> StoreResult<Option<ChainHead>> {
-        let row = self
-            .conn()
-            .await?
-            .query_one_prepared("SELECT seq, hash FROM audit_head WHERE id = 1", &[])
-            .await
-            .map_err(db)?;
-        let seq: i64 = row.get(0);
-        let seq =
-            u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative audit seq".into()))?;
-        Ok((seq > 0).then(|| ChainHead {
-            seq,
-            hash: row.get(1),
-        }))
-    }
-
-    async fn append(
-        &self,
-        after: &ChainHead,
-        events: &[Value],
-        settlements: &[ClaimSettlement],
-    ) -> StoreResult<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let conn = self.conn().await?;
-        match write_batch(&conn, after, events, settlements).await? {
-            true => Ok(()),
-            false => Err(StoreError::HeadMoved),
-        }
-    }
-
-    async fn append_in_turn(
-        &self,
-        chain: &mut Chainer<'_>,
-        settlements: &[ClaimSettlement],
-    ) -> StoreResult<Vec<Value>> {
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(db)?;
-        // The head's row lock makes the other replicas' writers wait here for their turn, instead of
-        // losing a compare-and-set after chaining their batches.
-        let row = tx
-            .query_one_prepared(
-                "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
-                &[],
-            )
-            .await
-            .map_err(db)?;
-        let head = ChainHead {
-            seq: u64::try_from(row.get::<_, i64>(0))
-                .map_err(|_| StoreError::Corrupt("negative audit seq".into()))?,
-            hash: row.get(1),
-        };
-        let events = chain(&head);
-        if !events.is_empty() && !write_batch(&tx, &head, &events, settlements).await? {
-            return Err(StoreError::Corrupt(
-                "the audit head moved while its row was locked".into(),
-            ));
-        }
-        tx.commit().await.map_err(db)?;
-        Ok(events)
-    }
-
-    async fn sync(&self) -> StoreResult<()> {
-        // Every write was a commit, durable before it returned.
-        Ok(())
-    }
-
-    async fn events_newest_first(
-        &self,
-        before_seq: Option<u64>,
-        limit: usize,
-    ) -> StoreResult<Vec<Value>> {
-        let before = before_seq.map_or(i64::MAX, bigint);
-        let limit = bigint(limit as u64);
-        let rows = self
-            .conn()
-            .await?
-            .query_prepared(
-                "SELECT event FROM audit_events WHERE seq < $1 ORDER BY seq DESC LIMIT $2",
-                &[&before, &limit],
-            )
-            .await
-            .map_err(db)?;
-        rows.iter().map(|row| decode(row.get(0))).collect()
-    }
-
-    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
-        let from = bigint(from_seq);
-        let limit = bigint(limit as u64);
-        let rows = self
-            .conn()
-            .await?
-            .query_prepared(
-                "SELECT event FROM audit_events WHERE seq >= $1 ORDER BY seq LIMIT $2",
-                &[&from, &limit],
-            )
-            .await
-            .map_err(db)?;
-        rows.iter().map(|row| decode(row.get(0))).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -1278,7 +1111,7 @@ mod tests {
     use crate::policy::rate::SlidingWindow;
     use crate::store::conformance::{self, claim};
     use crate::store::testing::TestDatabase;
-    use crate::store::SeenSignature;
+    use crate::store::{AuditBackend, ChainHead, SeenSignature};
 
     #[tokio::test]
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
@@ -1560,6 +1393,42 @@ mod tests {
             };
             assert_eq!(event["prev"], prev, "event {}", i + 1);
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_turn_that_fails_holding_the_head_leaves_it_to_the_next_writer() {
+        let db = TestDatabase::create().await;
+        let stores = two_replicas(&db).await;
+        // Chained after the lock was taken, then refused before the write: the transaction must not go
+        // back to the pool still open and holding the head, or the other replica would wait for it.
+        let mut unhashed = |head: &ChainHead| vec![serde_json::json!({"seq": head.seq + 1})];
+        assert!(matches!(
+            stores[0].append_in_turn(&mut unhashed, &[]).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        let mut chain = |head: &ChainHead| {
+            let seq = head.seq + 1;
+            vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
+        };
+        assert_eq!(
+            stores[1]
+                .append_in_turn(&mut chain, &[])
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            stores[0]
+                .append_in_turn(&mut chain, &[])
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        let events = stores[0].events_oldest_first(1, 10).await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1]["prev"], "h1");
     }
 
     #[tokio::test]
