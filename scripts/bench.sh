@@ -18,6 +18,7 @@
 #   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory and disk row (issue 20's target is BENCH_CALLS=1000000)
 #   BENCH_POSTGRES=postgres://postgres@127.0.0.1:5432   server for the PostgreSQL rows (a database is created
 #                          and dropped); the rows are skipped when it does not answer
+#   BENCH_ONLY=postgres    only the PostgreSQL rows (and the Ed25519 measurement they are read against)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,7 @@ FSYNCS=${BENCH_FSYNCS:-300}
 LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
 CALLS=${BENCH_CALLS:-50000}
 POSTGRES=${BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+ONLY=${BENCH_ONLY:-}
 SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
@@ -222,6 +224,47 @@ wrk_row() { # ROW THREADS CONNECTIONS SECS URL LUA-ARGS…; ROW_PID (or empty): 
     fi
 }
 
+# Issue 11: durable claims on PostgreSQL, one replica, then two behind nginx (round robin). Skipped when
+# no PostgreSQL answers at BENCH_POSTGRES. Needs the main gateway (GW_URL), which registers the sessions.
+postgres_rows() {
+    local main_url=$GW_URL
+    if psql "$POSTGRES/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+        local db=sealgate_bench_$$ store
+        psql "$POSTGRES/postgres" -qc "create database $db" >/dev/null
+        PG_DROP="$db"
+        store="$POSTGRES/$db"
+        say "sealgate on PostgreSQL, durable claims, one replica, ${SECS}s"
+        # On PostgreSQL each replica is given its signing key (SPEC 14).
+        "$BIN" keygen --out "$WORK/gw" --name signing-pg-a >/dev/null
+        "$BIN" keygen --out "$WORK/gw" --name signing-pg-b >/dev/null
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-a SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-a.key" \
+            start_gateway pg-a "$WORK/gw/data-pg-a"
+        local pg_a=$GW_PID pg_a_url=$GW_URL
+        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
+        local pg_before; pg_before=$(pg_ticks)
+        ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
+        R[pg1.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg1.requests]} ))
+        rm -f "$LOAD/pg1".*
+        say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
+        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-b.key" \
+            start_gateway pg-b "$WORK/gw/data-pg-b"
+        local pg_b=$GW_PID pg_b_url=$GW_URL lb_port
+        lb_port=$(free_port)
+        start_nginx balancer "$lb_port" 1 "${pg_a_url#http://}" "${pg_b_url#http://}"
+        GW_URL="http://127.0.0.1:$lb_port"
+        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
+        local before_b; before_b=$(cpu_ticks "$pg_b") pg_before=$(pg_ticks)
+        ROW_PID=$pg_a wrk_row pg2 "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/pg2"
+        R[pg2.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
+        # Both replicas' CPU counts for the row.
+        R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + ($(cpu_ticks "$pg_b") - before_b) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
+        rm -f "$LOAD/pg2".*
+        GW_URL=$main_url
+    else
+        say "no PostgreSQL at $POSTGRES: the PostgreSQL rows are skipped"
+    fi
+}
+
 main() {
     install_tools
     # Other work on the machine skews every number: say how much there was.
@@ -249,6 +292,11 @@ main() {
     say "openssl speed ed25519"
     R[ed.verify_ns]=$(openssl speed -seconds 3 ed25519 2>/dev/null |
         awk '/Ed25519/ { printf "%.0f", 1e9 / $NF }')
+    if [[ $ONLY == postgres ]]; then
+        postgres_rows
+        print_postgres
+        return
+    fi
     say "the cost of a signed receipt (SPEC 14)"
     record sign "$("$BIN" bench sign --count 20000)"
 
@@ -305,43 +353,7 @@ main() {
         --sessions "$SESSIONS" --secs "$SECS" --concurrency $((4 * CONNECTIONS)))"
     GW_URL=$main_url
 
-    # Issue 11: durable claims on PostgreSQL, one replica, then two behind nginx (round robin). Skipped when
-    # no PostgreSQL answers at BENCH_POSTGRES.
-    if psql "$POSTGRES/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
-        local db=sealgate_bench_$$ store
-        psql "$POSTGRES/postgres" -qc "create database $db" >/dev/null
-        PG_DROP="$db"
-        store="$POSTGRES/$db"
-        say "sealgate on PostgreSQL, durable claims, one replica, ${SECS}s"
-        # On PostgreSQL each replica is given its signing key (SPEC 14).
-        "$BIN" keygen --out "$WORK/gw" --name signing-pg-a >/dev/null
-        "$BIN" keygen --out "$WORK/gw" --name signing-pg-b >/dev/null
-        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-a SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-a.key" \
-            start_gateway pg-a "$WORK/gw/data-pg-a"
-        local pg_a=$GW_PID pg_a_url=$GW_URL
-        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
-        local pg_before; pg_before=$(pg_ticks)
-        ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
-        R[pg1.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg1.requests]} ))
-        rm -f "$LOAD/pg1".*
-        say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
-        SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-b.key" \
-            start_gateway pg-b "$WORK/gw/data-pg-b"
-        local pg_b=$GW_PID pg_b_url=$GW_URL lb_port
-        lb_port=$(free_port)
-        start_nginx balancer "$lb_port" 1 "${pg_a_url#http://}" "${pg_b_url#http://}"
-        GW_URL="http://127.0.0.1:$lb_port"
-        envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
-        local before_b; before_b=$(cpu_ticks "$pg_b") pg_before=$(pg_ticks)
-        ROW_PID=$pg_a wrk_row pg2 "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/pg2"
-        R[pg2.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
-        # Both replicas' CPU counts for the row.
-        R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + ($(cpu_ticks "$pg_b") - before_b) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
-        rm -f "$LOAD/pg2".*
-        GW_URL=$main_url
-    else
-        say "no PostgreSQL at $POSTGRES: the PostgreSQL rows are skipped"
-    fi
+    postgres_rows
 
     say "standalone POST /claim: sealgate, then SafeAgent under uvicorn, ${SECS}s each"
     local operator; operator=$("$BIN" bench operator-token --dir "$WORK/gw")
@@ -387,8 +399,51 @@ verifications() { awk -v us="$1" -v ns="${R[ed.verify_ns]}" 'BEGIN { printf "%.1
 kb_per_call() { awk -v b="$1" -v n="$2" 'BEGIN { printf "%.2f KB", b / n / 1000 }'; }
 errors() { echo $(( ${R[$1.status_errors]} + ${R[$1.socket_errors]} )); }
 
+# One row of the table; the ratio column is against RPS (nginx's), or "—" without it.
+table_row() { # ROW RPS
+    local row=$1 name cpu="—" rss="—" ratio_col="—"
+    case $row in
+        nginx) name="nginx pass-through" ;;
+        floor) name="floor: the same HTTP server and client, one Ed25519 verification and one signature a call, nothing else (\`sealgate bench floor\`)" ;;
+        pg1) name="sealgate on PostgreSQL, durable claims, 1 replica" ;;
+        pg2) name="sealgate on PostgreSQL, durable claims, 2 replicas (CPU of both; RSS of one)" ;;
+        *) name="sealgate, $(label $row)" ;;
+    esac
+    if [[ $row != nginx ]]; then cpu="$(num "${R[$row.cpu_us]}") µs ($(verifications "${R[$row.cpu_us]}"))"; rss=$(mib "${R[$row.rss_kib]}"); fi
+    [[ -z $2 ]] || ratio_col=$(ratio "$(rps $row)" "$2")
+    echo "| $name | $(at_least $row)$(num "$(rps $row)") | $ratio_col | $(ms "${R[$row.p50_us]}") | $(ms "${R[$row.p99_us]}") | $cpu | $rss | $(errors $row) |"
+}
+
+# PostgreSQL's CPU beside the gateway's, for the PostgreSQL rows.
+postgres_cpu() {
+    local row both
+    for row in pg1 pg2; do
+        both=$(( ${R[$row.cpu_us]} + ${R[$row.server_cpu_us]} ))
+        echo "- PostgreSQL's own CPU per call (its server processes), ${row#pg} replica(s): $(num "${R[$row.server_cpu_us]}") µs; with the gateway's, $(num "$both") µs ($(verifications "$both"))"
+    done
+    echo "  target: two replicas cost no more CPU per call, gateway and PostgreSQL together, than one"
+}
+
+# BENCH_ONLY=postgres: the PostgreSQL rows alone.
+print_postgres() {
+    echo
+    echo "sealgate bench, PostgreSQL rows only: $(nproc) cores (load average $LOAD_AVERAGE before the run); wrk $THREADS threads, $CONNECTIONS connections, ${SECS} s a row; one run"
+    if [[ -z ${R[pg1.requests]:-} ]]; then
+        echo "no PostgreSQL answered at $POSTGRES"
+        return
+    fi
+    echo
+    echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
+    echo "|---|---|---|---|---|---|---|---|"
+    table_row pg1 ""
+    table_row pg2 ""
+    echo
+    echo "- one Ed25519 verification (openssl speed ed25519, this run): $(us_of_ns "${R[ed.verify_ns]}")"
+    postgres_cpu
+}
+
 print_table() {
-    local nginx_rps row name cpu rss
+    local nginx_rps row
     nginx_rps=$(rps nginx)
     echo
     echo "sealgate bench: $(nproc) cores (load average $LOAD_AVERAGE before the run); wrk $THREADS threads, $CONNECTIONS connections, ${SECS} s a row; unique envelopes over $SESSIONS sessions; one run"
@@ -398,15 +453,7 @@ print_table() {
     local rows="nginx floor off claim"
     [[ -z ${R[pg1.requests]:-} ]] || rows="$rows pg1 pg2"
     for row in $rows; do
-        case $row in
-            nginx) name="nginx pass-through"; cpu="—"; rss="—" ;;
-            floor) name="floor: the same HTTP server and client, one Ed25519 verification and one signature a call, nothing else (\`sealgate bench floor\`)" ;;
-            pg1) name="sealgate on PostgreSQL, durable claims, 1 replica" ;;
-            pg2) name="sealgate on PostgreSQL, durable claims, 2 replicas (CPU of both; RSS of one)" ;;
-            *) name="sealgate, $(label $row)" ;;
-        esac
-        if [[ $row != nginx ]]; then cpu="$(num "${R[$row.cpu_us]}") µs ($(verifications "${R[$row.cpu_us]}"))"; rss=$(mib "${R[$row.rss_kib]}"); fi
-        echo "| $name | $(at_least $row)$(num "$(rps $row)") | $(ratio "$(rps $row)" "$nginx_rps") | $(ms "${R[$row.p50_us]}") | $(ms "${R[$row.p99_us]}") | $cpu | $rss | $(errors $row) |"
+        table_row "$row" "$nginx_rps"
     done
     local claim_rps sa_rps
     claim_rps=$(rps claim_api) sa_rps=$(rps safeagent)
@@ -416,14 +463,7 @@ print_table() {
     echo "targets (issue 20): claim: off ≥ 0.35 × nginx and ≤ 1.5 Ed25519 verifications of CPU per call; durable claims ≥ 0.25 × and ≤ 2.2; \`POST /claim\` ≥ 20 × SafeAgent"
     echo
     echo "- one Ed25519 verification (openssl speed ed25519, this run): $(us_of_ns "${R[ed.verify_ns]}")"
-    if [[ -n ${R[pg1.requests]:-} ]]; then
-        local row
-        for row in pg1 pg2; do
-            local both=$(( ${R[$row.cpu_us]} + ${R[$row.server_cpu_us]} ))
-            echo "- PostgreSQL's own CPU per call (its server processes), ${row#pg} replica(s): $(num "${R[$row.server_cpu_us]}") µs; with the gateway's, $(num "$both") µs ($(verifications "$both"))"
-        done
-        echo "  target: two replicas cost no more CPU per call, gateway and PostgreSQL together, than one"
-    fi
+    [[ -z ${R[pg1.requests]:-} ]] || postgres_cpu
     echo
     local f50=${R[fsync.p50_us]} f99=${R[fsync.p99_us]}
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
