@@ -1235,6 +1235,12 @@ mod tests {
     }
 
     /// Two pools on one database stand for two replicas.
+    /// One event chained after `head`, named by its seq (`h1`, `h2`, …).
+    fn next_event(head: &ChainHead) -> Vec<Value> {
+        let seq = head.seq + 1;
+        vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
+    }
+
     async fn two_replicas(db: &TestDatabase) -> [Arc<PgStore>; 2] {
         [
             Arc::new(PgStore::connect(&db.url).await.unwrap()),
@@ -1372,11 +1378,7 @@ mod tests {
         for n in 0..40 {
             let store = Arc::clone(&stores[n % 2]);
             tasks.push(tokio::spawn(async move {
-                let mut chain = |head: &ChainHead| {
-                    let seq = head.seq + 1;
-                    vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
-                };
-                store.append_in_turn(&mut chain, &[]).await.unwrap()
+                store.append_in_turn(&mut next_event, &[]).await.unwrap()
             }));
         }
         for task in tasks {
@@ -1406,26 +1408,10 @@ mod tests {
             stores[0].append_in_turn(&mut unhashed, &[]).await,
             Err(StoreError::Corrupt(_))
         ));
-        let mut chain = |head: &ChainHead| {
-            let seq = head.seq + 1;
-            vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
-        };
-        assert_eq!(
-            stores[1]
-                .append_in_turn(&mut chain, &[])
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-        assert_eq!(
-            stores[0]
-                .append_in_turn(&mut chain, &[])
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
+        for store in [&stores[1], &stores[0]] {
+            let appended = store.append_in_turn(&mut next_event, &[]).await.unwrap();
+            assert_eq!(appended.len(), 1);
+        }
         let events = stores[0].events_oldest_first(1, 10).await.unwrap();
         assert_eq!(events.len(), 2);
         assert_eq!(events[1]["prev"], "h1");

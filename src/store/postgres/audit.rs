@@ -86,6 +86,15 @@ impl BatchColumns {
     }
 }
 
+/// The head in a row of `audit_head` (seq, hash); seq 0 is the genesis.
+fn head_of(row: &tokio_postgres::Row) -> StoreResult<ChainHead> {
+    Ok(ChainHead {
+        seq: u64::try_from(row.get::<_, i64>(0))
+            .map_err(|_| StoreError::Corrupt("negative audit seq".into()))?,
+        hash: row.get(1),
+    })
+}
+
 /// Whether [`WRITE_BATCH`] moved the head.
 fn head_moved(row: &tokio_postgres::Row) -> bool {
     row.get::<_, i64>(0) == 1
@@ -130,13 +139,8 @@ impl AuditBackend for PgStore {
             .query_one_prepared("SELECT seq, hash FROM audit_head WHERE id = 1", &[])
             .await
             .map_err(db)?;
-        let seq: i64 = row.get(0);
-        let seq =
-            u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative audit seq".into()))?;
-        Ok((seq > 0).then(|| ChainHead {
-            seq,
-            hash: row.get(1),
-        }))
+        let head = head_of(&row)?;
+        Ok((head.seq > 0).then_some(head))
     }
 
     async fn append(
@@ -177,11 +181,7 @@ impl AuditBackend for PgStore {
         let (begun, row) = tokio::join!(turn.batch_execute("BEGIN"), turn.query_one(&lock, &[]));
         begun.map_err(db)?;
         let row = row.map_err(db)?;
-        let head = ChainHead {
-            seq: u64::try_from(row.get::<_, i64>(0))
-                .map_err(|_| StoreError::Corrupt("negative audit seq".into()))?,
-            hash: row.get(1),
-        };
+        let head = head_of(&row)?;
         let events = chain(&head);
         let moved = match BatchColumns::of(&head, &events, settlements)? {
             Some(columns) => {
