@@ -38,6 +38,10 @@ SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
 
+if [[ -n $ONLY && $ONLY != postgres ]]; then
+    echo "BENCH_ONLY must be empty (every row) or postgres, not '$ONLY'" >&2
+    exit 2
+fi
 if ((SECS > 20 || SERIAL_SECS > 20)); then
     echo "BENCH_SECS and BENCH_SERIAL_SECS must be at most 20 (the 30 s clock window of signed envelopes)" >&2
     exit 2
@@ -187,6 +191,8 @@ pg_ticks() {
     done
     echo $(( total + $(sed 's/^.*) //' "/proc/$postmaster/stat" | awk '{print $14 + $15}') ))
 }
+# CPU ticks spent over ROW, in microseconds per call it answered.
+us_per_call() { echo $(( $1 * 1000000 / $(getconf CLK_TCK) / ${R[$2.requests]} )); } # TICKS ROW
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 # ---- results: R[row.key]=value, read from the `key=value …` lines that wrk and `sealgate bench` print ----
@@ -216,7 +222,7 @@ wrk_row() { # ROW THREADS CONNECTIONS SECS URL LUA-ARGS…; ROW_PID (or empty): 
     line=$(wrk -t"$threads" -c"$connections" -d"${secs}s" -s scripts/bench.lua "$url" -- "$@" | grep '^requests=')
     record "$row" "$line"
     if [[ -n ${ROW_PID:-} ]]; then
-        R[$row.cpu_us]=$(( ($(cpu_ticks "$ROW_PID") - before) * 1000000 / $(getconf CLK_TCK) / ${R[$row.requests]} ))
+        R[$row.cpu_us]=$(us_per_call $(( $(cpu_ticks "$ROW_PID") - before )) "$row")
         R[$row.rss_kib]=$(rss_kib "$ROW_PID")
     fi
     if ((${R[$row.exhausted_threads]:-0})); then
@@ -243,7 +249,7 @@ postgres_rows() {
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg1" "$SECS"
         local pg_before; pg_before=$(pg_ticks)
         ROW_PID=$pg_a wrk_row pg1 "$THREADS" "$CONNECTIONS" "$SECS" "$pg_a_url/v1/invoke" once "$LOAD/pg1"
-        R[pg1.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg1.requests]} ))
+        R[pg1.server_cpu_us]=$(us_per_call $(( $(pg_ticks) - pg_before )) pg1)
         rm -f "$LOAD/pg1".*
         say "sealgate on PostgreSQL, durable claims, two replicas behind nginx, ${SECS}s"
         SEALGATE_STORE=$store SEALGATE_REPLICA_ID=pg-b SEALGATE_SIGNING__KEY_FILE="$WORK/gw/signing-pg-b.key" \
@@ -255,9 +261,9 @@ postgres_rows() {
         envelopes bench-claim "$(budget "$SECS")" "$THREADS" "$LOAD/pg2" "$SECS"
         local before_b; before_b=$(cpu_ticks "$pg_b") pg_before=$(pg_ticks)
         ROW_PID=$pg_a wrk_row pg2 "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/pg2"
-        R[pg2.server_cpu_us]=$(( ($(pg_ticks) - pg_before) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
+        R[pg2.server_cpu_us]=$(us_per_call $(( $(pg_ticks) - pg_before )) pg2)
         # Both replicas' CPU counts for the row.
-        R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + ($(cpu_ticks "$pg_b") - before_b) * 1000000 / $(getconf CLK_TCK) / ${R[pg2.requests]} ))
+        R[pg2.cpu_us]=$(( ${R[pg2.cpu_us]} + $(us_per_call $(( $(cpu_ticks "$pg_b") - before_b )) pg2) ))
         rm -f "$LOAD/pg2".*
         GW_URL=$main_url
     else

@@ -1234,13 +1234,13 @@ mod tests {
         .await;
     }
 
-    /// Two pools on one database stand for two replicas.
     /// One event chained after `head`, named by its seq (`h1`, `h2`, …).
     fn next_event(head: &ChainHead) -> Vec<Value> {
         let seq = head.seq + 1;
         vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
     }
 
+    /// Two pools on one database stand for two replicas.
     async fn two_replicas(db: &TestDatabase) -> [Arc<PgStore>; 2] {
         [
             Arc::new(PgStore::connect(&db.url).await.unwrap()),
