@@ -27,15 +27,17 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 npm ci --prefix tests/console --no-audit --no-fund --loglevel=error
 # Python tools from PyPI, each pinned and in a venv of its own under target/venvs (their dependencies
-# differ); a venv is made again only when its pins change.
+# differ); a venv is made again only when its pins change. The venvs do not see the system's packages: a
+# tool already installed there would satisfy pip without putting its script into the venv.
 python_tools() {
   local name=$1; shift
   local dir=target/venvs/$name
-  if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
+  local pins="isolated $*"
+  if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$pins" ]; then
     rm -rf "$dir"
-    python3 -m venv --system-site-packages "$dir"
+    python3 -m venv "$dir"
     "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
-    echo "$*" > "$dir/.pins"
+    echo "$pins" > "$dir/.pins"
   fi
 }
 # schemathesis checks the served OpenAPI document against the real binary (tests/openapi.rs).
@@ -47,9 +49,9 @@ npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
 # standardwebhooks checks the signed approval webhooks as a receiver would (tests/approvals.rs, and the
 # Quickstart page's receiver in tests/quickstart.rs).
 python_tools standardwebhooks standardwebhooks==1.1.0
-# rfc8785 (JCS), with the system's `cryptography`, verifies receipts and checkpoints with code we did not
-# write (tests/evidence.rs).
-python_tools evidence rfc8785==0.1.4
+# rfc8785 (JCS) and `cryptography` verify receipts and checkpoints with code we did not write
+# (tests/evidence.rs).
+python_tools evidence rfc8785==0.1.4 cryptography==48.0.0
 # kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas that it ships (tests/kubernetes.rs,
 # which renders the setups with the kustomize of the machine image's kubectl).
 python_tools kubernetes-validate kubernetes-validate==1.37.0

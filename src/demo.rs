@@ -322,7 +322,7 @@ async fn tour(dir: &Path, keep: bool, serve: bool, tls: bool) -> Result<(), Stri
     let stop = crate::serve::shutdown_signal();
     tokio::pin!(stop);
     let walked = tokio::select! {
-        walked = steps(&h, keep) => walked,
+        walked = steps(&h, keep, serve) => walked,
         () = &mut stop => Err("interrupted".to_string()),
     };
     if serve && walked.is_ok() {
@@ -336,20 +336,25 @@ async fn tour(dir: &Path, keep: bool, serve: bool, tls: bool) -> Result<(), Stri
     walked.and(stopped)
 }
 
-async fn steps(h: &Harness, keep: bool) -> Result<(), String> {
+async fn steps(h: &Harness, keep: bool, serve: bool) -> Result<(), String> {
     let dir = &h.dir;
     say!(
         "sealgate demo: a real gateway on {} (embedded store in {})",
         h.base,
         dir.join("data").display()
     );
-    say!(
-        "console: {}/console/#token={}\n  (reads every page and decides approvals; valid {} min; \
-         `sealgate demo --serve` keeps the gateway up after the tour)",
-        h.base,
-        h.console_token,
-        CONSOLE_TOKEN_SECS / 60
-    );
+    // A link is printed only when the gateway outlives the tour: otherwise it is dead by the time it is opened.
+    if serve {
+        say!(
+            "console: {}/console/#token={}\n  (reads every page and decides approvals; valid {} min; \
+             the gateway stays up after the tour until Ctrl-C)",
+            h.base,
+            h.console_token,
+            CONSOLE_TOKEN_SECS / 60
+        );
+    } else {
+        say!("console: `sealgate demo --serve` keeps the gateway up after the tour and prints a link to it");
+    }
     if h.base.starts_with("https:") {
         say!(
             "TLS: HTTPS with a certificate made for this run, signed by the CA in {}\n  \

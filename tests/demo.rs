@@ -53,6 +53,12 @@ fn the_demo_shows_each_request_and_removes_its_folder() {
         assert!(printed.contains(line), "no {line:?} in:\n{printed}");
     }
     assert!(!printed.contains("verification FAILED"), "{printed}");
+    // Without --serve the gateway ends with the tour, so no link that would be dead when opened.
+    assert!(!printed.contains("#token="), "{printed}");
+    assert!(
+        printed.contains("console: `sealgate demo --serve` keeps the gateway up"),
+        "{printed}"
+    );
     // Every envelope sent is printed as JSON, in its wire shape, with the token and signature cut short.
     let envelopes: Vec<Value> = printed
         .lines()

@@ -228,6 +228,28 @@ async fn a_backup_never_replaces_a_file_and_names_what_it_cannot_write() {
         "an earlier backup"
     );
 
+    // A name that is a symlink, even to nothing yet, is never followed (SPEC 20 rule 14).
+    let elsewhere = dir.path().join("elsewhere.db");
+    let link = dir.path().join("link.db");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let (status, out) = store("backup", &gw.config_path, Some(&link));
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with(&format!("cannot create {}: File exists", link.display())),
+        "{out}"
+    );
+    assert!(!elsewhere.exists(), "nothing is written through the link");
+    let staging_left = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .any(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".sealgate-backup-")
+        });
+    assert!(!staging_left, "the staging folder goes with the command");
+
     let nowhere = dir.path().join("no-such-folder/backup.db");
     let (status, out) = store("backup", &gw.config_path, Some(&nowhere));
     assert_eq!(status, 1, "{out}");
@@ -330,6 +352,43 @@ async fn a_store_migrated_by_a_newer_build_is_refused_at_start_up() {
         known + 1
     );
     assert!(refused.contains(&expected), "{refused}");
+}
+
+/// SPEC 20 rule 2: a second `serve` on a data folder that a running gateway holds stops at once, naming the
+/// folder and the holder, and leaves the first one serving; the read-only commands still work beside it.
+#[tokio::test]
+async fn a_second_gateway_on_the_same_data_folder_stops_naming_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut gw, _tool) = Gateway::start(dir.path(), "").await;
+    let (key, token) = gw.session("exec-one-process").await;
+    let (_, answer) = gw.call(&key, &token, report_write(1)).await;
+    assert_eq!(answer["receipt"]["claim"], "PROCEED", "{answer}");
+
+    let refused = run_refused(
+        &["serve", "--config", text(&gw.config_path)],
+        &[("TEST_TOOL_CREDENTIAL", "Bearer tool-secret")],
+    );
+    let data = gw.dir.join("data");
+    let expected = format!(
+        "the embedded store in {} is in use by process {}",
+        data.display(),
+        gw.child.id()
+    );
+    assert!(refused.contains(&expected), "{refused}");
+
+    // The first gateway serves on, and its chain was not forked.
+    let (_, answer) = gw.call(&key, &token, report_write(2)).await;
+    assert_eq!(answer["receipt"]["claim"], "SKIP", "{answer}");
+    let (status, out) = store("check", &gw.config_path, None);
+    assert_eq!(status, 0, "{out}");
+    let backup = dir.path().join("while-held.db");
+    let (status, out) = store("backup", &gw.config_path, Some(&backup));
+    assert_eq!(status, 0, "{out}");
+
+    // The kernel lets go of the lock with its holder, however it ends (restart kills it with SIGKILL).
+    gw.restart();
+    let (_, answer) = gw.call(&key, &token, report_write(3)).await;
+    assert_eq!(answer["receipt"]["claim"], "SKIP", "{answer}");
 }
 
 /// A sled data folder of the previous release, made by its `make.sh` (see its README.md).

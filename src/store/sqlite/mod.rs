@@ -10,6 +10,7 @@
 //! budget count, its claim and its audit events. They are rebuilt from the chain at start-up
 //! ([`Store::restore`]).
 
+mod folder_lock;
 mod packed;
 mod threads;
 
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
+use self::folder_lock::FolderLock;
 use self::packed::{pack, Stored};
 use self::threads::{Checkpointer, Readers, Writable, Writer};
 use super::memory::{BudgetCounts, RateWindows, ReplaySet};
@@ -54,6 +56,7 @@ pub struct SqliteStore {
     rates: RateWindows,
     budgets: Arc<BudgetCounts>,
     _checkpointer: Checkpointer,
+    _folder_lock: FolderLock,
 }
 
 fn db(err: rusqlite::Error) -> StoreError {
@@ -67,13 +70,14 @@ fn int(n: u64) -> i64 {
 
 impl SqliteStore {
     /// Opens (creating when missing) `dir/sealgate.db`, brings its schema up to date and starts its
-    /// threads. Refuses a schema newer than this build knows.
+    /// threads. Refuses a schema newer than this build knows, and a folder another process has open.
     pub fn open(dir: &Path) -> StoreResult<SqliteStore> {
         SqliteStore::open_with_wal_limit(dir, WAL_LIMIT_BYTES)
     }
 
     fn open_with_wal_limit(dir: &Path, wal_limit: u64) -> StoreResult<SqliteStore> {
         let path = create_database_file(dir)?;
+        let folder_lock = FolderLock::take(dir)?;
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -106,6 +110,7 @@ impl SqliteStore {
             rates: RateWindows::default(),
             budgets,
             _checkpointer: checkpointer,
+            _folder_lock: folder_lock,
         })
     }
 
@@ -1018,23 +1023,56 @@ impl AuditBackend for SqliteStore {
 /// backup, in one step, so the copy is one committed state even while a gateway writes. Returns how many
 /// audit events the copy holds.
 pub fn backup(dir: &Path, file: &Path) -> StoreResult<u64> {
-    use std::os::unix::fs::OpenOptionsExt;
     let source = threads::open_reader(&existing_database(dir)?)?;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
-        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", file.display())))?;
-    let copied = copy_into(&source, file);
+    let mut target = create_backup_file(file)?;
+    let copied = copy_into(&source, file, &mut target);
     if copied.is_err() {
         let _ = std::fs::remove_file(file);
     }
     copied
 }
 
-fn copy_into(source: &Connection, file: &Path) -> StoreResult<u64> {
-    let mut target = Connection::open(file).map_err(db)?;
+/// FILE, new, with `O_EXCL | O_NOFOLLOW` (SPEC 20 rule 14): the backup is written through this descriptor,
+/// so a name swapped for a symlink after it was made cannot send the store's contents elsewhere.
+fn create_backup_file(file: &Path) -> StoreResult<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(file)
+        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", file.display())))
+}
+
+/// SQLite's backup API writes to a database it opens by name, so the copy is made in a private folder of
+/// its own beside FILE (mode 0700: nobody else can reach into it), then copied into `target` and synced.
+fn copy_into(source: &Connection, file: &Path, target: &mut std::fs::File) -> StoreResult<u64> {
+    let beside = file.parent().filter(|p| !p.as_os_str().is_empty());
+    let staging = tempfile::Builder::new()
+        .prefix(".sealgate-backup-")
+        .tempdir_in(beside.unwrap_or(Path::new(".")))
+        .map_err(|e| {
+            StoreError::unavailable(format!(
+                "cannot make a folder beside {}: {e}",
+                file.display()
+            ))
+        })?;
+    let copy = staging.path().join(FILE_NAME);
+    let events = backup_to(source, &copy)?;
+    let mut staged = std::fs::File::open(&copy)
+        .map_err(|e| StoreError::unavailable(format!("cannot read {}: {e}", copy.display())))?;
+    std::io::copy(&mut staged, target)
+        .and_then(|_| target.sync_all())
+        .map_err(|e| StoreError::unavailable(format!("cannot write {}: {e}", file.display())))?;
+    crate::files::sync_parent(file).map_err(StoreError::unavailable)?;
+    Ok(events)
+}
+
+/// A consistent copy of `source` as a plain database at `copy` (no WAL beside it to lose); returns how many
+/// audit events it holds.
+fn backup_to(source: &Connection, copy: &Path) -> StoreResult<u64> {
+    let mut target = Connection::open(copy).map_err(db)?;
     {
         let backup = rusqlite::backup::Backup::new(source, &mut target).map_err(db)?;
         match backup.step(-1).map_err(db)? {
@@ -1046,15 +1084,12 @@ fn copy_into(source: &Connection, file: &Path) -> StoreResult<u64> {
             }
         }
     }
-    // A copy is a plain database: no WAL beside it to lose.
     target
         .query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(()))
         .map_err(db)?;
     let events: i64 = target
         .query_row("SELECT count(*) FROM audit_events", [], |row| row.get(0))
         .map_err(db)?;
-    drop(target);
-    crate::files::sync_file_and_folder(file).map_err(StoreError::unavailable)?;
     Ok(u64::try_from(events).unwrap_or(0))
 }
 
