@@ -6,6 +6,7 @@
 //! It never removes what the running gateway still needs (SPEC 20 rule 1, [`StillNeeded`]), and it never
 //! deletes or rewrites a finished archive: a store restored from an older backup archives beside them.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -250,7 +251,7 @@ fn finished_archive(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
     };
-    let names: Vec<String> = entries
+    let names: HashSet<String> = entries
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .collect();
