@@ -3,7 +3,8 @@
 //! archives, the newest event stays, the archives and the store verify as one chain, and settled claims
 //! older than `retention.claims_days` are removed, so that a keyed retry runs again. It never removes what
 //! the running gateway still needs (SPEC 20 rule 1): a replay, a rate window and a denial outlive it and a
-//! restart; and a wider clock window after a restart never lets a replay through (rule 3).
+//! restart; a wider clock window after a restart never lets a replay through (rule 3); and a rate window
+//! stays with its capability when an edit moves it (rule 4).
 
 mod common;
 
@@ -338,6 +339,10 @@ async fn a_rate_window_stays_with_its_capability_when_an_edit_moves_it() {
     assert_eq!((status, code(&body)), (429, 2005), "after the edit: {body}");
     gw.restart();
     let (status, body) = gw.call(&key, &token, limited(4)).await;
-    assert_eq!((status, code(&body)), (429, 2005), "after a restart: {body}");
+    assert_eq!(
+        (status, code(&body)),
+        (429, 2005),
+        "after a restart: {body}"
+    );
     assert_eq!(tool.count(), 2);
 }
