@@ -39,6 +39,8 @@ pub struct Gateway {
     pub notifier: crate::approval::Notifier,
     /// Signs receipts and audit checkpoints; publishes `/v1/keys` (SPEC 14).
     pub evidence: crate::evidence::Evidence,
+    /// The clock window that the store's replay records cover (SPEC 20 rule 3), checked with check 8.
+    pub replay_cover: crate::replay::ReplayCover,
     /// Keeps the policy folder watched for as long as the gateway lives.
     _policy_watcher: WatcherHandle,
 }
@@ -141,6 +143,20 @@ impl Gateway {
                 "replay records and rate windows restored from the audit chain"
             );
         }
+        let replay_cover = crate::replay::start(
+            store.as_ref(),
+            config.limits.max_clock_skew_secs,
+            crate::clock::now_millis(),
+        )
+        .await
+        .map_err(|e| format!("store: {e}"))?;
+        if let Some(narrowed) = replay_cover.narrowed {
+            tracing::warn!(
+                covered_secs = narrowed.secs,
+                until_ms = narrowed.until_ms,
+                "max_clock_skew_secs is wider than the replay records cover: older envelopes get 1007 until the wider window has passed"
+            );
+        }
         // Nothing here stops start-up (keys can be added and tools installed later), but each is a
         // feature that cannot work as configured, said once now rather than at the first refusal.
         let problems = crate::config_check::unusable_features(&config, contexts.list().len())
@@ -187,6 +203,7 @@ impl Gateway {
             metrics,
             notifier,
             evidence,
+            replay_cover,
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();
@@ -326,6 +343,10 @@ impl Gateway {
             &self.config.retention,
             self.config.archive_path(),
             &self.config.replica_id,
+            crate::retention::StillNeeded {
+                skew_secs: self.config.limits.max_clock_skew_secs,
+                contexts: self.contexts.clone(),
+            },
         );
         if let Some(retention) = retention {
             crate::retention::spawn(Arc::downgrade(&self.store), retention);

@@ -31,6 +31,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod recovery;
 pub mod redact;
+pub mod replay;
 pub mod retention;
 pub mod serve;
 pub mod session;

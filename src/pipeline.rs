@@ -684,6 +684,18 @@ fn check_window(
             format!("the timestamp is more than {skew} s from the gateway's clock"),
         ));
     }
+    // Since a start with a wider window, older records may be gone: no envelope older than they cover.
+    if let Some(covered) = gw.replay_cover.narrowed_secs(clock::now_millis()) {
+        if now.saturating_sub(env.timestamp) > covered {
+            return Err(refuse(
+                Code::TimestampOutOfWindow,
+                format!(
+                    "the timestamp is more than {covered} s old, the window that the replay records \
+                     cover until the widened max_clock_skew_secs of {skew} s has passed"
+                ),
+            ));
+        }
+    }
     facts.in_window = true;
     Ok(())
 }
@@ -754,11 +766,7 @@ fn missing_context() -> Refused {
             Code::ToolNotAllowed,
             "the session's security context does not exist",
         ),
-        rule: Some(policy::Rule {
-            kind: policy::RuleKind::NoMatch,
-            index: None,
-            pattern: None,
-        }),
+        rule: Some(policy::Rule::without_position(policy::RuleKind::NoMatch)),
         event: None,
     })
 }
@@ -807,7 +815,11 @@ async fn admit(
         signature: facts.replay_record.take(),
         rate: capability.rate_limit.map(|limit| {
             (
-                policy::rate::cell_key(&record.session_id, &context.spec.name, capability_index),
+                policy::rate::cell_key(
+                    &record.session_id,
+                    &context.spec.name,
+                    &capability.identity(),
+                ),
                 policy::rate::SlidingWindow::from(limit),
             )
         }),

@@ -5,6 +5,7 @@
 
 use serde_json::Value;
 
+use crate::policy::model::identity as capability_identity;
 use crate::policy::rate::{self, SlidingWindow};
 use crate::policy::ContextRegistry;
 use crate::store::{Recovered, SeenSignature, Store, StoreResult};
@@ -32,14 +33,7 @@ pub async fn restore(
     if !store.restores_from_chain() {
         return Ok(Restored::default());
     }
-    // An envelope accepted at `at` carries a timestamp no older than `at - skew`, so its replay record
-    // lasts until at most `at + 2 skew`.
-    let replay_horizon_ms = skew_secs
-        .saturating_mul(2)
-        .saturating_add(1)
-        .saturating_mul(1000);
-    let horizon_ms = replay_horizon_ms.max(longest_rate_window_ms(contexts));
-    let since_ms = now_ms.saturating_sub(horizon_ms);
+    let since_ms = now_ms.saturating_sub(horizon_ms(contexts, skew_secs));
     let mut recovered = Recovered::default();
     let mut events_read = 0;
     let mut before = None;
@@ -74,6 +68,35 @@ pub async fn restore(
     };
     store.restore(recovered);
     Ok(restored)
+}
+
+/// Whether [`restore`] would take something from `event` at `now_ms`: it lies in the last replay window,
+/// or it is a charge of a rate window still open. Retention keeps such events (SPEC 20 rule 1).
+pub fn still_needed(
+    event: &Value,
+    contexts: &ContextRegistry,
+    skew_secs: i64,
+    now_ms: i64,
+) -> bool {
+    let Some(at_ms) = event_time_ms(event) else {
+        return false;
+    };
+    at_ms >= now_ms.saturating_sub(replay_horizon_ms(skew_secs))
+        || rate_admission(event, contexts, at_ms)
+            .is_some_and(|(_, window, _)| window.holds(at_ms, now_ms))
+}
+
+fn horizon_ms(contexts: &ContextRegistry, skew_secs: i64) -> i64 {
+    replay_horizon_ms(skew_secs).max(longest_rate_window_ms(contexts))
+}
+
+/// An envelope accepted at `at` carries a timestamp no older than `at - skew`, so its replay record
+/// lasts until at most `at + 2 skew`.
+fn replay_horizon_ms(skew_secs: i64) -> i64 {
+    skew_secs
+        .saturating_mul(2)
+        .saturating_add(1)
+        .saturating_mul(1000)
 }
 
 fn longest_rate_window_ms(contexts: &ContextRegistry) -> i64 {
@@ -137,13 +160,21 @@ fn rate_admission(
     if !charged {
         return None;
     }
-    let index = usize::try_from(rule.get("index").and_then(Value::as_u64)?).ok()?;
+    // The capability by what names it, not by its place: the file may have been edited since.
+    let identity = capability_identity(
+        rule.get("id").and_then(Value::as_str),
+        rule.get("pattern").and_then(Value::as_str)?,
+    );
     let session = event.get("session_id").and_then(Value::as_str)?;
     let context_name = event.get("scp").and_then(Value::as_str)?;
     let context = contexts.get(context_name)?;
-    let limit = context.capabilities.get(index)?.rate_limit?;
+    let limit = context
+        .capabilities
+        .iter()
+        .find(|capability| capability.identity() == identity)?
+        .rate_limit?;
     Some((
-        rate::cell_key(session, context_name, index),
+        rate::cell_key(session, context_name, &identity),
         SlidingWindow::from(limit),
         at_ms,
     ))

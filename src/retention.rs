@@ -1,8 +1,12 @@
 //! Retention (SPEC 12 r3), on both stores: audit events older than `retention.audit_days` are written to
-//! `archive_dir` as `audit-FIRST-LAST.jsonl`, synced, and only then removed from the store, so the chain
-//! goes on unbroken across the archives and the store; settled claims and decided approval requests older
-//! than `retention.claims_days` are removed. With both null (the default) nothing runs.
+//! `archive_dir` as `audit-FIRST-LAST-HASH.jsonl`, synced, and only then removed from the store, so the
+//! chain goes on unbroken across the archives and the store; settled claims and decided approval requests
+//! older than `retention.claims_days` are removed. With both null (the default) nothing runs.
+//!
+//! It never removes what the running gateway still needs (SPEC 20 rule 1, [`StillNeeded`]), and it never
+//! deletes or rewrites a finished archive: a store restored from an older backup archives beside them.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -10,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::policy::ContextRegistry;
 use crate::store::{Store, StoreResult};
 
 /// `retention:` in the configuration.
@@ -51,6 +56,23 @@ pub struct Retention {
     pub archive_dir: PathBuf,
     /// This replica's name: the holder of the retention lease on a shared store.
     pub replica: String,
+    pub still_needed: StillNeeded,
+}
+
+/// What the running gateway still reads from the store, which retention keeps whatever its periods say
+/// (SPEC 20 rule 1). Session labels (SPEC 19) join here when sessions carry them.
+pub struct StillNeeded {
+    /// `limits.max_clock_skew_secs`: the replay set is rebuilt from the events of the last clock window.
+    pub skew_secs: i64,
+    /// The contexts in force (hot reloads included): the charges of every open rate window are events.
+    pub contexts: Arc<ContextRegistry>,
+}
+
+impl StillNeeded {
+    /// Whether a restart at `now_ms` would read something back from `event` (`crate::recovery`).
+    fn event(&self, event: &Value, now_ms: i64) -> bool {
+        crate::recovery::still_needed(event, &self.contexts, self.skew_secs, now_ms)
+    }
 }
 
 impl Retention {
@@ -59,6 +81,7 @@ impl Retention {
         config: &RetentionConfig,
         archive_dir: PathBuf,
         replica: &str,
+        still_needed: StillNeeded,
     ) -> Option<Self> {
         let ms = |days: Option<f64>| days.map(|days| (days * DAY_MS) as i64);
         let retention = Retention {
@@ -66,6 +89,7 @@ impl Retention {
             claims_ms: ms(config.claims_days),
             archive_dir,
             replica: replica.to_owned(),
+            still_needed,
         };
         (retention.audit_ms.is_some() || retention.claims_ms.is_some()).then_some(retention)
     }
@@ -115,15 +139,14 @@ pub async fn sweep(
         return Ok(());
     }
     if let Some(keep_ms) = retention.audit_ms {
-        let archived =
-            archive_events(store.as_ref(), &retention.archive_dir, now - keep_ms).await?;
+        let archived = archive_events(store.as_ref(), retention, now - keep_ms, now).await?;
         if archived > 0 {
             tracing::info!(events = archived, dir = %retention.archive_dir.display(), "audit events archived and removed from the store");
         }
     }
     if let Some(keep_ms) = retention.claims_ms {
         let (claims, approvals) = store
-            .settled_remove_before(now - keep_ms)
+            .settled_remove_before(now - keep_ms, now)
             .await
             .map_err(|e| e.to_string())?;
         if claims + approvals > 0 {
@@ -138,8 +161,15 @@ pub async fn sweep(
 }
 
 /// Archives, file by file, the events older than `before_ms`, and removes each file's events from the
-/// store once the file is synced. The newest event always stays: it is the chain's head.
-async fn archive_events(store: &dyn Store, dir: &Path, before_ms: i64) -> Result<u64, String> {
+/// store once the file is synced. The newest event always stays: it is the chain's head; so does every
+/// event from the first one that the gateway still needs.
+async fn archive_events(
+    store: &dyn Store,
+    retention: &Retention,
+    before_ms: i64,
+    now_ms: i64,
+) -> Result<u64, String> {
+    let dir = retention.archive_dir.as_path();
     let newest = newest_seq(store).await.map_err(|e| e.to_string())?;
     let mut archived = 0;
     while let Some(first) = store.first_seq().await.map_err(|e| e.to_string())? {
@@ -151,24 +181,29 @@ async fn archive_events(store: &dyn Store, dir: &Path, before_ms: i64) -> Result
             .iter()
             .take_while(|event| {
                 let seq = event.get("seq").and_then(Value::as_u64).unwrap_or(u64::MAX);
-                seq < newest && event_ms(event).is_some_and(|at| at < before_ms)
+                seq < newest
+                    && event_ms(event).is_some_and(|at| at < before_ms)
+                    && !retention.still_needed.event(event, now_ms)
             })
             .collect();
-        let Some(last) = old
-            .last()
-            .and_then(|event| event.get("seq"))
-            .and_then(Value::as_u64)
-        else {
+        let Some((last, hash)) = old.last().and_then(|event| seq_and_hash(event)) else {
             break;
         };
-        write_archive(dir, first, last, &old)?;
+        // An earlier pass may have archived some of these and stopped before the store let go of them.
+        let (last, count) = match finished_archive(dir, first, &old)? {
+            Some(found) => found,
+            None => {
+                write_archive(dir, &archive_name(first, last, hash), &old)?;
+                (last, old.len())
+            }
+        };
         store
             .events_remove_through(last)
             .await
             .map_err(|e| e.to_string())?;
-        archived += old.len() as u64;
+        archived += count as u64;
         metrics::counter!("sealgate_retention_removed_total", "kind" => "audit_event")
-            .increment(old.len() as u64);
+            .increment(count as u64);
     }
     Ok(archived)
 }
@@ -189,13 +224,52 @@ fn event_ms(event: &Value) -> Option<i64> {
         .map(|t| t.timestamp_millis())
 }
 
-/// Writes `audit-FIRST-LAST.jsonl` whole or not at all: a temporary file, synced, renamed, and the
-/// folder synced, so that the file exists with every line before any event leaves the store.
-fn write_archive(dir: &Path, first: u64, last: u64, events: &[&Value]) -> Result<(), String> {
+fn seq_and_hash(event: &Value) -> Option<(u64, &str)> {
+    Some((
+        event.get("seq").and_then(Value::as_u64)?,
+        event.get("hash").and_then(Value::as_str)?,
+    ))
+}
+
+/// The name of the archive of the events `first..=last` whose last event's hash is `hash`: a store
+/// restored from an older backup goes on with other events under the same seqs, so its archives get
+/// other names and land beside the old ones.
+fn archive_name(first: u64, last: u64, hash: &str) -> String {
+    format!("audit-{first}-{last}-{hash}.jsonl")
+}
+
+/// A finished archive in `dir` of the first events of `old` (which start at `first`): its last seq and
+/// how many events it holds. The store's event under that seq must carry the hash the name gives, so an
+/// archive of another history (before a restore) is never taken for this one.
+fn finished_archive(
+    dir: &Path,
+    first: u64,
+    old: &[&Value],
+) -> Result<Option<(u64, usize)>, String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+    };
+    let names: HashSet<String> = entries
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    Ok(old.iter().enumerate().rev().find_map(|(at, event)| {
+        let (seq, hash) = seq_and_hash(event)?;
+        names
+            .contains(&archive_name(first, seq, hash))
+            .then_some((seq, at + 1))
+    }))
+}
+
+/// Writes the archive `name` whole or not at all: a temporary dot-file (which a pass that stopped half way
+/// leaves for the next one to replace), synced, renamed, and the folder synced, so that the file exists
+/// with every line before any event leaves the store.
+fn write_archive(dir: &Path, name: &str, events: &[&Value]) -> Result<(), String> {
     crate::files::private_dir(dir).map_err(|e| format!("retention.archive_dir: {e}"))?;
-    remove_unfinished(dir, first)?;
-    let path = dir.join(format!("audit-{first}-{last}.jsonl"));
-    let partial = dir.join(format!(".audit-{first}-{last}.jsonl.partial"));
+    let path = dir.join(name);
+    let partial = dir.join(format!(".{name}.partial"));
     let mut text = String::new();
     for event in events {
         text.push_str(&event.to_string());
@@ -212,19 +286,4 @@ fn write_archive(dir: &Path, first: u64, last: u64, events: &[&Value]) -> Result
         )
     })?;
     crate::files::sync_folder(dir)
-}
-
-/// A pass that wrote an archive from `first` and stopped before the store let go of its events leaves a
-/// file that the next pass, which starts from `first` again, replaces: archives never overlap.
-fn remove_unfinished(dir: &Path, first: u64) -> Result<(), String> {
-    let prefix = format!("audit-{first}-");
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
-            std::fs::remove_file(entry.path())
-                .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
-        }
-    }
-    Ok(())
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    audit_verify, keyed_call, run_cli_with_env, run_refused, start_tool, until, write_config,
-    Gateway, Keys,
+    archives, audit_verify, keyed_call, run_cli_with_env, run_refused, start_tool, tool_call,
+    until, write_config, Gateway, Keys,
 };
 use serde_json::{json, Value};
 
@@ -520,4 +520,86 @@ async fn a_sled_store_of_the_previous_release_imports_with_its_chain_and_its_sto
         )),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn archives_written_before_a_restore_stay_beside_the_ones_written_after() {
+    // Archives kept outside the data folder, so that a restore leaves them where they are; 1 s of skew
+    // lets retention archive what is 3 s old.
+    let dir = tempfile::tempdir().unwrap();
+    let (live, restored) = (dir.path().join("live"), dir.path().join("restored"));
+    let archive = dir.path().join("archive");
+    let (_tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    let extra = format!(
+        "retention: {{ audit_days: 0.00001, archive_dir: {archive:?} }}\n\
+         limits: {{ max_clock_skew_secs: 1 }}\n"
+    );
+    let config = write_config(&live, &keys, &tool_base, "", &extra);
+    let gw = Gateway::spawn(&live, &config, keys.clone());
+    let (key, token) = gw.session("exec-archives").await;
+    let off = |id| tool_call(id, "tool.off", json!({}));
+    assert_eq!(gw.call(&key, &token, off(1)).await.0, 200);
+    let backup = dir.path().join("sealgate-backup.db");
+    let (status, out) = store("backup", &config, Some(&backup));
+    assert_eq!(status, 0, "{out}");
+    let backed_up = stored_events(&backup);
+    assert_eq!(
+        backed_up[0]["seq"], 1,
+        "the backup was taken before any archive"
+    );
+    let backup_last = backed_up.len() as u64;
+
+    // The live gateway goes on, and archives events that the backup does not hold.
+    assert_eq!(gw.call(&key, &token, off(2)).await.0, 200);
+    assert_eq!(gw.call(&key, &token, off(3)).await.0, 200);
+    until(
+        Duration::from_secs(30),
+        "an archive of events after the backup",
+        || async {
+            archives(&archive)
+                .iter()
+                .any(|(_, last, _)| *last > backup_last)
+        },
+    )
+    .await;
+    let before: Vec<(PathBuf, Vec<u8>)> = archives(&archive)
+        .into_iter()
+        .map(|(_, _, path)| {
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+
+    // Restored from the backup, the gateway archives its own, other events under the same seqs.
+    let restored_config = restore(&backup, &gw, &restored);
+    drop(gw);
+    let gw = Gateway::spawn(&restored, &restored_config, keys);
+    assert_eq!(gw.call(&key, &token, off(4)).await.0, 200);
+    until(
+        Duration::from_secs(30),
+        "the restored gateway to archive its events after the backup",
+        || async {
+            archives(&archive).iter().any(|(_, last, path)| {
+                *last > backup_last && !before.iter().any(|(old, _)| old == path)
+            })
+        },
+    )
+    .await;
+    for (path, bytes) in &before {
+        let kept = std::fs::read(path).unwrap_or_default();
+        assert!(kept == *bytes, "{path:?} was deleted or rewritten");
+    }
+    // The archives of the restored chain, followed by its store, verify as one chain.
+    let export = dir.path().join("export.jsonl");
+    gw.save_export(&export).await;
+    let mut chain: Vec<PathBuf> = archives(&archive)
+        .into_iter()
+        .map(|(_, _, path)| path)
+        .filter(|path| !before.iter().any(|(old, _)| old == path))
+        .collect();
+    chain.push(export);
+    let files: Vec<&Path> = chain.iter().map(PathBuf::as_path).collect();
+    let (status, out) = audit_verify(&files, None);
+    assert_eq!(status, 0, "{out}");
 }

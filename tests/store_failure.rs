@@ -191,9 +191,17 @@ impl Store for SwitchableStore {
         self.check()?;
         self.inner.events_remove_through(through).await
     }
-    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+    async fn settled_remove_before(&self, before_ms: i64, now_ms: i64) -> StoreResult<(u64, u64)> {
         self.check()?;
-        self.inner.settled_remove_before(before_ms).await
+        self.inner.settled_remove_before(before_ms, now_ms).await
+    }
+    async fn replay_cover(&self) -> StoreResult<Option<sealgate::replay::ReplayCover>> {
+        self.check()?;
+        self.inner.replay_cover().await
+    }
+    async fn set_replay_cover(&self, cover: &sealgate::replay::ReplayCover) -> StoreResult<()> {
+        self.check()?;
+        self.inner.set_replay_cover(cover).await
     }
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
         self.check()?;

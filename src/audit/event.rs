@@ -413,7 +413,8 @@ impl AuditEvent {
         self
     }
 
-    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns", "index", "pattern"}`.
+    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns", "index", "pattern"}`,
+    /// and a capability's `"id"` when it has one.
     pub fn rule(mut self, rule: Value) -> Self {
         self.rule = Some(rule);
         self
@@ -644,7 +645,7 @@ fn check_rule(rule: &Value) -> Result<(), String> {
         return Err("rule must be an object".to_owned());
     };
     for key in object.keys() {
-        if !matches!(key.as_str(), "kind" | "index" | "pattern") {
+        if !matches!(key.as_str(), "kind" | "index" | "pattern" | "id") {
             return Err(format!("rule has an unknown field {key:?}"));
         }
     }
@@ -658,9 +659,11 @@ fn check_rule(rule: &Value) -> Result<(), String> {
         Some(index) if index.as_u64().is_some() => {}
         Some(_) => return Err("rule.index must be a non-negative integer".to_owned()),
     }
-    match object.get("pattern") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(_) => return Err("rule.pattern must be a string".to_owned()),
+    for key in ["pattern", "id"] {
+        match object.get(key) {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(_) => return Err(format!("rule.{key} must be a string")),
+        }
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::model::SecurityContext;
+use super::model::{Capability, SecurityContext};
 use super::pattern::{is_valid_tool_name, Pattern};
 use crate::error::Code;
 
@@ -21,20 +21,24 @@ pub enum RuleKind {
     SessionPatterns,
 }
 
-/// The rule that decided: its kind, its index in the context's list and its pattern, when any.
+/// The rule that decided: its kind, its index in the context's list and its pattern, when any, and a
+/// capability's `id` when it has one (with the pattern, what names its rate window: `crate::recovery`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Rule {
     pub kind: RuleKind,
     pub index: Option<usize>,
     pub pattern: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl Rule {
-    fn without_position(kind: RuleKind) -> Rule {
+    pub fn without_position(kind: RuleKind) -> Rule {
         Rule {
             kind,
             index: None,
             pattern: None,
+            id: None,
         }
     }
 
@@ -43,6 +47,14 @@ impl Rule {
             kind,
             index: Some(index),
             pattern: Some(pattern.as_str().to_owned()),
+            id: None,
+        }
+    }
+
+    fn capability(index: usize, capability: &Capability) -> Rule {
+        Rule {
+            id: capability.id.clone(),
+            ..Rule::at(RuleKind::Capability, index, &capability.pattern)
         }
     }
 }
@@ -154,7 +166,7 @@ pub fn decide(
             ),
         );
     };
-    let rule = Rule::at(RuleKind::Capability, index, &capability.pattern);
+    let rule = Rule::capability(index, capability);
     if let Some(paths) = &capability.paths {
         if let Err(reason) = paths.check(arguments) {
             return deny(Code::PathNotAllowed, rule, reason);
@@ -329,7 +341,8 @@ capabilities:
                 rule: Rule {
                     kind: RuleKind::Capability,
                     index: Some(0),
-                    pattern: Some("fs.read_file".into())
+                    pattern: Some("fs.read_file".into()),
+                    id: None,
                 }
             }
         );

@@ -57,6 +57,20 @@ pub struct SecurityContextSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitySpec {
+    /// Names the capability (letters, digits, '_', '-'; unique in the context), so that its rate window
+    /// stays its own whatever is edited around it; without one, its `tool_pattern` names it. Capabilities
+    /// that share a pattern need an id each.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(
+        with = "String",
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z0-9_-]+$")
+    )]
+    pub id: Option<String>,
     /// `*`, `family.*` or an exact tool name.
     #[schemars(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$"))]
     pub tool_pattern: String,
@@ -330,8 +344,12 @@ fn spec_error(path: FieldPath, message: impl Into<String>) -> SpecError {
     }
 }
 
+/// Longest capability id, in bytes.
+pub const MAX_CAPABILITY_ID_BYTES: usize = 64;
+
 /// A compiled capability: the parsed pattern and the argument checks, ready for `decide`.
 pub struct Capability {
+    pub id: Option<String>,
     pub pattern: Pattern,
     pub paths: Option<PathRule>,
     pub commands: Option<CommandRule>,
@@ -343,9 +361,26 @@ pub struct Capability {
     pub approval_secs: Option<u64>,
 }
 
+impl Capability {
+    /// What the capability's rate window belongs to (SPEC 20 rule 4): its id, else its pattern, neither
+    /// of which moves when other capabilities are edited, inserted or reordered.
+    pub fn identity(&self) -> String {
+        identity(self.id.as_deref(), self.pattern.as_str())
+    }
+}
+
+/// [`Capability::identity`] from its parts, as an audit event's `rule` records them.
+pub fn identity(id: Option<&str>, pattern: &str) -> String {
+    match id {
+        Some(id) => format!("id:{id}"),
+        None => format!("pattern:{pattern}"),
+    }
+}
+
 impl fmt::Debug for Capability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Capability")
+            .field("id", &self.id)
             .field("pattern", &self.pattern.as_str())
             .field("paths", &self.paths.is_some())
             .field("commands", &self.commands.is_some())
@@ -405,6 +440,7 @@ impl SecurityContext {
             let at = FieldPath::root().key("capabilities").index(index);
             capabilities.push(compile_capability(capability, &at)?);
         }
+        require_distinct_identities(&spec.capabilities)?;
 
         let as_json = serde_json::to_value(&spec).map_err(|error| {
             spec_error(
@@ -464,6 +500,50 @@ fn validate_context_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// A capability id is a short name of letters, digits, '_' and '-'.
+fn validate_capability_id(id: &str) -> Result<(), String> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_CAPABILITY_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid capability id {id:?}: 1 to {MAX_CAPABILITY_ID_BYTES} letters, digits, '_' or '-'"
+        ))
+    }
+}
+
+/// Each capability names one rate window (SPEC 20 rule 4): ids are unique, and capabilities that share
+/// a pattern have an id each.
+fn require_distinct_identities(capabilities: &[CapabilitySpec]) -> Result<(), SpecError> {
+    for (index, capability) in capabilities.iter().enumerate() {
+        let at = FieldPath::root().key("capabilities").index(index);
+        for (earlier, other) in capabilities[..index].iter().enumerate() {
+            if capability.id.is_some() && capability.id == other.id {
+                return Err(spec_error(
+                    at.key("id"),
+                    format!("the id is also that of capabilities[{earlier}]; ids are unique"),
+                ));
+            }
+            if capability.tool_pattern == other.tool_pattern
+                && (capability.id.is_none() || other.id.is_none())
+            {
+                return Err(spec_error(
+                    at.key("tool_pattern"),
+                    format!(
+                        "capabilities[{earlier}] has the same pattern; capabilities that share a \
+                         pattern need an id each"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// An allowlist that is written must list something.
 fn require_entries(list: &[String], at: &FieldPath) -> Result<(), SpecError> {
     if list.is_empty() {
@@ -479,6 +559,9 @@ fn require_entries(list: &[String], at: &FieldPath) -> Result<(), SpecError> {
 }
 
 fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capability, SpecError> {
+    if let Some(id) = &spec.id {
+        validate_capability_id(id).map_err(|message| spec_error(at.clone().key("id"), message))?;
+    }
     let pattern = Pattern::parse(&spec.tool_pattern)
         .map_err(|message| spec_error(at.clone().key("tool_pattern"), message))?;
 
@@ -559,6 +642,7 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
     };
 
     Ok(Capability {
+        id: spec.id.clone(),
         pattern,
         paths,
         commands,
@@ -717,6 +801,56 @@ mod tests {
             match SecurityContext::compile(spec, ContextSource::Store) {
                 Ok(_) => panic!("{field} case should be refused"),
                 Err(error) => assert_eq!(error.path.to_string(), field),
+            }
+        }
+    }
+
+    #[test]
+    fn a_capability_is_named_by_its_id_or_else_its_pattern() {
+        let compile = |capabilities: serde_json::Value| {
+            let spec =
+                spec_from_json(serde_json::json!({"name": "c", "capabilities": capabilities}));
+            SecurityContext::compile(spec, ContextSource::Store)
+        };
+        let context = compile(serde_json::json!([
+            {"id": "reads", "tool_pattern": "fs.*"},
+            {"id": "writes-2", "tool_pattern": "fs.*"},
+            {"tool_pattern": "web.fetch"},
+        ]));
+        let identities: Vec<String> = context
+            .map(|c| c.capabilities.iter().map(Capability::identity).collect())
+            .unwrap_or_default();
+        assert_eq!(identities, ["id:reads", "id:writes-2", "pattern:web.fetch"]);
+
+        let refused = [
+            (
+                serde_json::json!([{"id": "a b", "tool_pattern": "x"}]),
+                "capabilities[0].id",
+                "invalid capability id",
+            ),
+            (
+                serde_json::json!([{"id": "", "tool_pattern": "x"}]),
+                "capabilities[0].id",
+                "invalid capability id",
+            ),
+            (
+                serde_json::json!([{"id": "a", "tool_pattern": "x"}, {"id": "a", "tool_pattern": "y"}]),
+                "capabilities[1].id",
+                "also that of capabilities[0]",
+            ),
+            (
+                serde_json::json!([{"tool_pattern": "x"}, {"tool_pattern": "y"}, {"id": "b", "tool_pattern": "x"}]),
+                "capabilities[2].tool_pattern",
+                "need an id each",
+            ),
+        ];
+        for (capabilities, field, reason) in refused {
+            match compile(capabilities.clone()) {
+                Ok(_) => panic!("{capabilities} should be refused"),
+                Err(error) => {
+                    assert_eq!(error.path.to_string(), field, "{capabilities}");
+                    assert!(error.message.contains(reason), "{}", error.message);
+                }
             }
         }
     }

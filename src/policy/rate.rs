@@ -70,10 +70,17 @@ impl SlidingWindow {
         encode(&times)
     }
 
+    /// Whether an admission made at `admitted_at_ms` still counts in the window at `now_ms`.
+    pub fn holds(&self, admitted_at_ms: i64, now_ms: i64) -> bool {
+        admitted_at_ms > now_ms.saturating_sub(self.per_ms)
+    }
+
     /// Whether no stored admission lies inside the window at `now_ms`: the state can then be forgotten.
     pub fn is_empty_at(&self, state: &[u8], now_ms: i64) -> bool {
-        let horizon = now_ms.saturating_sub(self.per_ms);
-        self.decode(state).iter().all(|&time| time <= horizon)
+        !self
+            .decode(state)
+            .iter()
+            .any(|&time| self.holds(time, now_ms))
     }
 
     /// The stored times, ascending, at most `calls` of them (the latest: a lowered limit keeps the
@@ -99,9 +106,10 @@ fn encode(times: &[i64]) -> Vec<u8> {
     times.iter().flat_map(|time| time.to_be_bytes()).collect()
 }
 
-/// The key of the window that a capability keeps per session: one per (session, context, capability).
-pub fn cell_key(session_id: &str, context: &str, capability_index: usize) -> String {
-    format!("rate\0{session_id}\0{context}\0{capability_index}")
+/// The key of the window that a capability keeps per session: one per (session, context, capability),
+/// the capability named by its [identity](super::model::Capability::identity), never its position.
+pub fn cell_key(session_id: &str, context: &str, capability: &str) -> String {
+    format!("rate\0{session_id}\0{context}\0{capability}")
 }
 
 /// The `Retry-After` of a 2005: whole seconds, rounded up, at least 1.

@@ -570,7 +570,9 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
 }
 
 /// Retention takes claims that are settled and approvals decided for good (denied, expired, used) from
-/// before the cutoff; a PENDING claim, a pending request and an unused grant stay, whatever their age.
+/// before the cutoff, once their decision's force is over (SPEC 20 rule 1: `expires_secs` after the
+/// decision, or after the expiry); a PENDING claim, a pending request and an unused grant stay, whatever
+/// their age.
 pub(crate) async fn retention_removes_only_what_is_finished(store: &dyn Store) {
     let mut finished = Vec::new();
     for (id, status) in [
@@ -578,6 +580,7 @@ pub(crate) async fn retention_removes_only_what_is_finished(store: &dyn Store) {
         ("granted", ApprovalStatus::Granted),
         ("denied", ApprovalStatus::Denied),
         ("used", ApprovalStatus::Used),
+        ("expired", ApprovalStatus::Expired),
     ] {
         let mut record = approval(id, id, 10);
         assert!(store.approval_insert(&record, None).await.unwrap());
@@ -593,15 +596,20 @@ pub(crate) async fn retention_removes_only_what_is_finished(store: &dyn Store) {
         .await
         .unwrap());
     store.sync().await.unwrap();
-    let (_, approvals) = store.settled_remove_before(500).await.unwrap();
-    assert_eq!(approvals, 2);
-    for record in &finished {
-        let kept = store.approval_get(&record.approval_id).await.unwrap();
-        let expected = matches!(
-            record.status,
-            ApprovalStatus::Pending | ApprovalStatus::Granted
-        );
-        assert_eq!(kept.is_some(), expected, "{}", record.approval_id);
+    // The denial and the use are in force until 900 010, the expiry a further 900 s.
+    for (now_ms, removed_now, gone) in [
+        (900_009, 0, &[][..]),
+        (900_010, 2, &["denied", "used"][..]),
+        (1_800_009, 0, &["denied", "used"][..]),
+        (1_800_010, 1, &["denied", "used", "expired"][..]),
+    ] {
+        let (_, approvals) = store.settled_remove_before(500, now_ms).await.unwrap();
+        assert_eq!(approvals, removed_now, "at {now_ms}");
+        for record in &finished {
+            let id = record.approval_id.as_str();
+            let kept = store.approval_get(id).await.unwrap().is_some();
+            assert_eq!(kept, !gone.contains(&id), "{id} at {now_ms}");
+        }
     }
     assert!(store.approval_get("young").await.unwrap().is_some());
 }

@@ -483,8 +483,9 @@ pub trait Store: AuditBackend {
     async fn events_remove_through(&self, through: u64) -> StoreResult<u64>;
     /// Removes (durably) the claims that are no longer PENDING and the approval requests decided for
     /// good (denied, expired, used: a grant not yet used stays), taken or made before `before_ms` (SPEC
-    /// 12 r3 retention); returns how many of each.
-    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)>;
+    /// 12 r3 retention); a request stays while its decision is in force at `now_ms`, until its
+    /// `expires_at_ms`, and an expired one `expires_secs` longer (SPEC 20 rule 1). Returns how many of each.
+    async fn settled_remove_before(&self, before_ms: i64, now_ms: i64) -> StoreResult<(u64, u64)>;
 
     /// Whether `holder` may run retention until `until_ms`: one replica at a time on a shared store (a
     /// lease that the holder renews); a store that one process owns always grants it.
@@ -496,6 +497,12 @@ pub trait Store: AuditBackend {
     ) -> StoreResult<bool> {
         Ok(true)
     }
+
+    /// The clock window that the replay records cover, as the last start recorded it (SPEC 20 rule 3);
+    /// None for a store that has recorded none.
+    async fn replay_cover(&self) -> StoreResult<Option<crate::replay::ReplayCover>>;
+    /// Records (durably) the window that the replay records cover from now on.
+    async fn set_replay_cover(&self, cover: &crate::replay::ReplayCover) -> StoreResult<()>;
 
     /// Whether this store keeps replay records and rate windows in memory, to be rebuilt from the
     /// chain's recent events at start-up with [`Store::restore`] (the embedded store); a store that keeps

@@ -20,6 +20,7 @@ use super::{
     LiveCounts, Page, SessionRecord, SigningKeyRecord, Store, StoreError, StoreResult,
     StoredContext,
 };
+use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
@@ -31,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0005_signing_keys.sql"),
     include_str!("migrations/postgres/0006_gauges_and_retention.sql"),
     include_str!("migrations/postgres/0007_batch_functions.sql"),
+    include_str!("migrations/postgres/0008_replay_cover.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -1011,7 +1013,7 @@ impl Store for PgStore {
             .map_err(db)
     }
 
-    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+    async fn settled_remove_before(&self, before_ms: i64, now_ms: i64) -> StoreResult<(u64, u64)> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(db)?;
         let claims = tx
@@ -1023,9 +1025,15 @@ impl Store for PgStore {
             .map_err(db)?;
         let approvals = tx
             .execute_prepared(
-                "DELETE FROM approvals WHERE NOT pending AND requested_at_ms < $1 \
-                 AND replace(record, '\\u0000', '\\u0001')::json ->> 'status' <> 'granted'",
-                &[&before_ms],
+                "DELETE FROM approvals a USING \
+                 (SELECT approval_id, replace(record, '\\u0000', '\\u0001')::json AS r FROM approvals \
+                  WHERE NOT pending AND requested_at_ms < $1) old \
+                 WHERE a.approval_id = old.approval_id AND old.r ->> 'status' <> 'granted' \
+                 AND (old.r ->> 'expires_at_ms')::bigint + \
+                     CASE old.r ->> 'status' \
+                     WHEN 'expired' THEN (old.r ->> 'expires_secs')::bigint * 1000 ELSE 0 END \
+                     <= $2",
+                &[&before_ms, &now_ms],
             )
             .await
             .map_err(db)?;
@@ -1053,6 +1061,29 @@ impl Store for PgStore {
             .await
             .map_err(db)?;
         Ok(taken == 1)
+    }
+
+    async fn replay_cover(&self) -> StoreResult<Option<ReplayCover>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt_prepared("SELECT record FROM replay_cover", &[])
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(&row.get::<_, String>(0))).transpose()
+    }
+
+    async fn set_replay_cover(&self, cover: &ReplayCover) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "INSERT INTO replay_cover (id, record) VALUES (1, $1) \
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+                &[&encode(cover)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
     }
 
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {

@@ -957,6 +957,26 @@ pub async fn start_replicas(
     (replicas, tool)
 }
 
+/// The audit archives that retention wrote to `dir` (`audit-FIRST-LAST-HASH.jsonl`), oldest first, with
+/// the `FIRST` and `LAST` seqs that their names give.
+pub fn archives(dir: &Path) -> Vec<(u64, u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u64, u64, PathBuf)> = entries
+        .map(|entry| entry.unwrap().path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?.to_owned();
+            let range = name.strip_prefix("audit-")?.strip_suffix(".jsonl")?;
+            let mut parts = range.split('-');
+            let (first, last) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+            Some((first, last, path))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 /// Calls `call` every 50 ms until it answers true; panics when that takes `within` or longer.
 pub async fn until<F, Fut>(within: std::time::Duration, what: &str, mut call: F)
 where

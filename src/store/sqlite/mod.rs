@@ -30,12 +30,16 @@ use super::{
     ClaimStatus, LiveCounts, Page, Recovered, SessionRecord, Store, StoreError, StoreResult,
     StoredContext,
 };
+use crate::replay::ReplayCover;
 
 /// The database file in `data_dir`.
 pub const FILE_NAME: &str = "sealgate.db";
 
 /// The migrations, in order: entry `i` brings the schema (`PRAGMA user_version`) to version `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/sqlite/0001_initial.sql"),
+    include_str!("../migrations/sqlite/0002_replay_cover.sql"),
+];
 
 /// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
 const READERS: usize = 2;
@@ -754,7 +758,7 @@ impl Store for SqliteStore {
         Ok(removed as u64)
     }
 
-    async fn settled_remove_before(&self, before_ms: i64) -> StoreResult<(u64, u64)> {
+    async fn settled_remove_before(&self, before_ms: i64, now_ms: i64) -> StoreResult<(u64, u64)> {
         let removed = self
             .writer
             .write(move |w| {
@@ -767,9 +771,13 @@ impl Store for SqliteStore {
                     .conn
                     .prepare_cached(
                         "DELETE FROM approvals WHERE pending = 0 AND requested_at_ms < ?1 \
-                         AND json_extract(record, '$.status') <> 'granted'",
+                         AND json_extract(record, '$.status') <> 'granted' \
+                         AND json_extract(record, '$.expires_at_ms') + \
+                             CASE json_extract(record, '$.status') \
+                             WHEN 'expired' THEN json_extract(record, '$.expires_secs') * 1000 ELSE 0 END \
+                             <= ?2",
                     )
-                    .and_then(|mut s| s.execute(params![before_ms]))
+                    .and_then(|mut s| s.execute(params![before_ms, now_ms]))
                     .map_err(db)?;
                 // A call whose current request is gone has none: its next call asks anew.
                 w.conn
@@ -784,6 +792,35 @@ impl Store for SqliteStore {
             .await?;
         self.writer.commit().await?;
         Ok(removed)
+    }
+
+    async fn replay_cover(&self) -> StoreResult<Option<ReplayCover>> {
+        self.writer
+            .write(|w| {
+                w.conn
+                    .prepare_cached("SELECT record FROM replay_cover")
+                    .and_then(|mut s| s.query_row([], |row| row.get::<_, String>(0)).optional())
+                    .map_err(db)?
+                    .map(|text| decode_record(&text))
+                    .transpose()
+            })
+            .await
+    }
+
+    async fn set_replay_cover(&self, cover: &ReplayCover) -> StoreResult<()> {
+        let record = encode_record(cover)?;
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO replay_cover (id, record) VALUES (1, ?1) \
+                     ON CONFLICT (id) DO UPDATE SET record = excluded.record",
+                    params![record],
+                )
+                .map(|_| ())
+            })
+            .await?;
+        self.writer.commit().await
     }
 
     fn restores_from_chain(&self) -> bool {
