@@ -52,6 +52,10 @@ pub struct McpUpstreamConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// Log every line the server writes on stderr, its calls' time included, where lines may quote
+    /// argument values. Off: only what it writes before its first call is logged (SPEC 20 r11).
+    #[serde(default)]
+    pub log_stderr: bool,
 }
 
 impl UpstreamConfig {
@@ -159,6 +163,7 @@ pub(crate) struct StdioCommand {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    pub log_stderr: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -221,9 +226,11 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
             }
             (None, None) => return Err(fail("mcp: set exactly one of `url` and `command`".into())),
             (Some(url), None) => {
-                if !mcp.args.is_empty() || !mcp.env.is_empty() || mcp.cwd.is_some() {
+                if !mcp.args.is_empty() || !mcp.env.is_empty() || mcp.cwd.is_some() || mcp.log_stderr
+                {
                     return Err(fail(
-                        "mcp: `args`, `env` and `cwd` apply only to a stdio upstream (`command`)"
+                        "mcp: `args`, `env`, `cwd` and `log_stderr` apply only to a stdio upstream \
+                         (`command`)"
                             .into(),
                     ));
                 }
@@ -290,6 +297,7 @@ fn validate_command(command: &str, mcp: &McpUpstreamConfig) -> Result<StdioComma
         args: mcp.args.clone(),
         env: mcp.env.clone(),
         cwd: mcp.cwd.clone(),
+        log_stderr: mcp.log_stderr,
     })
 }
 
