@@ -399,7 +399,11 @@ async fn each_call_is_counted_as_one_decision() {
     for id in 4..=5 {
         let path = format!("/workspace/decision-{id}");
         let (status, body) = gw
-            .call(&key, &token, tool_call(id, "tool.read", json!({"path": path})))
+            .call(
+                &key,
+                &token,
+                tool_call(id, "tool.read", json!({"path": path})),
+            )
             .await;
         assert_eq!(status, 200, "{body}");
     }
@@ -479,11 +483,13 @@ fn metrics_in_source() -> (BTreeSet<String>, BTreeSet<String>) {
 #[test]
 fn the_metrics_page_lists_every_metric_the_code_records() {
     let (recorded, described) = metrics_in_source();
-    assert!(recorded.contains("sealgate_decisions_total"), "{recorded:?}");
-    let page = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
-    )
-    .unwrap();
+    assert!(
+        recorded.contains("sealgate_decisions_total"),
+        "{recorded:?}"
+    );
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .unwrap();
     let listed: BTreeSet<String> = page
         .lines()
         .filter_map(|line| line.strip_prefix("| `"))
@@ -495,6 +501,9 @@ fn the_metrics_page_lists_every_metric_the_code_records() {
     let gone: Vec<_> = listed.difference(&recorded).collect();
     let undescribed: Vec<_> = recorded.difference(&described).collect();
     assert!(unlisted.is_empty(), "not in docs/metrics.md: {unlisted:?}");
-    assert!(gone.is_empty(), "in docs/metrics.md, not in the code: {gone:?}");
+    assert!(
+        gone.is_empty(),
+        "in docs/metrics.md, not in the code: {gone:?}"
+    );
     assert!(undescribed.is_empty(), "without HELP text: {undescribed:?}");
 }

@@ -591,12 +591,19 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
     assert!(status == 200 || status == 201, "{body}");
     let (key, token) = gw.session_in("exec-stdio", "stdio").await;
     let verbose = || async {
-        let response = gw.client.get(format!("{}/readyz?verbose", gw.base)).send().await;
+        let response = gw
+            .client
+            .get(format!("{}/readyz?verbose", gw.base))
+            .send()
+            .await;
         let body: Value = response.unwrap().json().await.unwrap();
         body["upstreams"].clone()
     };
     let before: Vec<Value> = verbose().await.as_array().unwrap().clone();
-    assert!(before.iter().all(|u| u["state"] == "not_started"), "{before:?}");
+    assert!(
+        before.iter().all(|u| u["state"] == "not_started"),
+        "{before:?}"
+    );
 
     // The list lacks the broken server's tools and says so.
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
@@ -609,11 +616,20 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
         .iter()
         .filter_map(|tool| tool["name"].as_str())
         .collect();
-    assert!(names.contains(&"py.echo") && names.contains(&"loud.echo"), "{names:?}");
-    assert!(!names.iter().any(|name| name.starts_with("broken.")), "{names:?}");
+    assert!(
+        names.contains(&"py.echo") && names.contains(&"loud.echo"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|name| name.starts_with("broken.")),
+        "{names:?}"
+    );
     let warnings = result["_meta"]["sealgate/warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].as_str().unwrap().contains("`broken`"), "{warnings:?}");
+    assert!(
+        warnings[0].as_str().unwrap().contains("`broken`"),
+        "{warnings:?}"
+    );
     // The failed start at error, with its traceback; the list's gap at warn.
     stderr.wait_for("about the failed start, with its traceback", |l| {
         l.contains("ERROR")
@@ -649,7 +665,10 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
     });
     let logged: Vec<String> = stderr.lines();
     let leaked: Vec<&String> = logged.iter().filter(|l| l.contains(quiet)).collect();
-    assert!(leaked.is_empty(), "an argument value reached the log: {leaked:#?}");
+    assert!(
+        leaked.is_empty(),
+        "an argument value reached the log: {leaked:#?}"
+    );
 
     let states: Vec<(String, String, String)> = verbose()
         .await
@@ -683,6 +702,9 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
         .unwrap();
     for (upstream, up) in [("broken", 0), ("loud", 1), ("py", 0)] {
         let sample = format!("sealgate_upstream_up{{upstream=\"{upstream}\"}} {up}");
-        assert!(metrics.lines().any(|l| l == sample), "{sample} in {metrics}");
+        assert!(
+            metrics.lines().any(|l| l == sample),
+            "{sample} in {metrics}"
+        );
     }
 }

@@ -133,7 +133,11 @@ async fn tools_list_is_routed_and_cached() {
     assert_eq!(names, vec!["plain.echo"]);
     assert_eq!(tools[0]["description"], json!("echoes"));
     // The upstream whose list is not JSON-RPC is left out, and the list says so.
-    let left_out: Vec<&str> = listed.left_out.iter().map(|l| l.upstream.as_str()).collect();
+    let left_out: Vec<&str> = listed
+        .left_out
+        .iter()
+        .map(|l| l.upstream.as_str())
+        .collect();
     assert_eq!(left_out, ["garbled"]);
     assert!(listed.left_out[0].warning.contains("`garbled`"));
     assert_eq!(upstreams.list_tools().await.tools, tools);

@@ -215,7 +215,9 @@ mod tests {
     #[test]
     fn could_match_within_an_upstream() {
         let within = |pattern: &str, upstream: &str| {
-            Pattern::parse(pattern).unwrap().could_match_within(upstream)
+            Pattern::parse(pattern)
+                .unwrap()
+                .could_match_within(upstream)
         };
         for pattern in ["*", "fs.*", "fs.dir.*", "fs.read", "fs"] {
             assert!(within(pattern, "fs"), "{pattern}");

@@ -226,7 +226,10 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
             }
             (None, None) => return Err(fail("mcp: set exactly one of `url` and `command`".into())),
             (Some(url), None) => {
-                if !mcp.args.is_empty() || !mcp.env.is_empty() || mcp.cwd.is_some() || mcp.log_stderr
+                if !mcp.args.is_empty()
+                    || !mcp.env.is_empty()
+                    || mcp.cwd.is_some()
+                    || mcp.log_stderr
                 {
                     return Err(fail(
                         "mcp: `args`, `env`, `cwd` and `log_stderr` apply only to a stdio upstream \

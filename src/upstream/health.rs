@@ -110,9 +110,7 @@ mod tests {
         let first = health.starting();
         health.up(first);
         assert!(health.down(first, "exited"));
-        let down = UpstreamState::Down {
-            error: "exited",
-        };
+        let down = UpstreamState::Down { error: "exited" };
         assert_eq!(health.state(), down);
         let second = health.starting();
         health.up(second);
