@@ -416,7 +416,7 @@ impl McpUpstream {
             Err(StartFailure { reason, stderr }) => {
                 backoff.record_failure();
                 self.health.down(start, "failed to start");
-                tracing::error!(upstream = %self.name, %reason, stderr = stderr.map(|lines| format!("{lines:?}")), "cannot start the MCP upstream");
+                tracing::error!(upstream = %self.name, %reason, stderr = stderr.filter(|lines| !lines.is_empty()).map(|lines| format!("{lines:?}")), "cannot start the MCP upstream");
                 Err(UpstreamError::Unavailable(reason))
             }
         }
