@@ -8,7 +8,7 @@ const UP_GAUGE: &str = "sealgate_upstream_up";
 
 /// What the gateway last saw of an upstream's server.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UpstreamState {
+pub(crate) enum UpstreamState {
     /// Not started yet: it starts on its first call or tool list.
     NotStarted,
     /// Its last start succeeded and it has not exited since.
@@ -22,7 +22,7 @@ pub enum UpstreamState {
 
 impl UpstreamState {
     /// The name `GET /readyz?verbose` gives it.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             UpstreamState::NotStarted => "not_started",
             UpstreamState::Up => "up",

@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use config::{HttpUpstreamConfig, McpUpstreamConfig, UpstreamConfig};
-pub use health::UpstreamState;
+use health::UpstreamState;
 
 use config::Target;
 use http::HttpUpstream;
