@@ -708,3 +708,63 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
         );
     }
 }
+
+/// A stdio MCP server written by hand: it answers `initialize` and `tools/list`, says goodbye on stderr and
+/// exits, before any call.
+const BRIEF_SERVER: &str = r#"
+import json
+import sys
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method = message.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "brief", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": []}
+    else:
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+    if method == "tools/list":
+        print("brief server: leaving before any call", file=sys.stderr, flush=True)
+        sys.exit(0)
+"#;
+
+/// SPEC 20 r11: a server that exits before its first call is logged at error with what it wrote, and
+/// `/readyz?verbose` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_that_exits_before_its_first_call_is_logged_with_its_last_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = common::pinned_tool("mcp", "python", "MCP_PYTHON");
+    let brief = dir.path().join("brief_server.py");
+    std::fs::write(&brief, BRIEF_SERVER).unwrap();
+    let upstreams = |_: &str| {
+        format!(
+            "  brief: {{ mcp: {{ command: {python:?}, args: [{brief:?}] }}, timeout_ms: 20000 }}\n"
+        )
+    };
+    let (gw, stderr) = start_logged_with(dir.path(), upstreams, "", &[]).await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (key, token) = gw.session("exec-brief").await;
+    let (status, body) = gw.call(&key, &token, list).await;
+    assert_eq!(status, 200, "{body}");
+    stderr.wait_for("about the exit, with the last line", |l| {
+        l.contains("ERROR")
+            && l.contains("the MCP server exited before its first call")
+            && l.contains("upstream=brief")
+            && l.contains("leaving before any call")
+    });
+    let response = gw
+        .client
+        .get(format!("{}/readyz?verbose", gw.base))
+        .send()
+        .await
+        .unwrap();
+    let ready: Value = response.json().await.unwrap();
+    assert_eq!(
+        ready["upstreams"],
+        json!([{"name": "brief", "state": "down", "error": "exited before its first call"}]),
+        "{ready}"
+    );
+}
