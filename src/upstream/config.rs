@@ -384,6 +384,10 @@ mod tests {
         let url_with_args =
             parse(serde_json::json!({"mcp": {"url": "http://b", "args": ["a"]}})).unwrap();
         assert!(validate("up", &url_with_args).is_err());
+        let url_logging_stderr =
+            parse(serde_json::json!({"mcp": {"url": "http://b", "log_stderr": true}})).unwrap();
+        let err = validate("up", &url_logging_stderr).unwrap_err();
+        assert!(err.contains("log_stderr"), "{err}");
     }
 
     #[test]
