@@ -218,6 +218,7 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("tls.key_file", EnvValue::Text),
     ("tls.client_ca_file", EnvValue::Text),
     ("telemetry.otlp_endpoint", EnvValue::Text),
+    ("telemetry.sample_ratio", EnvValue::Json),
     ("metrics.listen", EnvValue::Text),
     ("retention.audit_days", EnvValue::Json),
     ("retention.claims_days", EnvValue::Json),

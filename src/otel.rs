@@ -19,20 +19,38 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector};
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracer, SdkTracerProvider, Span};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, Span};
 use opentelemetry_sdk::Resource;
 use serde::{Deserialize, Serialize};
 
 /// The `telemetry` section.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// The collector's OTLP/HTTP base URL (`http://collector:4318`); spans are POSTed to its `/v1/traces`.
     pub otlp_endpoint: Option<String>,
+    /// The share of traces exported, chosen by trace id (0.0 to 1.0). The gateway decides alone: a
+    /// caller's `traceparent` sampled flag neither turns export off nor on (SPEC 20 r12).
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+        }
+    }
 }
 
 impl TelemetryConfig {
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err((
+                SAMPLE_RATIO_KEY,
+                format!("must be from 0.0 to 1.0, not {}", self.sample_ratio),
+            ));
+        }
         match &self.otlp_endpoint {
             Some(endpoint) => collector_url(endpoint)
                 .map(drop)
@@ -43,9 +61,13 @@ impl TelemetryConfig {
 }
 
 const ENDPOINT_KEY: &str = "telemetry.otlp_endpoint";
+const SAMPLE_RATIO_KEY: &str = "telemetry.sample_ratio";
 const TRACES_ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 const DISABLED_VAR: &str = "OTEL_SDK_DISABLED";
+/// The SDK's sampler variables, which the gateway does not read: their parent-based samplers would let a
+/// caller's flags turn export off (SPEC 20 r12).
+const IGNORED_SAMPLER_VARS: [&str; 2] = ["OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"];
 /// One export request's limit, connection and answer included (OTLP's default timeout).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long stopping waits for the last spans to leave.
@@ -150,13 +172,24 @@ pub fn start(config: &TelemetryConfig, replica_id: &str) -> Result<Option<Export
         .build()
         .map_err(|e| format!("telemetry: cannot export traces: {e}"))?;
     let provider = SdkTracerProvider::builder()
+        // By trace id alone, so that a request span and its phases agree, and never by the caller's
+        // sampled flag (the SDK's default sampler follows a remote parent's).
+        .with_sampler(Sampler::TraceIdRatioBased(config.sample_ratio))
         .with_span_processor(BatchSpanProcessor::builder(exporter).build())
         .with_resource(resource(replica_id))
         .build();
     if TRACER.set(provider.tracer("sealgate")).is_err() {
         return Err("telemetry: traces are already being exported".to_owned());
     }
-    tracing::info!(collector = %shown, from = setting, "exporting OpenTelemetry traces");
+    tracing::info!(collector = %shown, from = setting, sample_ratio = config.sample_ratio, "exporting OpenTelemetry traces");
+    for variable in IGNORED_SAMPLER_VARS {
+        if std::env::var_os(variable).is_some() {
+            tracing::warn!(
+                variable,
+                "ignored: telemetry.sample_ratio decides which calls are traced"
+            );
+        }
+    }
     Ok(Some(Exporter { provider }))
 }
 
@@ -447,6 +480,7 @@ mod tests {
     ) -> Result<Option<(String, &'static str)>, String> {
         let config = TelemetryConfig {
             otlp_endpoint: key.map(str::to_owned),
+            ..TelemetryConfig::default()
         };
         let env = |name: &str| {
             vars.iter()
@@ -517,10 +551,18 @@ mod tests {
         }
         let config = TelemetryConfig {
             otlp_endpoint: Some("http://user:hunter2@collector".to_owned()),
+            ..TelemetryConfig::default()
         };
         let (key, message) = config.validate().unwrap_err();
         assert_eq!(key, ENDPOINT_KEY);
         assert!(!message.contains("hunter2"), "{message}");
+        for ratio in [-0.1, 1.5, f64::NAN] {
+            let config = TelemetryConfig {
+                sample_ratio: ratio,
+                ..TelemetryConfig::default()
+            };
+            assert_eq!(config.validate().unwrap_err().0, SAMPLE_RATIO_KEY);
+        }
     }
 
     #[test]

@@ -1085,6 +1085,9 @@ async fn record_refusal(
     }
 }
 
+/// The `_meta` key of a `tools/list` answer that lists the upstreams whose tools are left out.
+pub const TOOLS_LEFT_OUT_KEY: &str = "sealgate/warnings";
+
 /// `tools/list`: the routed tools this session could ever be allowed to call. No claim; audited like a call.
 async fn list_tools(
     gw: &Gateway,
@@ -1109,10 +1112,9 @@ async fn list_tools(
         .await
         .map_err(store_refusal)?;
     let started = Instant::now();
-    let tools: Vec<Value> = gw
-        .upstreams
-        .list_tools()
-        .await
+    let listed = gw.upstreams.list_tools().await;
+    let tools: Vec<Value> = listed
+        .tools
         .into_iter()
         .filter(|tool| {
             tool.get("name")
@@ -1120,7 +1122,21 @@ async fn list_tools(
                 .is_some_and(|name| policy::could_allow(Some(&context), &session.patterns, name))
         })
         .collect();
-    let response = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}});
+    // The list is not whole: whoever reads it is told, not only the log (SPEC 20 r11), of the upstreams
+    // whose tools it could ever call.
+    let warnings: Vec<String> = listed
+        .left_out
+        .into_iter()
+        .filter(|left_out| {
+            policy::could_allow_within(Some(&context), &session.patterns, &left_out.upstream)
+        })
+        .map(|left_out| left_out.warning)
+        .collect();
+    let mut result = json!({"tools": tools});
+    if !warnings.is_empty() {
+        result["_meta"] = json!({ TOOLS_LEFT_OUT_KEY: warnings });
+    }
+    let response = json!({"jsonrpc": "2.0", "id": id, "result": result});
     let recorded = gw
         .audit
         .record(

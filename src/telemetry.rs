@@ -193,4 +193,12 @@ fn describe() {
         "sealgate_audit_sink_errors_total",
         "Audit events a sink (file, stdout) failed to write"
     );
+    describe_counter!(
+        "sealgate_retention_removed_total",
+        "Records removed from the store by retention, by kind"
+    );
+    describe_gauge!(
+        "sealgate_upstream_up",
+        "1 while an MCP upstream's server runs, 0 once it failed to start or exited; no series before its first start"
+    );
 }

@@ -123,7 +123,9 @@ async fn the_console_works_in_a_real_browser() {
     // The binary users run: the release build; a signed checkpoint every 5 events, for the audit page.
     let (_tool, tool_base) = common::start_tool().await;
     let keys = std::sync::Arc::new(common::Keys::new());
-    let config = common::write_config(dir.path(), &keys, &tool_base, "", CONSOLE_ON);
+    // An MCP server that cannot start, for the overview's upstream table.
+    let ghost = "  ghost: { mcp: { command: \"false\" }, timeout_ms: 5000 }\n";
+    let config = common::write_config(dir.path(), &keys, &tool_base, ghost, CONSOLE_ON);
     let gw = Gateway::spawn_binary(
         common::release_binary(),
         Vec::new(),
@@ -151,6 +153,10 @@ async fn the_console_works_in_a_real_browser() {
         .call(&key, &token, tool_call(2, "tool.forbidden", json!({})))
         .await;
     assert_eq!((status, code(&refused)), (403, 2001));
+    // A tool list starts every MCP upstream: ghost fails to start.
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});
+    let (status, listed) = gw.call(&key, &token, list).await;
+    assert_eq!(status, 200, "{listed}");
     // A call the tool never answers in time leaves its claim PENDING (SPEC 7.2), for the claims page.
     let (status, body) = gw
         .call(&key, &token, tool_call(3, "slow.op", json!({"x": 1})))

@@ -259,3 +259,79 @@ async fn a_kept_alive_connection_idles_past_the_head_timeout_and_closes_without_
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
 }
+
+/// A client that pipelines many unauthenticated requests on one connection and never reads an answer.
+/// Its small window keeps the kernel from buffering the answers, so the gateway's writes stall.
+fn pipelining_non_reader(addr: &str, requests: &'static str) -> tokio::task::JoinHandle<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    socket.connect(&addr.into()).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let mut stream = TcpStream::from_std(std::net::TcpStream::from(socket)).unwrap();
+    tokio::spawn(async move {
+        // Sends until the gateway stops reading; then holds the connection without reading.
+        let _ = stream.write_all(requests.repeat(2000).as_bytes()).await;
+        std::future::pending::<()>().await;
+    })
+}
+
+/// SPEC 11 r3: answers a client does not take close its connection within `write_timeout_secs`, even when
+/// they all fit in the kernel's send buffer and no write of the gateway ever stalls. Here they hold every
+/// descriptor the gateway may open, and `/healthz` is answered again once the timeout has passed.
+#[tokio::test]
+async fn pipelined_answers_never_read_release_their_descriptors_within_the_write_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool_state, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let config = common::write_config(
+        dir.path(),
+        &keys,
+        &tool_base,
+        "",
+        "limits: { write_timeout_secs: 2 }\n",
+    );
+    // 200 descriptors and no more: fewer than the connections below.
+    let gw = Gateway::spawn_with(Vec::new(), dir.path(), &config, keys, |command| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe and the closure allocates nothing.
+        unsafe {
+            command.pre_exec(|| {
+                use nix::sys::resource::{setrlimit, Resource};
+                setrlimit(Resource::RLIMIT_NOFILE, 200, 200).map_err(std::io::Error::from)
+            });
+        }
+    });
+    let before = descriptors(&gw);
+    let addr = address(&gw);
+    let clients: Vec<_> = (0..250)
+        .map(|_| pipelining_non_reader(&addr, "GET /v1/audit HTTP/1.1\r\nHost: x\r\n\r\n"))
+        .collect();
+    until(
+        Duration::from_secs(10),
+        "the descriptors taken by the pipelining clients",
+        || async { descriptors(&gw) >= 190 },
+    )
+    .await;
+
+    // Accepted in turn as descriptors free up, each closed after write_timeout_secs (2 s): a few rounds.
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    until(Duration::from_secs(15), "/healthz answered", || async {
+        let health = quick.get(format!("{}/healthz", gw.base)).send().await;
+        health.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    until(
+        Duration::from_secs(15),
+        "the non-reading connections closed",
+        || async { descriptors(&gw) <= before + 5 },
+    )
+    .await;
+    for client in clients {
+        client.abort();
+    }
+}

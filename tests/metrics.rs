@@ -5,7 +5,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use common::{code, tool_call, Gateway};
 use reqwest::Method;
@@ -378,4 +379,131 @@ async fn metrics_listen_serves_them_without_a_token_there_and_nowhere_else() {
             "{scope:?}: {text}"
         );
     }
+}
+
+/// SPEC 20 r13: `sealgate_decisions_total` counts one decision per call, though an allowed call is
+/// recorded by two events (ToolCallAuthorized, then ToolCallCompleted).
+#[tokio::test]
+async fn each_call_is_counted_as_one_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _tool) = Gateway::start(dir.path(), "").await;
+    let patterns = json!({"allowed_tool_patterns": ["tool.*"]});
+    let (key, token) = gw.session_with("exec-decisions", patterns).await;
+    for id in 1..=3 {
+        let (status, body) = gw
+            .call(&key, &token, tool_call(id, "tool.off", json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Claimed calls too: their claim is taken between the two events.
+    for id in 4..=5 {
+        let path = format!("/workspace/decision-{id}");
+        let (status, body) = gw
+            .call(
+                &key,
+                &token,
+                tool_call(id, "tool.read", json!({"path": path})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = gw
+        .call(&key, &token, tool_call(6, "tool.forbidden", json!({})))
+        .await;
+    assert_eq!((status, code(&body)), (403, 2001), "{body}");
+
+    let (status, text) = scrape(&gw, &gw.base, Some("seal.metrics.read")).await;
+    assert_eq!(status, 200, "{text}");
+    let families = parse(&text);
+    let decisions = &families["sealgate_decisions_total"];
+    assert_eq!(decisions.kind.as_deref(), Some("counter"));
+    let count = |decision: &str| -> f64 {
+        decisions.samples["sealgate_decisions_total"]
+            .iter()
+            .filter(|(labels, _)| labels["decision"] == decision)
+            .map(|(_, value)| value)
+            .sum()
+    };
+    assert_eq!(count("allow"), 5.0, "{text}");
+    assert_eq!(count("deny"), 1.0, "{text}");
+}
+
+/// The Rust files under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The first argument of a metrics macro call that starts `text`: a string literal, or a `const` of
+/// `file`.
+fn metric_name(text: &str, file: &str) -> String {
+    let text = text.trim_start();
+    if let Some(literal) = text.strip_prefix('"') {
+        return literal[..literal.find('"').unwrap()].to_owned();
+    }
+    let end = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap();
+    let declared = format!("const {}: &str = \"", &text[..end]);
+    let value = &file[file
+        .find(&declared)
+        .unwrap_or_else(|| panic!("{declared} not found"))
+        + declared.len()..];
+    value[..value.find('"').unwrap()].to_owned()
+}
+
+/// The metrics the source records and those it describes (HELP), by name.
+fn metrics_in_source() -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut recorded, mut described) = (BTreeSet::new(), BTreeSet::new());
+    for path in rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+        let file = std::fs::read_to_string(&path).unwrap();
+        for call in ["counter!(", "gauge!(", "histogram!("] {
+            for (at, _) in file.match_indices(call) {
+                let name = metric_name(&file[at + call.len()..], &file);
+                if file[..at].ends_with("describe_") {
+                    described.insert(name);
+                } else {
+                    recorded.insert(name);
+                }
+            }
+        }
+    }
+    (recorded, described)
+}
+
+/// docs/metrics.md lists every metric the gateway records, and nothing else; each one has its HELP text.
+#[test]
+fn the_metrics_page_lists_every_metric_the_code_records() {
+    let (recorded, described) = metrics_in_source();
+    assert!(
+        recorded.contains("sealgate_decisions_total"),
+        "{recorded:?}"
+    );
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .unwrap();
+    let listed: BTreeSet<String> = page
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`'))
+        .map(|(name, _)| name.to_owned())
+        .filter(|name| name.starts_with("sealgate_"))
+        .collect();
+    let unlisted: Vec<_> = recorded.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&recorded).collect();
+    let undescribed: Vec<_> = recorded.difference(&described).collect();
+    assert!(unlisted.is_empty(), "not in docs/metrics.md: {unlisted:?}");
+    assert!(
+        gone.is_empty(),
+        "in docs/metrics.md, not in the code: {gone:?}"
+    );
+    assert!(undescribed.is_empty(), "without HELP text: {undescribed:?}");
 }

@@ -531,3 +531,240 @@ async fn in_json_mode_every_line_on_stdout_and_stderr_is_one_json_object() {
         .any(|l| parsed(l)["type"] == "ToolCallCompleted"));
     assert!(stderr.lines().iter().any(|l| parsed(l)["level"] == "DEBUG"));
 }
+
+/// A stdio MCP server on the pinned MCP Python SDK: `echo` writes its argument on stderr, as tools that log
+/// what they are asked do; `leave` exits without answering. It says hello on stderr as it starts.
+const ECHO_SERVER: &str = r#"
+import os
+import sys
+
+from mcp.server import MCPServer
+
+print("echo server starting", file=sys.stderr, flush=True)
+server = MCPServer("echo")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    print(f"echo got {text}", file=sys.stderr, flush=True)
+    return text
+
+
+@server.tool()
+def leave() -> str:
+    os._exit(3)
+
+
+server.run()
+"#;
+
+/// A server that fails at import, with a traceback on stderr.
+const BROKEN_SERVER: &str = "import sealgate_missing_dependency\n";
+
+/// SPEC 20 r11: a stdio server's stderr reaches the log only from before its first call (unless
+/// `log_stderr`), a server that fails to start or exits is logged at error with that tail and shown in
+/// `/readyz?verbose` and `sealgate_upstream_up`, and a `tools/list` that leaves its tools out says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_failed_one_is_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = common::pinned_tool("mcp", "python", "MCP_PYTHON");
+    let echo = dir.path().join("echo_server.py");
+    std::fs::write(&echo, ECHO_SERVER).unwrap();
+    let broken = dir.path().join("broken_server.py");
+    std::fs::write(&broken, BROKEN_SERVER).unwrap();
+    let upstreams = |_: &str| {
+        format!(
+            "  py: {{ mcp: {{ command: {python:?}, args: [{echo:?}] }}, timeout_ms: 20000 }}\n  \
+             loud: {{ mcp: {{ command: {python:?}, args: [{echo:?}], log_stderr: true }}, timeout_ms: 20000 }}\n  \
+             broken: {{ mcp: {{ command: {python:?}, args: [{broken:?}] }}, timeout_ms: 20000 }}\n"
+        )
+    };
+    let (gw, stderr) = start_logged_with(dir.path(), upstreams, "", &[("RUST_LOG", "trace")]).await;
+    let spec = json!({"capabilities": [
+        {"tool_pattern": "py.*", "claim": "off"},
+        {"tool_pattern": "loud.*", "claim": "off"},
+        {"tool_pattern": "broken.*", "claim": "off"},
+    ]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/stdio", Some(spec))
+        .await;
+    assert!(status == 200 || status == 201, "{body}");
+    let (key, token) = gw.session_in("exec-stdio", "stdio").await;
+    let verbose = || async {
+        let response = gw
+            .client
+            .get(format!("{}/readyz?verbose", gw.base))
+            .send()
+            .await;
+        let body: Value = response.unwrap().json().await.unwrap();
+        body["upstreams"].clone()
+    };
+    let before: Vec<Value> = verbose().await.as_array().unwrap().clone();
+    assert!(
+        before.iter().all(|u| u["state"] == "not_started"),
+        "{before:?}"
+    );
+
+    // The list lacks the broken server's tools and says so.
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (status, body) = gw.call(&key, &token, list).await;
+    assert_eq!(status, 200, "{body}");
+    let result = &body["payload"]["result"];
+    let names: Vec<&str> = result["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"py.echo") && names.contains(&"loud.echo"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|name| name.starts_with("broken.")),
+        "{names:?}"
+    );
+    let warnings = result["_meta"]["sealgate/warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].as_str().unwrap().contains("`broken`"),
+        "{warnings:?}"
+    );
+    // The failed start at error, with its traceback; the list's gap at warn.
+    stderr.wait_for("about the failed start, with its traceback", |l| {
+        l.contains("ERROR")
+            && l.contains("cannot start the MCP upstream")
+            && l.contains("broken")
+            && l.contains("sealgate_missing_dependency")
+    });
+    stderr.wait_for("about the tools left out", |l| {
+        l.contains("WARN") && l.contains("left out of tools/list") && l.contains("broken")
+    });
+    // What a server wrote while starting, at warn.
+    stderr.wait_for("about py's start", |l| {
+        l.contains("WARN") && l.contains("while starting") && l.contains("echo server starting")
+    });
+
+    // After its first call, what py writes (its argument) is dropped; loud logs every line.
+    let quiet = "quiet-7f3a9c";
+    let loud = "loud-2b8e41";
+    for (id, tool, text) in [(2, "py.echo", quiet), (3, "loud.echo", loud)] {
+        let (status, body) = gw
+            .call(&key, &token, tool_call(id, tool, json!({"text": text})))
+            .await;
+        assert_eq!(status, 200, "{tool}: {body}");
+    }
+    stderr.wait_for("loud's stderr line", |l| {
+        l.contains("WARN") && l.contains(&format!("tool stderr: echo got {loud}"))
+    });
+    // py exits: at error, after the line that quoted its argument (read and dropped before the end).
+    gw.call(&key, &token, tool_call(4, "py.leave", json!({})))
+        .await;
+    stderr.wait_for("about py's exit", |l| {
+        l.contains("ERROR") && l.contains("the MCP server exited") && l.contains("upstream=py")
+    });
+    let logged: Vec<String> = stderr.lines();
+    let leaked: Vec<&String> = logged.iter().filter(|l| l.contains(quiet)).collect();
+    assert!(
+        leaked.is_empty(),
+        "an argument value reached the log: {leaked:#?}"
+    );
+
+    let states: Vec<(String, String, String)> = verbose()
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let text = |key: &str| u[key].as_str().unwrap_or_default().to_owned();
+            (text("name"), text("state"), text("error"))
+        })
+        .collect();
+    let expected = [
+        ("broken", "down", "failed to start"),
+        ("loud", "up", ""),
+        ("py", "down", "exited"),
+    ];
+    let expected: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(states, expected);
+    let metrics = gw
+        .client
+        .get(format!("{}/metrics", gw.base))
+        .bearer_auth(gw.keys.operator_token("seal.metrics.read"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (upstream, up) in [("broken", 0), ("loud", 1), ("py", 0)] {
+        let sample = format!("sealgate_upstream_up{{upstream=\"{upstream}\"}} {up}");
+        assert!(
+            metrics.lines().any(|l| l == sample),
+            "{sample} in {metrics}"
+        );
+    }
+}
+
+/// A stdio MCP server written by hand: it answers `initialize` and `tools/list`, says goodbye on stderr and
+/// exits, before any call.
+const BRIEF_SERVER: &str = r#"
+import json
+import sys
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method = message.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "brief", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": []}
+    else:
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+    if method == "tools/list":
+        print("brief server: leaving before any call", file=sys.stderr, flush=True)
+        sys.exit(0)
+"#;
+
+/// SPEC 20 r11: a server that exits before its first call is logged at error with what it wrote, and
+/// `/readyz?verbose` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_that_exits_before_its_first_call_is_logged_with_its_last_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = common::pinned_tool("mcp", "python", "MCP_PYTHON");
+    let brief = dir.path().join("brief_server.py");
+    std::fs::write(&brief, BRIEF_SERVER).unwrap();
+    let upstreams = |_: &str| {
+        format!(
+            "  brief: {{ mcp: {{ command: {python:?}, args: [{brief:?}] }}, timeout_ms: 20000 }}\n"
+        )
+    };
+    let (gw, stderr) = start_logged_with(dir.path(), upstreams, "", &[]).await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (key, token) = gw.session("exec-brief").await;
+    let (status, body) = gw.call(&key, &token, list).await;
+    assert_eq!(status, 200, "{body}");
+    stderr.wait_for("about the exit, with the last line", |l| {
+        l.contains("ERROR")
+            && l.contains("the MCP server exited before its first call")
+            && l.contains("upstream=brief")
+            && l.contains("leaving before any call")
+    });
+    let response = gw
+        .client
+        .get(format!("{}/readyz?verbose", gw.base))
+        .send()
+        .await
+        .unwrap();
+    let ready: Value = response.json().await.unwrap();
+    assert_eq!(
+        ready["upstreams"],
+        json!([{"name": "brief", "state": "down", "error": "exited before its first call"}]),
+        "{ready}"
+    );
+}

@@ -308,6 +308,71 @@ async fn a_refused_call_carries_its_code_and_a_trace_started_here_has_one_id_eve
     assert_eq!(codes, [&json!(2001)]);
 }
 
+/// SPEC 20 r12: the gateway decides which calls are traced. A caller's "not sampled" flag does not hide its
+/// call from the traces, and with `sample_ratio: 0` a caller's "sampled" flag does not force export; the
+/// answered flags carry the gateway's decision either way.
+#[tokio::test]
+async fn the_gateway_decides_which_calls_are_traced_whatever_the_callers_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::default();
+    let base = collector.start().await;
+    let extra = format!("telemetry: {{ otlp_endpoint: {base:?} }}\n");
+    // The SDK's variable would follow the caller's flag: it is ignored, and the log says so.
+    let (gw, stderr) = start(
+        dir.path(),
+        &extra,
+        &[("OTEL_TRACES_SAMPLER", "parentbased_always_on")],
+    )
+    .await;
+    let (key, token) = gw.session("exec-otel-unsampled").await;
+    let (status, body, answered) = gw
+        .call_traced(
+            &key,
+            &token,
+            tool_call(1, "tool.read", json!({"path": "/workspace/a"})),
+            &[&format!("00-{TRACE}-{PARENT}-00")],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(answered.ends_with("-01"), "{answered}");
+    let (call, phases) = collector.trace(TRACE, PHASES.len()).await;
+    assert_eq!(hex::encode(&call.parent_span_id), PARENT);
+    assert_eq!(phases.len(), PHASES.len());
+    stderr.wait_for("about the ignored sampler variable", |l| {
+        l.contains("WARN") && l.contains("OTEL_TRACES_SAMPLER") && l.contains("sample_ratio")
+    });
+
+    let quiet = tempfile::tempdir().unwrap();
+    let extra = format!("telemetry: {{ otlp_endpoint: {base:?}, sample_ratio: 0.0 }}\n");
+    let (gw, _stderr) = start(quiet.path(), &extra, &[]).await;
+    let (key, token) = gw.session("exec-otel-ratio").await;
+    let sampled = "4bf92f3577b34da6a3ce929d0e0e4737";
+    let (status, body, answered) = gw
+        .call_traced(
+            &key,
+            &token,
+            tool_call(1, "tool.read", json!({"path": "/workspace/a"})),
+            &[&format!("00-{sampled}-{PARENT}-01")],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        answered,
+        format!("00-{sampled}-{}-00", answered_span_id(&answered))
+    );
+}
+
+#[test]
+fn a_sample_ratio_outside_zero_to_one_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = Keys::new();
+    for ratio in ["1.5", "-0.1"] {
+        let extra = format!("telemetry: {{ sample_ratio: {ratio} }}\n");
+        let config = write_config(dir.path(), &keys, "http://127.0.0.1:9", "", &extra);
+        common::assert_refused_at_start_up(&config, "telemetry.sample_ratio", "hunter2");
+    }
+}
+
 #[tokio::test]
 async fn with_the_collector_down_calls_answer_and_the_log_names_it_without_its_query() {
     let dir = tempfile::tempdir().unwrap();

@@ -127,11 +127,15 @@ async fn tools_list_is_routed_and_cached() {
         "plain": {"http": {"url": format!("{base}/rpc")}},
         "garbled": {"http": {"url": format!("{base}/garbage")}},
     }));
-    let tools = upstreams.list_tools().await;
+    let listed = upstreams.list_tools().await;
+    let tools = listed.tools;
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, vec!["plain.echo"]);
     assert_eq!(tools[0]["description"], json!("echoes"));
-    assert_eq!(upstreams.list_tools().await, tools);
+    // A plain JSON-RPC endpoint need not list tools: one that answers something else has none, and is
+    // not an upstream that failed.
+    assert!(listed.left_out.is_empty());
+    assert_eq!(upstreams.list_tools().await.tools, tools);
 }
 
 #[tokio::test]
@@ -217,6 +221,8 @@ async fn a_closed_port_is_unavailable() {
         .unwrap_err();
     assert!(matches!(err, UpstreamError::Unavailable(_)), "{err:?}");
     assert_eq!(err.code(), 5001);
-    // A failing upstream is left out of the tool list instead of failing it.
-    assert!(upstreams.list_tools().await.is_empty());
+    // A failing upstream is left out of the tool list instead of failing it, with a warning.
+    let listed = upstreams.list_tools().await;
+    assert!(listed.tools.is_empty());
+    assert_eq!(listed.left_out.len(), 1);
 }

@@ -158,7 +158,7 @@ async fn filesystem_server_over_stdio() {
         "{err:?}"
     );
 
-    let tools = upstreams.list_tools().await;
+    let tools = upstreams.list_tools().await.tools;
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     assert!(names.contains(&"fs.read_file"), "{names:?}");
     assert!(names.contains(&"fs.write_file"), "{names:?}");
@@ -241,7 +241,7 @@ async fn a_stdio_tool_that_cannot_start_is_unavailable() {
         "{err:?}"
     );
     assert!(started.elapsed() < Duration::from_millis(400));
-    assert!(upstreams.list_tools().await.is_empty());
+    assert!(upstreams.list_tools().await.tools.is_empty());
 }
 
 async fn stop(mut server: tokio::process::Child) {
@@ -289,6 +289,7 @@ async fn everything_server_over_streamable_http() {
     let names: Vec<String> = upstreams
         .list_tools()
         .await
+        .tools
         .iter()
         .filter_map(|t| t["name"].as_str().map(str::to_owned))
         .collect();

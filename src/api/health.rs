@@ -29,17 +29,35 @@ pub struct Readiness {
     status: &'static str,
     /// Security contexts loaded (at least one).
     contexts: usize,
+    /// With `?verbose`: each MCP upstream's server as last seen. One that is down does not make the
+    /// gateway unready: the calls to its tools get 5001, the others are served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstreams: Option<Vec<crate::upstream::UpstreamStatus>>,
+}
+
+/// `?verbose`, `?verbose=1` or `?verbose=true`.
+fn wants_verbose(query: Option<&str>) -> bool {
+    query.unwrap_or_default().split('&').any(|pair| {
+        matches!(
+            pair.split_once('=').unwrap_or((pair, "")),
+            ("verbose", "" | "1" | "true")
+        )
+    })
 }
 
 /// Ready when the store answers, every key set at a JWKS URL has been fetched once, and at least one
 /// security context is loaded: with none, no session can be registered and every call is refused, so
 /// traffic should not be sent here yet.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
+    params(("verbose" = Option<bool>, Query, description = "Add each MCP upstream's state: not_started, up, down (with why: failed to start, exited) or stopped")),
     responses(
         (status = 200, description = "Ready", body = Readiness),
         (status = 503, description = "Not ready: the store does not answer (5005), a key set at a JWKS URL has not been fetched yet (6001), or no security context is loaded (6003)", body = super::openapi::ErrorBody),
     ))]
-pub async fn readyz(axum::extract::State(gw): State) -> Response {
+pub async fn readyz(
+    axum::extract::State(gw): State,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
     if let Err(e) = gw.store.ping().await {
         return ApiError::store(format!("not ready: the store does not answer: {e}"))
             .into_response();
@@ -71,6 +89,7 @@ pub async fn readyz(axum::extract::State(gw): State) -> Response {
         axum::Json(Readiness {
             status: "ready",
             contexts,
+            upstreams: wants_verbose(query.as_deref()).then(|| gw.upstreams.statuses()),
         }),
     )
         .into_response()
@@ -105,4 +124,20 @@ static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(super::opena
     responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
 pub async fn openapi_json() -> impl IntoResponse {
     axum::Json(&*DOCUMENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_verbose;
+
+    #[test]
+    fn verbose_is_asked_by_the_bare_key_or_a_true_value() {
+        for query in ["verbose", "verbose=1", "verbose=true", "x=1&verbose"] {
+            assert!(wants_verbose(Some(query)), "{query}");
+        }
+        for query in ["", "verbose=0", "verbose=false", "verbosely", "x=verbose"] {
+            assert!(!wants_verbose(Some(query)), "{query}");
+        }
+        assert!(!wants_verbose(None));
+    }
 }

@@ -100,6 +100,7 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        fail_untaken_answers(&stream, front.timeouts.write);
         let accepted = Accepted {
             stream,
             client,
@@ -110,6 +111,21 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
 }
+
+/// Makes the kernel fail the connection when what the gateway wrote stays unacknowledged, or the client's
+/// window stays shut, for `write_timeout` (SPEC 11 r3). Answers that fit in the socket's send buffer
+/// (megabytes on Linux) leave no write of ours stalled, so only the kernel sees a client that pipelines
+/// requests and never reads: the failure then wakes the connection's wait for its next request, and its
+/// descriptor is released. `Guarded` times the writes that do stall.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn fail_untaken_answers(stream: &TcpStream, write_timeout: Duration) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_user_timeout(Some(write_timeout)) {
+        tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT");
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn fail_untaken_answers(_stream: &TcpStream, _write_timeout: Duration) {}
 
 /// A connection taken within the cap; its slot is given back when it closes.
 struct Accepted {

@@ -1165,6 +1165,8 @@ fn metric_labels_follow_the_event() {
         metric_updates(&json!({"type": "ClaimSkipped"}), true).claim,
         Some("SKIP")
     );
+    let completed = json!({"type": "ToolCallCompleted", "decision": "allow", "claim": "PROCEED"});
+    assert_eq!(metric_updates(&completed, true).decision, None);
     let none = json!({"type": "ToolCallAuthorized", "decision": "allow", "claim": "NONE"});
     assert_eq!(metric_updates(&none, true).claim, None);
     let unreadable = json!({"type": "EnvelopeRejected", "decision": "deny", "code": 1000});

@@ -672,7 +672,11 @@ pub(crate) struct MetricUpdates {
 pub(crate) fn metric_updates(event: &Value, count_decision: bool) -> MetricUpdates {
     let text = |key: &str| event.get(key).and_then(Value::as_str);
     let event_type = text("type").unwrap_or("unknown").to_owned();
-    let decision = if count_decision {
+    let kind = event_type.parse::<EventType>();
+    // An allowed call's ToolCallCompleted restates the decision its ToolCallAuthorized made: one call,
+    // one decision (SPEC 20 r13).
+    let restated = matches!(kind, Ok(EventType::ToolCallCompleted));
+    let decision = if count_decision && !restated {
         text("decision")
             .and_then(|d| d.parse::<Decision>().ok())
             .map(|d| {
@@ -685,7 +689,7 @@ pub(crate) fn metric_updates(event: &Value, count_decision: bool) -> MetricUpdat
     } else {
         None
     };
-    let claim = match (event_type.parse::<EventType>(), text("claim")) {
+    let claim = match (kind, text("claim")) {
         (Ok(EventType::ToolCallAuthorized), Some("PROCEED")) => Some("PROCEED"),
         (Ok(EventType::ClaimSkipped), _) => Some("SKIP"),
         (Ok(EventType::ClaimBlocked), _) => Some("PENDING"),

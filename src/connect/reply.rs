@@ -15,6 +15,8 @@ pub const UNREACHABLE: &str = "sealgate is unreachable";
 pub const RECEIPT_KEY: &str = "sealgate/receipt";
 /// Where the gateway's error object goes.
 pub const ERROR_KEY: &str = "sealgate/error";
+/// Where the gateway says which upstreams' tools a `tools/list` leaves out.
+pub const WARNINGS_KEY: &str = "sealgate/warnings";
 
 /// "sealgate refused this call: CODE NAME: message".
 pub fn refusal_sentence(error: &Value) -> String {
@@ -71,6 +73,12 @@ pub fn tool_list(answer: Answer) -> Result<ListToolsResult, McpError> {
         Answer::Success { mut payload, .. } => {
             if let Some(error) = payload.get("error") {
                 return Err(tool_error(error, Value::Null));
+            }
+            // The list is passed on whole, `_meta` included; the host's log also says what it lacks.
+            if let Some(Value::Array(warnings)) = payload["result"]["_meta"].get(WARNINGS_KEY) {
+                for warning in warnings.iter().filter_map(Value::as_str) {
+                    tracing::warn!("tools/list: {warning}");
+                }
             }
             serde_json::from_value(payload["result"].take()).map_err(|e| {
                 internal(

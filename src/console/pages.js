@@ -57,10 +57,27 @@ function summarise(samples) {
   };
 }
 
+// Each MCP upstream's server as /readyz?verbose reports it (SPEC 20 r11): one that is down is shown in red.
+async function upstreamStates() {
+  try {
+    return (await api('GET', '/readyz?verbose')).upstreams || [];
+  } catch {
+    return []; // not ready (the store, no context): the other pages say why
+  }
+}
+
+function upstreamTable(upstreams) {
+  if (!upstreams.length) return el('p', { class: 'muted' }, 'No MCP upstreams are configured.');
+  const rows = upstreams.map((u) => el('tr', { 'data-upstream': u.name, class: u.state === 'down' ? 'bad' : '' },
+    el('td', {}, u.name), el('td', {}, u.state.replace('_', ' ')), el('td', {}, u.error || '')));
+  return table(['Upstream', 'State', 'Why'], rows, 'MCP upstreams: a server starts on its first call; the log has the details of a failure.');
+}
+
 function overview(main) {
   const body = el('div');
   replace(main, el('h1', {}, 'Overview'), el('p', { class: 'muted' }, 'From the gateway\'s /metrics, sampled every 3 s while the console is open.'), body);
   return every(POLL_MS, async () => {
+    const upstreams = upstreamTable(await upstreamStates());
     try {
       // Sent with the token: /metrics needs seal.metrics.read on this listener (SPEC 11 r3).
       const text = await api('GET', '/metrics');
@@ -73,7 +90,7 @@ function overview(main) {
       const elsewhere = error instanceof ApiFailure && error.status === 404;
       replace(body, elsewhere
         ? el('p', { class: 'muted', role: 'status' }, 'This gateway serves /metrics on a listener of its own (metrics.listen), not to the console.')
-        : problem(error));
+        : problem(error), upstreams);
       return;
     }
     const rates = [];
@@ -100,7 +117,8 @@ function overview(main) {
       el('div', { class: 'charts' },
         el('figure', { class: 'chart' }, el('figcaption', {}, 'Calls per second'), lineChart('Calls per second over time', rates, 'calls/s')),
         el('figure', { class: 'chart' }, el('figcaption', {}, 'Refusals by code (since start)'), barChart('Refusals by code', refusals)),
-        el('figure', { class: 'chart' }, el('figcaption', {}, 'p99 latency per interval (ms)'), lineChart('p99 latency over time', p99s, 'ms'))));
+        el('figure', { class: 'chart' }, el('figcaption', {}, 'p99 latency per interval (ms)'), lineChart('p99 latency over time', p99s, 'ms'))),
+      upstreams);
   });
 }
 

@@ -211,6 +211,23 @@ pub fn could_allow(
             .any(|capability| capability.pattern.matches(tool))
 }
 
+/// Whether the session could be allowed some tool of `upstream`, whatever its tools are called: a
+/// `tools/list` tells it about an upstream left out only then, never about one it could not use.
+pub fn could_allow_within(
+    ctx: Option<&SecurityContext>,
+    session_patterns: &[Pattern],
+    upstream: &str,
+) -> bool {
+    let Some(ctx) = ctx else { return false };
+    session_patterns
+        .iter()
+        .any(|pattern| pattern.could_match_within(upstream))
+        && ctx
+            .capabilities
+            .iter()
+            .any(|capability| capability.pattern.could_match_within(upstream))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -14,7 +14,7 @@ pub mod pattern;
 pub mod rate;
 pub mod registry;
 
-pub use decide::{could_allow, decide, Decision, Rule, RuleKind};
+pub use decide::{could_allow, could_allow_within, decide, Decision, Rule, RuleKind};
 pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
 pub use model::{
     Capability, CapabilitySpec, ClaimMode, ContextSource, RateLimit, SecurityContext,

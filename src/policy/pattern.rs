@@ -93,6 +93,18 @@ impl Pattern {
         }
     }
 
+    /// True when some tool routed to `upstream` (named `upstream` or `upstream.…`) could be matched.
+    pub fn could_match_within(&self, upstream: &str) -> bool {
+        let routed = format!("{upstream}.");
+        match &self.kind {
+            PatternKind::Any => true,
+            PatternKind::Family(prefix) => {
+                prefix.starts_with(&routed) || routed.starts_with(prefix.as_str())
+            }
+            PatternKind::Exact => self.text == upstream || self.text.starts_with(&routed),
+        }
+    }
+
     /// The pattern as written.
     pub fn as_str(&self) -> &str {
         &self.text
@@ -197,6 +209,21 @@ mod tests {
                 Pattern::parse(text).map(|p| p.as_str().to_owned()),
                 Ok(text.to_owned())
             );
+        }
+    }
+
+    #[test]
+    fn could_match_within_an_upstream() {
+        let within = |pattern: &str, upstream: &str| {
+            Pattern::parse(pattern)
+                .unwrap()
+                .could_match_within(upstream)
+        };
+        for pattern in ["*", "fs.*", "fs.dir.*", "fs.read", "fs"] {
+            assert!(within(pattern, "fs"), "{pattern}");
+        }
+        for pattern in ["fsx.*", "fsx", "f.*", "web.fetch"] {
+            assert!(!within(pattern, "fs"), "{pattern}");
         }
     }
 }

@@ -52,6 +52,10 @@ pub struct McpUpstreamConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// Log every line the server writes on stderr, its calls' time included, where lines may quote
+    /// argument values. Off: only what it writes before its first call is logged (SPEC 20 r11).
+    #[serde(default)]
+    pub log_stderr: bool,
 }
 
 impl UpstreamConfig {
@@ -159,6 +163,7 @@ pub(crate) struct StdioCommand {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    pub log_stderr: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -221,9 +226,14 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
             }
             (None, None) => return Err(fail("mcp: set exactly one of `url` and `command`".into())),
             (Some(url), None) => {
-                if !mcp.args.is_empty() || !mcp.env.is_empty() || mcp.cwd.is_some() {
+                if !mcp.args.is_empty()
+                    || !mcp.env.is_empty()
+                    || mcp.cwd.is_some()
+                    || mcp.log_stderr
+                {
                     return Err(fail(
-                        "mcp: `args`, `env` and `cwd` apply only to a stdio upstream (`command`)"
+                        "mcp: `args`, `env`, `cwd` and `log_stderr` apply only to a stdio upstream \
+                         (`command`)"
                             .into(),
                     ));
                 }
@@ -290,6 +300,7 @@ fn validate_command(command: &str, mcp: &McpUpstreamConfig) -> Result<StdioComma
         args: mcp.args.clone(),
         env: mcp.env.clone(),
         cwd: mcp.cwd.clone(),
+        log_stderr: mcp.log_stderr,
     })
 }
 
@@ -373,6 +384,10 @@ mod tests {
         let url_with_args =
             parse(serde_json::json!({"mcp": {"url": "http://b", "args": ["a"]}})).unwrap();
         assert!(validate("up", &url_with_args).is_err());
+        let url_logging_stderr =
+            parse(serde_json::json!({"mcp": {"url": "http://b", "log_stderr": true}})).unwrap();
+        let err = validate("up", &url_logging_stderr).unwrap_err();
+        assert!(err.contains("log_stderr"), "{err}");
     }
 
     #[test]

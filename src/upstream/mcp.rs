@@ -5,7 +5,7 @@
 //! It is opened on first use; when it has died (the child exited, the transport closed) the next
 //! call opens a new one, with a growing pause between failed starts. Only one start runs at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,14 +25,14 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::ChildStderr;
 use url::Url;
 
 use super::config::StdioCommand;
+use super::health::{Health, Start, UpstreamState};
 use super::http::build_client;
 use super::jsonrpc::{error_object, ToolAnswer};
 use super::mcp_http_client::SessionAwareClient;
+use super::stderr::StderrLog;
 use super::{UpstreamError, HARD_MAX_RESPONSE_BYTES};
 use crate::redact;
 
@@ -45,7 +45,6 @@ const INHERITED_ENV: &[&str] = &[
 
 const FIRST_RESTART_DELAY: Duration = Duration::from_millis(500);
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
-const MAX_STDERR_LINE: u64 = 8 * 1024;
 
 pub(crate) enum McpTarget {
     Stdio(StdioCommand),
@@ -181,10 +180,26 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for WatchedTransport<T> {
     }
 }
 
-/// An initialised MCP session (and, for stdio, the child process that serves it).
+/// An initialised MCP session (and, for stdio, the child process that serves it and its stderr).
 struct Connection {
     service: RunningService<RoleClient, GatewayClient>,
     watch: Arc<TransportWatch>,
+    stderr: Option<Arc<StderrLog>>,
+}
+
+/// Why a server did not start, with the last lines it wrote on stderr meanwhile (stdio only).
+struct StartFailure {
+    reason: String,
+    stderr: Option<VecDeque<String>>,
+}
+
+impl From<String> for StartFailure {
+    fn from(reason: String) -> Self {
+        StartFailure {
+            reason,
+            stderr: None,
+        }
+    }
 }
 
 impl Connection {
@@ -235,6 +250,7 @@ pub(crate) struct McpUpstream {
     start_guard: tokio::sync::Mutex<RestartBackoff>,
     shut_down: AtomicBool,
     sessions_started: AtomicU64,
+    health: Arc<Health>,
 }
 
 impl McpUpstream {
@@ -253,7 +269,13 @@ impl McpUpstream {
             start_guard: tokio::sync::Mutex::new(RestartBackoff::default()),
             shut_down: AtomicBool::new(false),
             sessions_started: AtomicU64::new(0),
+            health: Arc::new(Health::new(name)),
         }
+    }
+
+    /// Whether its server runs, as far as the gateway has seen.
+    pub(crate) fn state(&self) -> UpstreamState {
+        self.health.state()
     }
 
     /// Calls `tool` (its own name on the server). The cap applies to the decoded result (or error)
@@ -323,6 +345,7 @@ impl McpUpstream {
     /// to its process group).
     pub(crate) async fn shutdown(&self) {
         self.shut_down.store(true, Ordering::Release);
+        self.health.stopped();
         // Wait for a start in progress, so that it cannot leave a child behind.
         let _start = self.start_guard.lock().await;
         let taken = self.current.lock().map(|mut c| c.take()).unwrap_or(None);
@@ -370,17 +393,11 @@ impl McpUpstream {
                 )));
             }
         }
-        let started = match tokio::time::timeout(self.timeout, self.start()).await {
-            Ok(result) => result,
-            Err(_) => Err(format!(
-                "initialisation did not finish within {} ms",
-                self.timeout.as_millis()
-            )),
-        };
-        match started {
-            Ok((service, watch)) => {
+        let start = self.health.starting();
+        match self.start(start).await {
+            Ok(connection) => {
                 *backoff = RestartBackoff::default();
-                let connection = Arc::new(Connection { service, watch });
+                let connection = Arc::new(connection);
                 if let Ok(mut current) = self.current.lock() {
                     *current = Some(connection.clone());
                 }
@@ -390,64 +407,48 @@ impl McpUpstream {
                     self.tools_changed.store(true, Ordering::Release);
                 }
                 tracing::info!(upstream = %self.name, "MCP session initialised");
+                self.health.up(start);
+                if let Some(stderr) = &connection.stderr {
+                    stderr.started();
+                }
                 Ok(connection)
             }
-            Err(reason) => {
+            Err(StartFailure { reason, stderr }) => {
                 backoff.record_failure();
-                tracing::warn!(upstream = %self.name, %reason, "cannot start the MCP upstream");
+                self.health.down(start, "failed to start");
+                tracing::error!(upstream = %self.name, %reason, stderr = stderr.filter(|lines| !lines.is_empty()).map(|lines| format!("{lines:?}")), "cannot start the MCP upstream");
                 Err(UpstreamError::Unavailable(reason))
             }
         }
     }
 
-    async fn start(
+    /// Runs MCP's initialisation within the upstream's timeout.
+    async fn initialise<T, E, A>(
         &self,
-    ) -> Result<
-        (
-            RunningService<RoleClient, GatewayClient>,
-            Arc<TransportWatch>,
-        ),
-        String,
-    > {
+        handler: GatewayClient,
+        transport: T,
+    ) -> Result<RunningService<RoleClient, GatewayClient>, String>
+    where
+        T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match tokio::time::timeout(self.timeout, handler.serve(transport)).await {
+            Ok(served) => served.map_err(|e| redact::error(&e)),
+            Err(_) => Err(format!(
+                "initialisation did not finish within {} ms",
+                self.timeout.as_millis()
+            )),
+        }
+    }
+
+    /// Starts the server (stdio) or opens a session with it (HTTP), and initialises MCP.
+    async fn start(&self, start: Start) -> Result<Connection, StartFailure> {
         let handler = GatewayClient {
             tools_changed: self.tools_changed.clone(),
         };
         let watch = Arc::new(TransportWatch::new(self.timeout));
-        let service = match &self.target {
-            McpTarget::Stdio(command) => {
-                let mut process = tokio::process::Command::new(&command.command);
-                process.args(&command.args).env_clear();
-                for key in INHERITED_ENV {
-                    if let Some(value) = std::env::var_os(key) {
-                        process.env(key, value);
-                    }
-                }
-                process.envs(&command.env);
-                if let Some(cwd) = &command.cwd {
-                    process.current_dir(cwd);
-                }
-                crate::files::with_operator_umask(&mut process);
-                let mut wrapped = CommandWrap::from(process);
-                // Its own process group, so that a wrapper (npx, sh) dies with the server it runs.
-                wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-                let (transport, stderr) = TokioChildProcess::builder(wrapped)
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .map_err(|e| format!("cannot start `{}`: {e}", command.command))?;
-                if let Some(stderr) = stderr {
-                    tokio::spawn(forward_stderr(self.name.clone(), stderr));
-                }
-                let transport = WatchedTransport {
-                    inner: transport,
-                    watch: watch.clone(),
-                };
-                handler.serve(transport).await.map_err(|e| {
-                    format!(
-                        "MCP initialisation over stdio failed: {}",
-                        redact::error(&e)
-                    )
-                })?
-            }
+        match &self.target {
+            McpTarget::Stdio(command) => self.start_stdio(command, start, handler, watch).await,
             McpTarget::Http { url, headers } => {
                 let http = build_client(self.timeout)?;
                 let custom_headers: HashMap<_, _> = headers
@@ -469,16 +470,69 @@ impl McpUpstream {
                     ),
                     watch: watch.clone(),
                 };
-                handler.serve(transport).await.map_err(|e| {
+                let service = self.initialise(handler, transport).await.map_err(|e| {
                     format!(
-                        "MCP initialisation at {} failed: {}",
-                        redact::url(url.as_str()),
-                        redact::error(&e)
+                        "MCP initialisation at {} failed: {e}",
+                        redact::url(url.as_str())
                     )
-                })?
+                })?;
+                Ok(Connection {
+                    service,
+                    watch,
+                    stderr: None,
+                })
             }
+        }
+    }
+
+    async fn start_stdio(
+        &self,
+        command: &StdioCommand,
+        start: Start,
+        handler: GatewayClient,
+        watch: Arc<TransportWatch>,
+    ) -> Result<Connection, StartFailure> {
+        let mut process = tokio::process::Command::new(&command.command);
+        process.args(&command.args).env_clear();
+        for key in INHERITED_ENV {
+            if let Some(value) = std::env::var_os(key) {
+                process.env(key, value);
+            }
+        }
+        process.envs(&command.env);
+        if let Some(cwd) = &command.cwd {
+            process.current_dir(cwd);
+        }
+        crate::files::with_operator_umask(&mut process);
+        let mut wrapped = CommandWrap::from(process);
+        // Its own process group, so that a wrapper (npx, sh) dies with the server it runs.
+        wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+        let (transport, stderr) = TokioChildProcess::builder(wrapped)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start `{}`: {e}", command.command))?;
+        let stderr = stderr.map(|stderr| {
+            let health = (self.health.clone(), start);
+            StderrLog::read(self.name.clone(), command.log_stderr, health, stderr)
+        });
+        let transport = WatchedTransport {
+            inner: transport,
+            watch: watch.clone(),
         };
-        Ok((service, watch))
+        match self.initialise(handler, transport).await {
+            Ok(service) => Ok(Connection {
+                service,
+                watch,
+                stderr,
+            }),
+            Err(e) => Err(StartFailure {
+                reason: format!("MCP initialisation over stdio failed: {e}"),
+                stderr: match &stderr {
+                    Some(log) => Some(log.failed_start_tail().await),
+                    None => None,
+                },
+            }),
+        }
     }
 
     async fn call_on(
@@ -488,6 +542,9 @@ impl McpUpstream {
         arguments: &Map<String, Value>,
         cap: u64,
     ) -> Result<ToolAnswer, CallFailure> {
+        if let Some(stderr) = &connection.stderr {
+            stderr.calling();
+        }
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // The peer is a handle onto the shared session: no lock is held while the call runs.
@@ -612,36 +669,6 @@ fn classify_transport_error(
         }
         // Timeouts, resets, broken streams, an unfinished recovery: the request may have run.
         other => CallFailure::Final(UpstreamError::Timeout(redact::error(other))),
-    }
-}
-
-/// Copies the child's stderr into the log, line by line, so that it never mixes with the
-/// gateway's own stdout. Over-long lines are logged in pieces.
-async fn forward_stderr(upstream: Arc<str>, stderr: ChildStderr) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match (&mut reader)
-            .take(MAX_STDERR_LINE)
-            .read_until(b'\n', &mut line)
-            .await
-        {
-            Ok(0) => break,
-            Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
-                let text = text.trim_end();
-                // A tool's own log may quote the arguments it was given (paths, URLs): debug level only,
-                // so the default level never repeats argument values (SPEC 9.1 r2).
-                if !text.is_empty() {
-                    tracing::debug!(upstream = %upstream, "tool stderr: {text}");
-                }
-            }
-            Err(e) => {
-                tracing::debug!(upstream = %upstream, error = %e, "tool stderr closed");
-                break;
-            }
-        }
     }
 }
 

@@ -8,19 +8,23 @@
 //! caller's id), or an [`UpstreamError`] that says whether the tool can have run.
 
 mod config;
+mod health;
 mod http;
 mod jsonrpc;
 mod mcp;
 mod mcp_http_client;
+mod stderr;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use config::{HttpUpstreamConfig, McpUpstreamConfig, UpstreamConfig};
+use health::UpstreamState;
 
 use config::Target;
 use http::HttpUpstream;
@@ -103,6 +107,32 @@ struct Upstream {
     /// Set by an MCP `notifications/tools/list_changed` (or a new session).
     tools_changed: Arc<AtomicBool>,
     tools: Mutex<Option<CachedTools>>,
+}
+
+/// An MCP upstream's server as the gateway last saw it (SPEC 20 r11), for `GET /readyz?verbose` and the
+/// console. HTTP upstreams keep no connection and have none.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UpstreamStatus {
+    pub name: String,
+    /// `not_started` (it starts on its first call or tool list), `up`, `down` or `stopped`.
+    pub state: &'static str,
+    /// Why it is down: `failed to start`, `exited before its first call` or `exited`. The details are in
+    /// the log only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+}
+
+/// The routed tools of every upstream, and the upstreams whose tools are left out.
+pub struct ToolList {
+    pub tools: Vec<Value>,
+    pub left_out: Vec<LeftOut>,
+}
+
+/// An upstream that could not list its tools.
+pub struct LeftOut {
+    pub upstream: String,
+    /// The sentence that says so to whoever reads the list (no transport detail).
+    pub warning: String,
 }
 
 /// All configured upstreams, keyed by name. Cheap to share behind an `Arc`; calls run concurrently.
@@ -218,14 +248,48 @@ impl Upstreams {
     }
 
     /// The tools of every upstream, named as the gateway routes them (`<upstream>.<tool>`). An
-    /// upstream that cannot list its tools is left out (and logged); lists are cached per upstream.
-    pub async fn list_tools(&self) -> Vec<Value> {
+    /// upstream that cannot list its tools is left out, with a warning that says so (SPEC 20 r11);
+    /// lists are cached per upstream.
+    pub async fn list_tools(&self) -> ToolList {
         let lists =
             futures_util::future::join_all(self.routes.values().map(|upstream| upstream.tools()))
                 .await;
-        lists
-            .into_iter()
-            .flat_map(|tools| tools.iter().cloned().collect::<Vec<_>>())
+        let mut list = ToolList {
+            tools: Vec::new(),
+            left_out: Vec::new(),
+        };
+        for (upstream, tools) in self.routes.values().zip(lists) {
+            match tools {
+                Ok(tools) => list.tools.extend(tools.iter().cloned()),
+                Err(e) => list.left_out.push(LeftOut {
+                    upstream: upstream.name.clone(),
+                    warning: format!(
+                        "the tools of upstream `{}` are left out: {}",
+                        upstream.name,
+                        e.for_agent()
+                    ),
+                }),
+            }
+        }
+        list
+    }
+
+    /// The state of each MCP upstream's server, by name.
+    pub fn statuses(&self) -> Vec<UpstreamStatus> {
+        self.routes
+            .values()
+            .filter_map(|upstream| match &upstream.client {
+                Client::Mcp(client) => Some((upstream.name.clone(), client.state())),
+                Client::Http(_) => None,
+            })
+            .map(|(name, state)| UpstreamStatus {
+                name,
+                state: state.name(),
+                error: match state {
+                    UpstreamState::Down { error } => Some(error),
+                    _ => None,
+                },
+            })
             .collect()
     }
 
@@ -243,14 +307,14 @@ impl Upstreams {
 }
 
 impl Upstream {
-    /// The cached list while it is fresh, else a new one; an empty list when the upstream fails.
-    async fn tools(&self) -> Arc<Vec<Value>> {
+    /// The cached list while it is fresh, else a new one.
+    async fn tools(&self) -> Result<Arc<Vec<Value>>, UpstreamError> {
         let changed = self.tools_changed.swap(false, Ordering::AcqRel);
         if !changed {
             if let Ok(cache) = self.tools.lock() {
                 if let Some(cached) = cache.as_ref() {
                     if cached.fetched_at.elapsed() < TOOLS_CACHE_TTL {
-                        return cached.tools.clone();
+                        return Ok(cached.tools.clone());
                     }
                 }
             }
@@ -275,13 +339,13 @@ impl Upstream {
                         });
                     }
                 }
-                tools
+                Ok(tools)
             }
             Err(e) => {
                 // Fetch again next time rather than serving a list from before the failure.
                 self.tools_changed.store(changed, Ordering::Release);
-                tracing::warn!(upstream = %self.name, error = %e, "cannot list the upstream's tools; left out");
-                Arc::new(Vec::new())
+                tracing::warn!(upstream = %self.name, error = %e, "cannot list the upstream's tools; they are left out of tools/list");
+                Err(e)
             }
         }
     }
@@ -394,6 +458,6 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, UpstreamError::NoRoute));
         assert_eq!(err.code(), 5004);
-        assert!(upstreams.list_tools().await.is_empty());
+        assert!(upstreams.list_tools().await.tools.is_empty());
     }
 }

@@ -80,6 +80,10 @@ try {
   await page.getByTestId('calls-total').waitFor();
   assert.ok(Number(await page.getByTestId('calls-total').textContent()) >= 2, 'the two API calls are counted');
   assert.equal(await page.locator('figure svg').count(), 3);
+  const ghost = page.locator('tr[data-upstream="ghost"]');
+  await ghost.waitFor();
+  assert.match(await ghost.textContent(), /down.*failed to start/, 'an MCP upstream that cannot start is shown');
+  assert.equal(await ghost.getAttribute('class'), 'bad');
   await shot('overview');
 
   step('sessions: listed with context, agent and calls; revoke through the keyboard-reachable button');
