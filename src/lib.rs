@@ -27,6 +27,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod logging;
 pub mod otel;
+pub mod outbound;
 pub mod pipeline;
 pub mod policy;
 pub mod recovery;

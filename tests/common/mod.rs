@@ -4,6 +4,7 @@
 
 pub mod dockerfile;
 pub mod mcp;
+pub mod redirect;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
