@@ -40,5 +40,6 @@ pub mod strict_json;
 pub mod telemetry;
 pub mod tls;
 pub mod token;
+pub mod tool_meta;
 pub mod trace;
 pub mod upstream;
