@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::mcp::{free_port, server_script, start_everything};
+use common::page::{self, BUILD};
 use common::redirect::{Redirector, SECRET};
 use common::Gateway;
 use reqwest::Method;
@@ -1039,4 +1040,48 @@ async fn an_https_gateway_is_reached_with_the_ca_file_and_the_client_certificate
         }
         host.finish().await;
     }
+}
+
+/// docs/connect.md, followed word for word (tests/common/page.rs): a gateway of its own, a session with a key
+/// file and a token file, a host of a few lines on the MCP Python SDK calling through `connect` over stdio,
+/// and `--listen` served on loopback and refused on every interface.
+#[test]
+fn the_connect_page_runs_word_for_word() {
+    const PAGE: &str = include_str!("../docs/connect.md");
+    // The gateway and `connect --listen`.
+    const PAGE_PORTS: [&str; 2] = ["8089", "8765"];
+    let blocks = page::fenced_blocks(PAGE);
+    let venv = page::venv_setup("mcp", "mcp==2.3.0");
+    let venv: Vec<&str> = venv.iter().map(String::as_str).collect();
+    let shown = ["text", "json", "sh example", "python", "typescript"];
+    page::check_blocks(&blocks, &[&BUILD, &venv], &shown);
+    for port in PAGE_PORTS {
+        assert!(PAGE.contains(port), "the page no longer uses port {port}");
+    }
+    let ports = page::free_ports(&PAGE_PORTS);
+    let (script, last) = page::page_script("connect page", &blocks, &ports);
+    let dir = tempfile::tempdir().unwrap();
+    let path = page::user_path(&python());
+    let (status, printed) = page::run_page(dir.path(), &script, &path, Duration::from_secs(120));
+    assert!(
+        status.success() && printed.contains(&last),
+        "the page failed ({status}) after the last `connect page: block N ran`:\n{printed}"
+    );
+
+    let said = |expected: &str| printed.lines().any(|line| line.starts_with(expected));
+    assert!(said("/workspace/notes.txt -> ok"), "{printed}");
+    assert!(
+        said("/etc/passwd -> sealgate refused this call: 2002 POLICY_VIOLATION_PATH_NOT_ALLOWED"),
+        "{printed}"
+    );
+    let listening = format!(
+        "sealgate connect ready on http://127.0.0.1:{}/mcp",
+        ports["8765"]
+    );
+    assert!(said(&listening), "{printed}");
+    assert!(
+        printed.contains("0.0.0.0 is not a loopback address"),
+        "{printed}"
+    );
+    assert!(said("exit status 2"), "{printed}");
 }

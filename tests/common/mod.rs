@@ -4,6 +4,7 @@
 
 pub mod dockerfile;
 pub mod mcp;
+pub mod page;
 pub mod redirect;
 
 use std::io::{BufRead, BufReader};
