@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 /// What every key of sealgate's own starts with.
-pub const PREFIX: &str = "sealgate/";
+const PREFIX: &str = "sealgate/";
 /// Where the receipt goes in a result's `_meta`, and in a tool error's `data`.
 pub const RECEIPT_KEY: &str = "sealgate/receipt";
 /// Where the gateway's error object goes.

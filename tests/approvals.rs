@@ -571,7 +571,6 @@ async fn new_requests_are_announced_to_the_webhook_which_is_retried() {
 /// A webhook that answers 307 is a failed delivery, retried and logged with the status and where it
 /// pointed; the redirect is never followed, so the request never reaches the place it names (SPEC 20
 /// rule 8: an SSRF pivot otherwise).
-// The redirecting server answers while the test waits for a log line on this thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_that_redirects_is_a_failed_delivery_and_never_followed() {
     let redirector = Redirector::start().await;

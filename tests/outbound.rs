@@ -22,7 +22,6 @@ fn assert_no_secret(stderr: &Lines) {
     );
 }
 
-// The redirecting server answers while the test waits for a log line on this thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_of_both_kinds_never_follow_a_redirect() {
     assert!(
@@ -60,7 +59,6 @@ async fn upstreams_of_both_kinds_never_follow_a_redirect() {
     assert_no_secret(&stderr);
 }
 
-// The redirecting server answers while the test waits for a log line on this thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jwks_url_that_redirects_is_a_failed_fetch_never_followed() {
     let redirector = Redirector::start().await;
@@ -90,7 +88,6 @@ async fn a_jwks_url_that_redirects_is_a_failed_fetch_never_followed() {
     assert_no_secret(&stderr);
 }
 
-// The redirecting server answers while the test waits for a log line on this thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_otlp_exporter_never_follows_a_redirect() {
     let redirector = Redirector::start().await;

@@ -1,5 +1,7 @@
 //! A server that answers every request with a redirect (SPEC 20 rule 8: no outbound client follows
-//! one), pointing at a decoy on the same server that counts whatever reaches it.
+//! one), pointing at a decoy on the same server that counts whatever reaches it. It runs on the test's
+//! runtime: a test that waits for a log line ([`super::Lines::wait_for`] blocks its thread) runs on a
+//! multi-thread runtime, so that the server goes on answering meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
