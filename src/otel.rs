@@ -152,8 +152,7 @@ pub fn start(config: &TelemetryConfig, replica_id: &str) -> Result<Option<Export
         return Ok(None);
     };
     let shown = shown(&url);
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+    let client = crate::outbound::client_builder()
         .no_proxy()
         .timeout(EXPORT_TIMEOUT)
         .build()
@@ -255,7 +254,10 @@ impl HttpClient for OnRuntime {
             .and_then(|answer| answer);
         let failed = match &sent {
             Ok(response) if response.status().is_success() => None,
-            Ok(response) => Some(format!("the collector answered {}", response.status())),
+            Ok(response) => Some(format!(
+                "the collector answered {}",
+                crate::outbound::failed_status(response.status(), response.headers())
+            )),
             Err(e) => Some(causes(e.as_ref())),
         };
         self.note(failed);

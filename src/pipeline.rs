@@ -1085,9 +1085,6 @@ async fn record_refusal(
     }
 }
 
-/// The `_meta` key of a `tools/list` answer that lists the upstreams whose tools are left out.
-pub const TOOLS_LEFT_OUT_KEY: &str = "sealgate/warnings";
-
 /// `tools/list`: the routed tools this session could ever be allowed to call. No claim; audited like a call.
 async fn list_tools(
     gw: &Gateway,
@@ -1134,7 +1131,7 @@ async fn list_tools(
         .collect();
     let mut result = json!({"tools": tools});
     if !warnings.is_empty() {
-        result["_meta"] = json!({ TOOLS_LEFT_OUT_KEY: warnings });
+        result["_meta"] = json!({ crate::tool_meta::WARNINGS_KEY: warnings });
     }
     let response = json!({"jsonrpc": "2.0", "id": id, "result": result});
     let recorded = gw

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use common::redirect::{Redirector, SECRET};
 use common::{
     assert_refused_at_start_up, code, standardwebhooks_python, start_replicas, start_tool,
     tool_call, until, write_config, Gateway, Keys,
@@ -565,6 +566,38 @@ async fn new_requests_are_announced_to_the_webhook_which_is_retried() {
     .await;
     let (key, token) = gw.session("exec-nohook").await;
     requested(&call(&gw, &key, &token, "pay.send", payment(2)).await);
+}
+
+/// A webhook that answers 307 is a failed delivery, retried and logged with the status and where it
+/// pointed; the redirect is never followed, so the request never reaches the place it names (SPEC 20
+/// rule 8: an SSRF pivot otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_that_redirects_is_a_failed_delivery_and_never_followed() {
+    let redirector = Redirector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "approvals: {{ webhook_url: \"{}/hook\" }}\n",
+        redirector.base
+    );
+    let (gw, stderr) =
+        Gateway::start_capturing(dir.path(), |_| String::new(), &extra, |_| {}).await;
+    let (key, token) = gw.session("exec-moved-hook").await;
+    requested(&call(&gw, &key, &token, "pay.send", payment(2)).await);
+    until(
+        Duration::from_secs(10),
+        "the delivery retried after the redirect",
+        || async { redirector.redirected() >= 2 },
+    )
+    .await;
+    let failed = stderr.wait_for("of the failed delivery", |line| {
+        line.contains("approval webhook failed") && line.contains(&redirector.named())
+    });
+    assert_eq!(redirector.followed(), 0, "{failed}");
+    assert!(
+        !stderr.lines().iter().any(|line| line.contains(SECRET)),
+        "{:#?}",
+        stderr.lines()
+    );
 }
 
 /// A fresh Standard Webhooks secret: `whsec_` and the base64 of 32 random bytes.

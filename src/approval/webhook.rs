@@ -52,7 +52,7 @@ impl Notifier {
                 "approvals.webhook_secret is set but approvals.webhook_url is not".to_owned(),
             );
         }
-        let client = reqwest::Client::builder()
+        let client = crate::outbound::client_builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("approvals: cannot build the webhook client: {e}"))?;
@@ -102,7 +102,10 @@ impl Notifier {
                 async move {
                     match request.send().await {
                         Ok(response) if response.status().is_success() => Ok(()),
-                        Ok(response) => Err(format!("answered {}", response.status())),
+                        Ok(response) => Err(format!(
+                            "answered {}",
+                            crate::outbound::failed_status(response.status(), response.headers())
+                        )),
                         // The URL as redact shows it (scheme, host, port, path): a webhook URL often
                         // holds its own credential in its userinfo or query.
                         Err(e) => Err(crate::redact::error(&e)),

@@ -14,6 +14,9 @@ use super::token_file::TokenFile;
 use crate::clock;
 use crate::envelope;
 
+/// How long connecting to the gateway may take, when `--timeout` allows as much.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the gateway said about one envelope.
 #[derive(Debug, PartialEq)]
 pub enum Answer {
@@ -42,6 +45,8 @@ pub struct GatewayClient {
     shown: String,
     key: SigningKey,
     token: TokenFile,
+    /// `--timeout`: the longest one exchange with the gateway may take, connecting included.
+    timeout: Duration,
     recent: Mutex<Recent>,
 }
 
@@ -59,6 +64,7 @@ impl GatewayClient {
         key: SigningKey,
         token: TokenFile,
         tls: &Tls,
+        timeout: Duration,
     ) -> Result<GatewayClient, String> {
         let url = url::Url::parse(gateway).map_err(|e| format!("--gateway is not a URL: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -73,11 +79,12 @@ impl GatewayClient {
         invoke_url.set_fragment(None);
         invoke_url.set_path(&format!("{}/v1/invoke", url.path().trim_end_matches('/')));
         Ok(GatewayClient {
-            http: http_client(tls)?,
+            http: http_client(tls, timeout)?,
             invoke_url: invoke_url.into(),
             shown,
             key,
             token,
+            timeout,
             recent: Mutex::new(Recent::default()),
         })
     }
@@ -98,9 +105,17 @@ impl GatewayClient {
             .await
         {
             Ok(response) => response,
+            Err(e) if e.is_timeout() && !e.is_connect() => {
+                return Answer::Unreachable(self.timed_out())
+            }
             Err(e) => return Answer::Unreachable(describe(&e)),
         };
         let status = response.status();
+        if status.is_redirection() {
+            // Never followed: the envelope and its token go to the gateway named, nowhere else.
+            let why = crate::outbound::failed_status(status, response.headers());
+            return Answer::Unreachable(format!("{} answered {why}", self.shown));
+        }
         match response.json::<Value>().await {
             Ok(body) => read_answer(body).unwrap_or_else(|| {
                 Answer::Unreachable(format!(
@@ -108,11 +123,20 @@ impl GatewayClient {
                     self.shown
                 ))
             }),
+            Err(e) if e.is_timeout() => Answer::Unreachable(self.timed_out()),
             Err(_) => Answer::Unreachable(format!(
                 "{} answered HTTP {status} with a body that is not JSON",
                 self.shown
             )),
         }
+    }
+
+    fn timed_out(&self) -> String {
+        format!(
+            "{} gave no complete answer within {} s (--timeout)",
+            self.shown,
+            self.timeout.as_secs()
+        )
     }
 
     /// An envelope signed now with the current token, never identical to one signed before: when the
@@ -170,19 +194,18 @@ fn describe(error: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    if error.is_timeout() {
-        text.push_str(" (timed out)");
-    }
     text
 }
 
 /// The HTTP client: rustls, trusting only `--ca-file` when one is given, presenting the client
-/// certificate when one is given.
-fn http_client(tls: &Tls) -> Result<reqwest::Client, String> {
+/// certificate when one is given; no redirects (SPEC 20 rule 8), and no exchange longer than `timeout`.
+fn http_client(tls: &Tls, timeout: Duration) -> Result<reqwest::Client, String> {
     let read = |path: &PathBuf, what: &str| {
         std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
     };
-    let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+    let mut builder = crate::outbound::client_builder()
+        .connect_timeout(CONNECT_TIMEOUT.min(timeout))
+        .timeout(timeout);
     if let Some(path) = &tls.ca_file {
         let certificates = reqwest::Certificate::from_pem_bundle(&read(path, "--ca-file")?)
             .map_err(|e| {

@@ -11,7 +11,7 @@ mod gateway;
 mod reply;
 mod token_file;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,11 +33,11 @@ const CANNOT_START: u8 = 2;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Serves MCP over stdio (newline-delimited JSON-RPC; logs on stderr), or over Streamable HTTP at
-http://ADDR/mcp with --listen. Listen on loopback only: whoever reaches the port calls with the
-session's key. Logs never hold the key, the token or argument values (RUST_LOG sets the level).
+http://ADDR/mcp with --listen, on loopback only: whoever reaches the port calls with the session's
+key. Logs never hold the key, the token or argument values (RUST_LOG sets the level).
 
 Exit status: 0 when the host closes the connection, 2 when it cannot start (a missing or empty
-token file, an unreadable key, a bad flag).")]
+token file, an unreadable key, a bad flag, a --listen address that is not loopback).")]
 pub struct ConnectArgs {
     /// The gateway's base URL: http://HOST:PORT, or https:// (see --ca-file).
     #[arg(
@@ -70,9 +70,16 @@ pub struct ConnectArgs {
     /// ask for them. Without it, 4003 is answered at once.
     #[arg(long, value_name = "SECS")]
     wait_approval: Option<u64>,
-    /// Serve MCP Streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8765). A request
-    /// whose Origin header names another origin is refused with 403.
-    #[arg(long, value_name = "ADDR")]
+    /// Give up on a call when the gateway has not answered within SECS seconds (connecting
+    /// included); the host gets "sealgate is unreachable". A call held by --wait-approval waits
+    /// for that first, then its last send gets SECS.
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: u64,
+    /// Serve MCP Streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8765). A
+    /// loopback address only (127.0.0.0/8, [::1], localhost). A request whose Origin header names
+    /// another origin is refused with 403.
+    #[arg(long, value_name = "ADDR", value_parser = loopback_address)]
     listen: Option<SocketAddr>,
     /// For an https:// gateway: trust this CA bundle (PEM) instead of the system's roots.
     #[arg(long, value_name = "PEM")]
@@ -129,11 +136,35 @@ fn build(args: &ConnectArgs) -> Result<Bridge, String> {
         client_cert: args.client_cert.clone(),
         client_key: args.client_key.clone(),
     };
-    let gateway = GatewayClient::new(&args.gateway, key, token, &tls)?;
+    let timeout = Duration::from_secs(args.timeout);
+    let gateway = GatewayClient::new(&args.gateway, key, token, &tls, timeout)?;
     tracing::info!(gateway = gateway.shown(), "sealgate connect started");
     Ok(Bridge::new(
         gateway,
         args.wait_approval.map(Duration::from_secs),
+    ))
+}
+
+/// `--listen`: a loopback address only (SPEC 20 rule 9), since whoever reaches the port calls with
+/// the session's key. `localhost` is 127.0.0.1.
+fn loopback_address(text: &str) -> Result<SocketAddr, String> {
+    let address = match text.strip_prefix("localhost:") {
+        Some(port) => port
+            .parse::<u16>()
+            .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+            .map_err(|_| format!("{port:?} is not a port number"))?,
+        None => text
+            .parse::<SocketAddr>()
+            .map_err(|_| "not an address and port (e.g. 127.0.0.1:8765)".to_owned())?,
+    };
+    if address.ip().is_loopback() {
+        return Ok(address);
+    }
+    Err(format!(
+        "{} is not a loopback address: whoever reaches the port would call with the session's key, \
+         so connect listens on 127.0.0.0/8, [::1] or localhost only. Hosts on other machines reach \
+         the gateway as a remote MCP server (seal/v1 section 17, MCP hosts over the network)",
+        address.ip()
     ))
 }
 
@@ -186,6 +217,29 @@ mod tests {
     struct Command {
         #[command(flatten)]
         connect: super::ConnectArgs,
+    }
+
+    #[test]
+    fn listen_takes_loopback_addresses_only() {
+        for loopback in [
+            "127.0.0.1:8765",
+            "127.8.9.10:0",
+            "[::1]:8765",
+            "localhost:8765",
+        ] {
+            assert!(super::loopback_address(loopback).is_ok(), "{loopback}");
+        }
+        for other in [
+            "0.0.0.0:8765",
+            "[::]:8765",
+            "10.0.0.5:8765",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            let refused = super::loopback_address(other).unwrap_err();
+            assert!(refused.contains("section 17"), "{other}: {refused}");
+        }
+        assert!(super::loopback_address("localhost:x").is_err());
+        assert!(super::loopback_address("example.com:80").is_err());
     }
 
     #[test]

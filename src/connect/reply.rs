@@ -7,16 +7,10 @@ use rmcp::ErrorData as McpError;
 use serde_json::{json, Map, Value};
 
 use super::gateway::Answer;
+use crate::tool_meta::{self, ERROR_KEY, RECEIPT_KEY, WARNINGS_KEY};
 
 /// The start of every text that says the gateway could not be reached.
 pub const UNREACHABLE: &str = "sealgate is unreachable";
-
-/// Where the receipt goes in a result's `_meta`, and in a tool error's `data`.
-pub const RECEIPT_KEY: &str = "sealgate/receipt";
-/// Where the gateway's error object goes.
-pub const ERROR_KEY: &str = "sealgate/error";
-/// Where the gateway says which upstreams' tools a `tools/list` leaves out.
-pub const WARNINGS_KEY: &str = "sealgate/warnings";
 
 /// "sealgate refused this call: CODE NAME: message".
 pub fn refusal_sentence(error: &Value) -> String {
@@ -38,7 +32,9 @@ pub fn tool_result(answer: Answer) -> Result<CallToolResult, McpError> {
             if let Some(error) = payload.get("error") {
                 return Err(tool_error(error, receipt));
             }
-            let result = payload["result"].take();
+            let mut result = payload["result"].take();
+            // The gateway removed them already; a bridge never trusts that (SPEC 20 rule 10).
+            tool_meta::remove_sealgate_keys(&mut result);
             let Value::Object(fields) = &result else {
                 return Err(internal(
                     "the tool's answer holds no result object".into(),

@@ -208,7 +208,8 @@ impl RemoteJwks {
             .await
             .map_err(describe)?;
         if !response.status().is_success() {
-            return Err(format!("answered HTTP {}", response.status()));
+            let status = crate::outbound::failed_status(response.status(), response.headers());
+            return Err(format!("answered {status}"));
         }
         read_capped(response, MAX_JWKS_BYTES)
             .await
@@ -323,8 +324,7 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
 /// No redirects and no proxy from the environment: the keys come from the URL configured, directly.
 /// With a CA file, only its certificates are trusted.
 fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, String> {
-    let mut builder = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+    let mut builder = crate::outbound::client_builder()
         .no_proxy()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(FETCH_TIMEOUT);

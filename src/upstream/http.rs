@@ -47,8 +47,7 @@ pub(crate) async fn read_capped(
 /// credential headers to another place), no proxy from the environment (upstreams are contacted
 /// directly, so their credentials never pass through a proxy the operator did not name).
 pub(crate) fn build_client(timeout: Duration) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+    crate::outbound::client_builder()
         .no_proxy()
         .connect_timeout(timeout)
         .build()
@@ -134,6 +133,11 @@ impl HttpUpstream {
                 .await
                 .map_err(classify_send_error)?;
             let status = response.status();
+            // The tool may have seen the call before it pointed elsewhere: outcome unknown (5003).
+            if status.is_redirection() {
+                let why = crate::outbound::failed_status(status, response.headers());
+                return Err(UpstreamError::BadResponse(why));
+            }
             let body = read_capped(response, cap).await.map_err(|e| match e {
                 CappedReadError::TooLarge => UpstreamError::TooLarge { limit: cap },
                 CappedReadError::Body(e) => {

@@ -107,6 +107,10 @@ impl SessionAwareClient {
             .map(|v| v.trim().to_ascii_lowercase());
         let expects_reply = matches!(message, ClientJsonRpcMessage::Request(_));
 
+        if status.is_redirection() {
+            let why = crate::outbound::failed_status(status, response.headers());
+            return Err(StreamableHttpError::UnexpectedServerResponse(why.into()));
+        }
         if !status.is_success() {
             // A JSON-RPC error in a failed exchange (for example HTTP 500) is the server's answer;
             // anything else is not a JSON-RPC response.

@@ -29,6 +29,7 @@ use health::UpstreamState;
 use config::Target;
 use http::HttpUpstream;
 pub(crate) use http::{read_capped, CappedReadError};
+use jsonrpc::ToolAnswer;
 use mcp::{McpTarget, McpUpstream};
 
 /// The most the gateway reads of one answer, whatever the capability allows: it bounds memory when
@@ -239,7 +240,7 @@ impl Upstreams {
         };
         upstream.latency.record(outcome, started.elapsed());
         match answer {
-            Ok(answer) => Ok(answer.into_response(caller_id)),
+            Ok(answer) => Ok(without_sealgate_meta(answer).into_response(caller_id)),
             Err(e) => {
                 tracing::warn!(upstream = %upstream.name, tool = %own_name, code = e.code(), error = %e, "tool call failed");
                 Err(e)
@@ -370,6 +371,15 @@ impl Upstream {
             })
             .collect()
     }
+}
+
+/// A tool's result without the `_meta` keys that are sealgate's (SPEC 20 rule 10): a tool never makes
+/// a call that ran look like a refusal, nor carries a receipt of its own choosing.
+fn without_sealgate_meta(mut answer: ToolAnswer) -> ToolAnswer {
+    if let ToolAnswer::Result(result) = &mut answer {
+        crate::tool_meta::remove_sealgate_keys(result);
+    }
+    answer
 }
 
 /// SPEC section 2: `^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`, at most 128 bytes.

@@ -4,6 +4,8 @@
 
 pub mod dockerfile;
 pub mod mcp;
+pub mod page;
+pub mod redirect;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

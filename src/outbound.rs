@@ -1,0 +1,76 @@
+//! What every HTTP client that sealgate opens towards another server shares (SPEC 20 rule 8): it never
+//! follows a redirect. A redirect would carry what the request holds (an upstream's credential headers,
+//! a signed envelope and its token, an approval's details) to a place nobody configured, so a 3xx is a
+//! failure that names its status and where it pointed.
+
+use reqwest::header::{HeaderMap, LOCATION};
+use reqwest::StatusCode;
+
+/// A client builder that follows no redirect; each caller adds its own timeouts, TLS and proxy choice.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
+}
+
+/// A failed answer's status as a message says it: `HTTP 500 Internal Server Error`, and for a 3xx
+/// where it pointed, `HTTP 307 Temporary Redirect to https://other.example/hook (redirects are not
+/// followed)`. The `Location` is shown as logs show URLs: no userinfo, query or fragment (SPEC 9.1 r3).
+pub fn failed_status(status: StatusCode, headers: &HeaderMap) -> String {
+    if !status.is_redirection() {
+        return format!("HTTP {status}");
+    }
+    let target = match headers.get(LOCATION) {
+        Some(location) => format!(
+            "to {}",
+            shown_location(&String::from_utf8_lossy(location.as_bytes()))
+        ),
+        None => "without a Location".to_owned(),
+    };
+    format!("HTTP {status} {target} (redirects are not followed)")
+}
+
+/// A relative `Location` has no scheme for [`crate::redact::url`] to find, so its query and fragment
+/// are cut here first.
+fn shown_location(location: &str) -> String {
+    let end = location.find(['?', '#']).unwrap_or(location.len());
+    crate::redact::url(&location[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn located(location: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(LOCATION, HeaderValue::from_str(location).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_redirect_names_its_status_and_where_it_pointed_without_secrets() {
+        assert_eq!(
+            failed_status(
+                StatusCode::TEMPORARY_REDIRECT,
+                &located("https://user:pw@other.example:8443/hook?token=S#f")
+            ),
+            "HTTP 307 Temporary Redirect to https://other.example:8443/hook \
+             (redirects are not followed)"
+        );
+        assert_eq!(
+            failed_status(StatusCode::FOUND, &located("/elsewhere?key=S")),
+            "HTTP 302 Found to /elsewhere (redirects are not followed)"
+        );
+        assert_eq!(
+            failed_status(StatusCode::PERMANENT_REDIRECT, &HeaderMap::new()),
+            "HTTP 308 Permanent Redirect without a Location (redirects are not followed)"
+        );
+    }
+
+    #[test]
+    fn other_statuses_are_named_alone() {
+        assert_eq!(
+            failed_status(StatusCode::BAD_GATEWAY, &located("https://x/")),
+            "HTTP 502 Bad Gateway"
+        );
+    }
+}
