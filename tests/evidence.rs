@@ -932,6 +932,25 @@ async fn a_key_planted_in_the_store_is_neither_published_nor_trusted() {
         )),
         "{out}"
     );
+
+    // The row is a hint at most: a replica that starts on this store warns that it is not configured.
+    let folder = work.join("second");
+    let keys = gw.keys.clone();
+    let config = configure(
+        &folder,
+        &keys,
+        "http://127.0.0.1:1",
+        "checkpoint_secs: 60",
+        &format!("store: {:?}\nreplica_id: r1\n", db.url),
+    );
+    let mut second = Gateway::spawn_with(Vec::new(), &folder, &config, keys, |command| {
+        command.stderr(std::process::Stdio::piped());
+    });
+    let log = common::Lines::capture(second.child.stderr.take().unwrap());
+    log.wait_for("warning about the planted key", |line| {
+        line.contains(&kid) && line.contains("signing.replica_public_keys does not name")
+    });
+    assert!(!kids_of(&key_set(&second).await).contains(&kid));
 }
 
 /// A local server that answers every request with 307 to `location`; its base URL.
@@ -1056,4 +1075,66 @@ async fn an_answer_with_a_number_jcs_cannot_write_as_sent_is_refused_naming_wher
         text(&response),
     ]);
     assert_eq!(status, 0, "{out}");
+}
+
+/// An MCP server over stdio, written by hand so that its answers carry numbers as written:
+/// `beyond_2_53` answers 2^53+1 at `structuredContent.n`, `fine` answers 0.5.
+const NUMBERS_MCP_SERVER: &str = r#"
+import json, sys
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("beyond_2_53", "fine")]
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    method = message["method"]
+    if method == "tools/call":
+        n = "9007199254740993" if message["params"]["name"] == "beyond_2_53" else "0.5"
+        answer = '{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"n"}],"structuredContent":{"n":%s}}}' % (json.dumps(message["id"]), n)
+    else:
+        if method == "initialize":
+            result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "numbers", "version": "1"}}
+        elif method == "tools/list":
+            result = {"tools": TOOLS}
+        else:
+            result = {}
+        answer = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    sys.stdout.write(answer + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_answer_with_an_integer_beyond_2_53_is_refused_naming_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = save(dir.path(), "numbers_mcp.py", &NUMBERS_MCP_SERVER);
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = Arc::new(common::Keys::new());
+    let upstream = format!(
+        "  numbers: {{ mcp: {{ command: python3, args: [{:?}] }}, timeout_ms: 20000 }}",
+        text(&script)
+    );
+    let config = common::write_config(dir.path(), &keys, &tool_base, &upstream, "");
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let (key, token) = gw.session_in("exec-mcp-numbers", "other").await;
+
+    let (_, status, body) = call(
+        &gw,
+        &key,
+        &token,
+        tool_call(1, "numbers.beyond_2_53", json!({})),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (502, 5003), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("integer outside ±(2^53−1) at $.result.structuredContent.n")
+            && !message.contains("9007199254740993"),
+        "{message}"
+    );
+    let (_, status, body) = call(&gw, &key, &token, tool_call(2, "numbers.fine", json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["payload"]["result"]["structuredContent"]["n"],
+        json!(0.5)
+    );
 }
