@@ -639,7 +639,10 @@ impl Parser<'_> {
             }
         }
         let literal = self.text.get(start..self.pos).unwrap_or_default();
-        let shown = Shown(literal, !self.rules.exact_numbers);
+        let shown = Shown {
+            literal,
+            quoted: !self.rules.exact_numbers,
+        };
         match (is_integer_literal, self.rules.integers) {
             (true, Integers::SafeOnly) => safe_integer(shown, negative, integer_digits, start),
             (true, Integers::AnyFinite) => match exact_integer(literal, negative) {
@@ -654,13 +657,17 @@ impl Parser<'_> {
 
 /// A number literal as a message shows it: quoted, or (in a tool's answer, which is not recorded) not.
 #[derive(Clone, Copy)]
-struct Shown<'a>(&'a str, bool);
+struct Shown<'a> {
+    literal: &'a str,
+    quoted: bool,
+}
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Shown(literal, true) => write!(f, " {}", excerpt(literal)),
-            Shown(_, false) => Ok(()),
+        if self.quoted {
+            write!(f, " {}", excerpt(self.literal))
+        } else {
+            Ok(())
         }
     }
 }
@@ -668,7 +675,7 @@ impl fmt::Display for Shown<'_> {
 /// A number literal read as the nearest double, refused when that is not finite.
 fn double(shown: Shown<'_>, offset: usize) -> Result<Number, ParseError> {
     let value: f64 = shown
-        .0
+        .literal
         .parse()
         .map_err(|_| ParseError::new("invalid number", offset))?;
     Number::from_f64(value).ok_or_else(|| {
@@ -679,7 +686,11 @@ fn double(shown: Shown<'_>, offset: usize) -> Result<Number, ParseError> {
 /// A number literal with a fraction or exponent in a tool's answer: its nearest double, refused unless
 /// the shortest form that reads back as that double (what JCS writes) is the number the tool sent.
 fn exact_double(literal: &str, offset: usize) -> Result<Number, ParseError> {
-    let number = double(Shown(literal, false), offset)?;
+    let unquoted = Shown {
+        literal,
+        quoted: false,
+    };
+    let number = double(unquoted, offset)?;
     let shortest = ShortestForm::of(number.as_f64().unwrap_or_default());
     if Decimal::of(literal) == Decimal::of(shortest.as_str()) {
         Ok(number)
@@ -822,7 +833,7 @@ fn safe_integer(
     digit_count: usize,
     offset: usize,
 ) -> Result<Number, ParseError> {
-    let literal = shown.0;
+    let literal = shown.literal;
     let out_of_range =
         || ParseError::inexact_number(format!("integer{shown} is outside ±(2^53−1)"), offset);
     // 2^53 − 1 has 16 digits; longer literals are out of range and must not reach u64 parsing.
