@@ -202,7 +202,9 @@ pub async fn settle_failed(
             commit(store, pending, withheld).await.map(drop)
         }
         // Sent, outcome unknown: the claim stays PENDING until an operator resolves it.
-        UpstreamError::Timeout(_) | UpstreamError::BadResponse(_) => Ok(()),
+        UpstreamError::Timeout(_)
+        | UpstreamError::BadResponse(_)
+        | UpstreamError::InexactNumber(_) => Ok(()),
     }
 }
 

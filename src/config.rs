@@ -208,6 +208,7 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("audit.checkpoint_secs", EnvValue::Json),
     ("signing.key_file", EnvValue::Text),
     ("signing.previous_public_keys", EnvValue::Json),
+    ("signing.replica_public_keys", EnvValue::Json),
     ("log.level", EnvValue::Text),
     ("log.format", EnvValue::Text),
     ("console.enabled", EnvValue::Json),
@@ -452,6 +453,9 @@ impl Config {
         crate::evidence::SigningSetup {
             key_file: self.signing.key_file.as_deref().map(|f| self.resolve(f)),
             previous_public_keys: (self.signing.previous_public_keys.iter())
+                .map(|f| self.resolve(f))
+                .collect(),
+            replica_public_keys: (self.signing.replica_public_keys.iter())
                 .map(|f| self.resolve(f))
                 .collect(),
             data_dir: self.resolve(&self.data_dir),

@@ -962,7 +962,9 @@ fn upstream_refusal(err: &UpstreamError) -> Refused {
         UpstreamError::NoRoute => Code::NoRouteForTool,
         UpstreamError::Unavailable(_) => Code::UpstreamUnavailable,
         UpstreamError::Timeout(_) => Code::UpstreamTimeout,
-        UpstreamError::BadResponse(_) => Code::UpstreamBadResponse,
+        UpstreamError::BadResponse(_) | UpstreamError::InexactNumber(_) => {
+            Code::UpstreamBadResponse
+        }
         UpstreamError::TooLarge { .. } => Code::ResponseTooLarge,
     };
     refuse(code, err.for_agent())

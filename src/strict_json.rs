@@ -21,11 +21,17 @@
 //! | control-API bodies (`api::json_body`) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
 //! | JWT header and claims (`token`, check 2) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
 //! | audit lines (`audit verify`, the file sink resuming its chain, the chain's JCS read-back) | [`AUDIT_LINES`] | 256 | any, read as serde_json reads them |
+//! | tool answers over plain JSON-RPC (`upstream`, [`parse_tool_answer`]) | [`TOOL_ANSWERS`] | 128 | ±(2^53−1), and every other number exact |
 //!
 //! Audit lines are the gateway's own output read back: an event may carry a tool answer that serde_json
 //! read (up to 128 levels, with integers beyond 2^53) and JCS writes doubles in [2^53, 10^21) as plain
 //! digits, so refusing those would break a chain the gateway wrote itself. Everything else (repeated
 //! keys, surrogates, non-finite numbers, framing) is refused there exactly as in a request body.
+//!
+//! A tool's answer is what a receipt's `answer_sha256` binds (SPEC 20 rule 5): a number that JCS would write
+//! as another number than the tool sent (an integer beyond ±(2^53−1), a fraction with more digits than a
+//! double holds) would make one receipt prove two answers, so it is refused, naming where, never quoting it
+//! (an answer is not recorded in the audit trail). The depth is serde_json's, which read answers before.
 //!
 //! (`api::json_body` also asks serde_json whether a body is JSON at all, but only to choose HTTP 400
 //! over 422; the value it acts on comes from here.)
@@ -54,6 +60,9 @@ const MESSAGE_EXCERPT_CHARS: usize = 48;
 pub struct Rules {
     max_depth: usize,
     integers: Integers,
+    /// Every number must read back as written once JCS writes its double (SPEC 20 rule 5), and messages
+    /// never quote a number.
+    exact_numbers: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,13 +77,77 @@ enum Integers {
 pub const UNTRUSTED: Rules = Rules {
     max_depth: MAX_DEPTH,
     integers: Integers::SafeOnly,
+    exact_numbers: false,
 };
 
 /// Lines of the audit chain, which the gateway wrote itself (see the module documentation).
 pub const AUDIT_LINES: Rules = Rules {
     max_depth: MAX_AUDIT_DEPTH,
     integers: Integers::AnyFinite,
+    exact_numbers: false,
 };
+
+/// A tool's answer, which a receipt binds (see the module documentation).
+pub const TOOL_ANSWERS: Rules = Rules {
+    max_depth: 128,
+    integers: Integers::SafeOnly,
+    exact_numbers: true,
+};
+
+/// Why a tool's answer was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerRefusal {
+    /// A number that JCS cannot write as the tool sent it (SPEC 20 rule 5); the message names its path.
+    InexactNumber(String),
+    /// Not one strict JSON document (syntax, a repeated key, nesting).
+    Malformed(String),
+}
+
+/// Reads a tool's answer under the [`TOOL_ANSWERS`] rules.
+pub fn parse_tool_answer(bytes: &[u8]) -> Result<Value, AnswerRefusal> {
+    parse(bytes, TOOL_ANSWERS).map_err(|error| {
+        if error.inexact_number {
+            AnswerRefusal::InexactNumber(error.to_string())
+        } else {
+            AnswerRefusal::Malformed(error.to_string())
+        }
+    })
+}
+
+/// Refuses an integer outside ±(2^53−1) anywhere in `value`, a tool's answer that another parser already
+/// read (an MCP library: the text of its numbers is gone, but such an integer is still one), naming its
+/// path under `$.{member}` (SPEC 20 rule 5).
+pub fn refuse_unsafe_integers(value: &Value, member: &str) -> Result<(), String> {
+    unsafe_integers_in(value).map_err(|error| {
+        error
+            .inside(PathSegment::Key(member.to_owned()))
+            .to_string()
+    })
+}
+
+fn unsafe_integers_in(value: &Value) -> Result<(), ParseError> {
+    match value {
+        Value::Number(number) => {
+            let magnitude = number
+                .as_u64()
+                .or_else(|| number.as_i64().map(i64::unsigned_abs));
+            match magnitude {
+                Some(magnitude) if magnitude > MAX_SAFE_INTEGER => Err(ParseError {
+                    inexact_number: true,
+                    ..ParseError::in_value("integer outside ±(2^53−1)")
+                }),
+                _ => Ok(()),
+            }
+        }
+        Value::Object(object) => object.iter().try_for_each(|(key, item)| {
+            unsafe_integers_in(item).map_err(|error| error.inside(PathSegment::Key(key.clone())))
+        }),
+        Value::Array(items) => items.iter().enumerate().try_for_each(|(index, item)| {
+            unsafe_integers_in(item).map_err(|error| error.inside(PathSegment::Index(index)))
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Parses `bytes` as one strict JSON value under the [`UNTRUSTED`] rules (see the module documentation
 /// for what is refused).
@@ -105,6 +178,8 @@ struct ParseError {
     /// Innermost segment first: each enclosing container appends its own segment while the error
     /// travels up, so the happy path never pays for path bookkeeping.
     reversed_path: Vec<PathSegment>,
+    /// A number that JCS cannot write as it was written (SPEC 20 rule 5), as opposed to bad JSON.
+    inexact_number: bool,
 }
 
 impl ParseError {
@@ -113,6 +188,15 @@ impl ParseError {
             problem: problem.into(),
             offset: Some(offset),
             reversed_path: Vec::new(),
+            inexact_number: false,
+        }
+    }
+
+    /// A number that JCS would not write as it was written.
+    fn inexact_number(problem: impl Into<String>, offset: usize) -> Self {
+        ParseError {
+            inexact_number: true,
+            ..ParseError::new(problem, offset)
         }
     }
 
@@ -122,6 +206,7 @@ impl ParseError {
             problem: problem.into(),
             offset: None,
             reversed_path: Vec::new(),
+            inexact_number: false,
         }
     }
 
@@ -554,28 +639,181 @@ impl Parser<'_> {
             }
         }
         let literal = self.text.get(start..self.pos).unwrap_or_default();
+        let shown = Shown {
+            literal,
+            quoted: !self.rules.exact_numbers,
+        };
         match (is_integer_literal, self.rules.integers) {
-            (true, Integers::SafeOnly) => safe_integer(literal, negative, integer_digits, start),
+            (true, Integers::SafeOnly) => safe_integer(shown, negative, integer_digits, start),
             (true, Integers::AnyFinite) => match exact_integer(literal, negative) {
                 Some(number) => Ok(number),
-                None => double(literal, start),
+                None => double(shown, start),
             },
-            (false, _) => double(literal, start),
+            (false, _) if self.rules.exact_numbers => exact_double(literal, start),
+            (false, _) => double(shown, start),
+        }
+    }
+}
+
+/// A number literal as a message shows it: quoted, or (in a tool's answer, which is not recorded) not.
+#[derive(Clone, Copy)]
+struct Shown<'a> {
+    literal: &'a str,
+    quoted: bool,
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.quoted {
+            write!(f, " {}", excerpt(self.literal))
+        } else {
+            Ok(())
         }
     }
 }
 
 /// A number literal read as the nearest double, refused when that is not finite.
-fn double(literal: &str, offset: usize) -> Result<Number, ParseError> {
-    let value: f64 = literal
+fn double(shown: Shown<'_>, offset: usize) -> Result<Number, ParseError> {
+    let value: f64 = shown
+        .literal
         .parse()
         .map_err(|_| ParseError::new("invalid number", offset))?;
     Number::from_f64(value).ok_or_else(|| {
-        ParseError::new(
-            format!("number {} is not finite as a double", excerpt(literal)),
-            offset,
-        )
+        ParseError::inexact_number(format!("number{shown} is not finite as a double"), offset)
     })
+}
+
+/// A number literal with a fraction or exponent in a tool's answer: its nearest double, refused unless
+/// the shortest form that reads back as that double (what JCS writes) is the number the tool sent.
+fn exact_double(literal: &str, offset: usize) -> Result<Number, ParseError> {
+    let unquoted = Shown {
+        literal,
+        quoted: false,
+    };
+    let number = double(unquoted, offset)?;
+    let shortest = ShortestForm::of(number.as_f64().unwrap_or_default());
+    if Decimal::of(literal) == Decimal::of(shortest.as_str()) {
+        Ok(number)
+    } else {
+        Err(ParseError::inexact_number(
+            "number whose shortest round-trip form (what JCS writes) is another number than the one sent",
+            offset,
+        ))
+    }
+}
+
+/// The shortest digits that read back as a double, in exponent form (`1.5e-7`), written on the stack:
+/// this runs for every fractional number of every answer.
+struct ShortestForm {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl ShortestForm {
+    fn of(value: f64) -> ShortestForm {
+        let mut form = ShortestForm {
+            bytes: [0; 32],
+            len: 0,
+        };
+        // `{:e}` without a precision writes the shortest round-trip digits; the longest is 24 bytes.
+        let _ = fmt::Write::write_fmt(&mut form, format_args!("{value:e}"));
+        form
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+impl fmt::Write for ShortestForm {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        self.bytes
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// A decimal number as a JSON number literal writes it, compared by value without allocating: its sign,
+/// its significant digits (no leading or trailing zeros) and the power of ten just above the first one.
+/// Zero has no digits, whatever its sign (JCS writes -0 as 0).
+#[derive(Clone, Copy)]
+struct Decimal<'a> {
+    negative: bool,
+    /// The mantissa as written (digits and at most one '.'), and how many of its digits to skip at the
+    /// front (zeros) and to take.
+    mantissa: &'a str,
+    skip: usize,
+    take: usize,
+    exponent: i64,
+}
+
+impl<'a> Decimal<'a> {
+    fn of(literal: &'a str) -> Decimal<'a> {
+        let negative = literal.starts_with('-');
+        let unsigned = literal.trim_start_matches('-');
+        let (mantissa, written_exponent) = match unsigned.find(['e', 'E']) {
+            Some(at) => (&unsigned[..at], saturating_exponent(&unsigned[at + 1..])),
+            None => (unsigned, 0),
+        };
+        let digits = || mantissa.bytes().filter(u8::is_ascii_digit);
+        let leading = digits().take_while(|&b| b == b'0').count();
+        let trailing = digits().rev().take_while(|&b| b == b'0').count();
+        let total = digits().count();
+        let take = total.saturating_sub(leading + trailing);
+        let integer_digits = mantissa.find('.').unwrap_or(mantissa.len()) as i64;
+        Decimal {
+            negative: negative && take > 0,
+            mantissa,
+            skip: leading,
+            take,
+            exponent: integer_digits - leading as i64 + written_exponent,
+        }
+    }
+
+    fn digits(&self) -> impl Iterator<Item = u8> + 'a {
+        let mantissa = self.mantissa;
+        mantissa
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .skip(self.skip)
+            .take(self.take)
+    }
+}
+
+impl PartialEq for Decimal<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.take, other.take) {
+            (0, 0) => true,
+            (0, _) | (_, 0) => false,
+            _ => {
+                self.negative == other.negative
+                    && self.exponent == other.exponent
+                    && self.digits().eq(other.digits())
+            }
+        }
+    }
+}
+
+/// An exponent's digits (with an optional sign) as a number, held far beyond any double's range instead
+/// of overflowing.
+fn saturating_exponent(text: &str) -> i64 {
+    let (negative, digits) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let magnitude = digits.bytes().fold(0_i64, |value, digit| {
+        (value * 10 + i64::from(digit - b'0')).min(1 << 40)
+    });
+    if negative {
+        -magnitude
+    } else {
+        magnitude
+    }
 }
 
 /// An integer literal as `u64` / `i64` when it fits one of them (`-0` is 0, as JCS writes it).
@@ -590,17 +828,14 @@ fn exact_integer(literal: &str, negative: bool) -> Option<Number> {
 
 /// Turns an integer literal into a JSON number, refusing anything outside ±(2^53 − 1).
 fn safe_integer(
-    literal: &str,
+    shown: Shown<'_>,
     negative: bool,
     digit_count: usize,
     offset: usize,
 ) -> Result<Number, ParseError> {
-    let out_of_range = || {
-        ParseError::new(
-            format!("integer {} is outside ±(2^53−1)", excerpt(literal)),
-            offset,
-        )
-    };
+    let literal = shown.literal;
+    let out_of_range =
+        || ParseError::inexact_number(format!("integer{shown} is outside ±(2^53−1)"), offset);
     // 2^53 − 1 has 16 digits; longer literals are out of range and must not reach u64 parsing.
     if digit_count > 16 {
         return Err(out_of_range());
@@ -665,6 +900,70 @@ mod tests {
         assert!(value["a"][0].is_u64());
         assert!(value["a"][1].is_i64());
         assert!(value["a"][2].is_f64());
+    }
+
+    #[test]
+    fn a_tool_answer_holds_only_numbers_that_jcs_writes_as_sent() {
+        let exact = [
+            "0",
+            "-0",
+            "-0.0",
+            "0.1",
+            "1.0",
+            "1.50",
+            "100",
+            "9007199254740991",
+            "-9007199254740991",
+            "1e21",
+            "1E+21",
+            "123.456e2",
+            "0.30000000000000004",
+            "5e-324",
+            "1.7976931348623157e308",
+            "0.000001",
+            "1e-7",
+        ];
+        for number in exact {
+            let answer = format!(r#"{{"n": {number}}}"#);
+            assert!(parse_tool_answer(answer.as_bytes()).is_ok(), "{number}");
+        }
+        let inexact = [
+            ("9007199254740992", "integer is outside ±(2^53−1)"),
+            ("-9007199254740993", "integer is outside ±(2^53−1)"),
+            ("18446744073709551616", "integer is outside ±(2^53−1)"),
+            ("1e400", "number is not finite as a double"),
+            ("-1e400", "number is not finite as a double"),
+            ("1.0000000000000000001", "shortest round-trip form"),
+            ("0.3000000000000000444", "shortest round-trip form"),
+            ("1e-400", "shortest round-trip form"),
+            ("9007199254740993.0", "shortest round-trip form"),
+        ];
+        for (number, problem) in inexact {
+            let answer = format!(r#"{{"result": {{"items": [{{"n": {number}}}]}}}}"#);
+            match parse_tool_answer(answer.as_bytes()) {
+                Err(AnswerRefusal::InexactNumber(message)) => assert!(
+                    message.contains(problem)
+                        && message.contains("at $.result.items[0].n (byte")
+                        && !message.contains(number.trim_start_matches('-')),
+                    "{number}: {message}"
+                ),
+                other => panic!("{number}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            parse_tool_answer(br#"{"n": 1, "n": 2}"#),
+            Err(AnswerRefusal::Malformed(message)) if message.starts_with("duplicate key")
+        ));
+    }
+
+    #[test]
+    fn an_answer_read_elsewhere_is_refused_for_an_unsafe_integer_by_its_path() {
+        let answer = json!({"content": [{"n": 9_007_199_254_740_991_u64}, {"n": -9_007_199_254_740_993_i64}]});
+        assert_eq!(
+            refuse_unsafe_integers(&answer, "result"),
+            Err("integer outside ±(2^53−1) at $.result.content[1].n".to_owned())
+        );
+        assert_eq!(refuse_unsafe_integers(&json!({"n": 0.5}), "error"), Ok(()));
     }
 
     #[test]
@@ -934,6 +1233,14 @@ mod tests {
             prop_assert_eq!(parse_strict_json(&compact).unwrap(), value.clone());
             let pretty = serde_json::to_vec_pretty(&value).unwrap();
             prop_assert_eq!(parse_strict_json(&pretty).unwrap(), value);
+        }
+
+        #[test]
+        fn every_double_in_its_shortest_form_is_an_exact_answer(double in any::<f64>()) {
+            prop_assume!(double.is_finite());
+            let answer = format!("[{double:e}]");
+            let read = parse_tool_answer(answer.as_bytes());
+            prop_assert_eq!(read.map(|v| v[0].as_f64()), Ok(Some(double)), "{}", answer);
         }
 
         #[test]

@@ -20,6 +20,7 @@ mod operator;
 mod test_support;
 
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
+pub(crate) use jwks_url::is_loopback_host;
 pub use keys::KeyConfig;
 pub use mint::{
     ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,

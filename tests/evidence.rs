@@ -720,7 +720,7 @@ async fn after_a_sigkill_the_chain_verifies_and_the_unsigned_tail_is_signed_afte
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_publish_both_keys_and_checkpoint_one_chain() {
+async fn two_replicas_publish_both_configured_keys_and_checkpoint_one_chain() {
     let db = sealgate::store::testing::TestDatabase::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (_tool, tool_base) = common::start_tool().await;
@@ -728,7 +728,8 @@ async fn two_replicas_publish_both_keys_and_checkpoint_one_chain() {
     let mut replicas: Vec<Gateway> = (0..2)
         .map(|i| {
             let folder = dir.path().join(format!("r{i}"));
-            let extra = format!("store: {:?}\nreplica_id: r{i}\n", db.url);
+            let signing = common::replica_signing(dir.path(), 2, i);
+            let extra = format!("store: {:?}\nreplica_id: r{i}\n{signing}", db.url);
             let config = configure(&folder, &keys, &tool_base, "checkpoint_every: 4", &extra);
             Gateway::spawn(&folder, &config, keys.clone())
         })
@@ -832,4 +833,308 @@ fn stop_cleanly(mut gw: Gateway) {
         .success());
     let exit = gw.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_taken_right_after_traffic_ends_with_a_checkpoint_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    // The defaults (a checkpoint every 1000 events or 60 s): none is due after a few calls.
+    let (gw, _tool) = start(work, "checkpoint_secs: 3600", "").await;
+    let (key, token) = gw.session("exec-export").await;
+    let (_, status, body) = call(&gw, &key, &token, tool_call(1, "tool.off", json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+
+    let trail = events(&gw.export().await);
+    let last = trail.last().unwrap();
+    assert_eq!(last["type"], "AuditCheckpoint", "{trail:?}");
+    let before = &trail[trail.len() - 2];
+    assert_eq!(last["checkpoint"]["seq"], before["seq"]);
+    assert_eq!(last["checkpoint"]["hash"], before["hash"]);
+    let exported = save(work, "export.jsonl", &lines(&trail));
+    let (status, out) = run_cli(&["audit", "verify", text(&exported), "--keys", &keys_url(&gw)]);
+    assert_eq!(status, 0, "{out}");
+    let signed_through = before["seq"].as_u64().unwrap();
+    assert!(
+        out.contains(&format!("signs seq 1..{signed_through}"))
+            && out.contains("0 events follow the last checkpoint"),
+        "{out}"
+    );
+
+    // Without new events a second export ends with the same checkpoint: none is added.
+    assert_eq!(events(&gw.export().await), trail);
+
+    // An export that begins at that checkpoint names no range that does not exist ("13..12").
+    let seq = last["seq"].as_u64().unwrap();
+    let tail = save(work, "tail.jsonl", &gw.export_from(seq).await);
+    let (status, out) = run_cli(&["audit", "verify", text(&tail), "--keys", &keys_url(&gw)]);
+    assert_eq!(status, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "the last, at seq {seq}, is the files' first event: it signs the chain before them \
+             (through seq {signed_through})"
+        )) && !out.contains(&format!("{seq}..{signed_through}")),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_planted_in_the_store_is_neither_published_nor_trusted() {
+    let db = sealgate::store::testing::TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let (gw, _tool) = start(
+        work,
+        "checkpoint_secs: 60",
+        &format!("store: {:?}\n", db.url),
+    )
+    .await;
+    let (key, token) = gw.session("exec-planted").await;
+    let (_, status, body) = call(&gw, &key, &token, tool_call(1, "tool.off", json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Someone with write access to the database adds a key of their own, and signs with it.
+    let planted = sealgate::envelope::generate_signing_key().unwrap();
+    let public = planted.verifying_key().to_bytes();
+    let kid = sealgate::evidence::kid_of(&public);
+    db.execute(&format!(
+        "INSERT INTO signing_keys (kid, public_key, replica_id) VALUES ('{kid}', '\\x{}', 'r9')",
+        hex::encode(public)
+    ))
+    .await;
+    let mut forged = body.clone();
+    let receipt = forged["receipt"].as_object_mut().unwrap();
+    receipt.remove("sig");
+    receipt.insert("replica_id".into(), json!("r9"));
+    let value = {
+        use base64::Engine as _;
+        use ed25519_dalek::Signer as _;
+        let message = sealgate::envelope::jcs_object(receipt);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(planted.sign(&message).to_bytes())
+    };
+    receipt.insert(
+        "sig".into(),
+        json!({"alg": "EdDSA", "kid": kid, "value": value}),
+    );
+
+    assert!(!kids_of(&key_set(&gw).await).contains(&kid));
+    let genuine = save(work, "genuine.json", &body);
+    let forged = save(work, "forged.json", &forged);
+    let verify =
+        |file: &Path| run_cli(&["receipt", "verify", "--keys", &keys_url(&gw), text(file)]);
+    let (status, out) = verify(&genuine);
+    assert_eq!(status, 0, "{out}");
+    let (status, out) = verify(&forged);
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "sig.kid \"{kid}\" is not a key of the given JWK Set"
+        )),
+        "{out}"
+    );
+
+    // The row is a hint at most: a replica that starts on this store warns that it is not configured.
+    let folder = work.join("second");
+    let keys = gw.keys.clone();
+    let config = configure(
+        &folder,
+        &keys,
+        "http://127.0.0.1:1",
+        "checkpoint_secs: 60",
+        &format!("store: {:?}\nreplica_id: r1\n", db.url),
+    );
+    let mut second = Gateway::spawn_with(Vec::new(), &folder, &config, keys, |command| {
+        command.stderr(std::process::Stdio::piped());
+    });
+    let log = common::Lines::capture(second.child.stderr.take().unwrap());
+    log.wait_for("warning about the planted key", |line| {
+        line.contains(&kid) && line.contains("signing.replica_public_keys does not name")
+    });
+    assert!(!kids_of(&key_set(&second).await).contains(&kid));
+}
+
+/// A local server that answers every request with 307 to `location`; its base URL.
+async fn redirecting_server(location: &'static str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(move || async move {
+        (
+            axum::http::StatusCode::TEMPORARY_REDIRECT,
+            [(axum::http::header::LOCATION, location)],
+        )
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_url_that_redirects_or_is_plain_http_elsewhere_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let response = save(dir.path(), "response.json", &json!({"status": "success"}));
+    let audit = save(dir.path(), "audit.jsonl", &"");
+    let location = "https://keys.example/v1/keys";
+    let redirecting = format!("{}/v1/keys", redirecting_server(location).await);
+    for args in [
+        vec!["receipt", "verify", "--keys", &redirecting, text(&response)],
+        vec!["audit", "verify", text(&audit), "--keys", &redirecting],
+    ] {
+        let (status, out) = run_cli(&args);
+        assert_eq!(status, 1, "{out}");
+        assert!(
+            out.contains("answered HTTP 307 Temporary Redirect")
+                && out.contains(&format!("a redirect to {location}"))
+                && out.contains("redirects are not followed"),
+            "{out}"
+        );
+    }
+    for remote in [
+        "http://192.0.2.1/v1/keys",
+        "http://keys.example/v1/keys",
+        "http://[2001:db8::1]/v1/keys",
+    ] {
+        let (status, out) = run_cli(&["receipt", "verify", "--keys", remote, text(&response)]);
+        assert_eq!(status, 1, "{out}");
+        assert!(
+            out.contains("http:// is accepted only for a loopback host"),
+            "{remote}: {out}"
+        );
+    }
+}
+
+/// A JSON-RPC tool that writes its answers by hand, so that their numbers reach the gateway as written:
+/// `numbers.NAME` answers with the number that NAME stands for at `structuredContent.n`.
+async fn numbers_tool(axum::Json(request): axum::Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let number = match request["params"]["name"].as_str() {
+        Some("beyond_2_53") => "9007199254740993",
+        Some("not_finite") => "1e400",
+        Some("too_long") => "1.0000000000000000001",
+        _ => "0.1",
+    };
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"n"}}],"structuredContent":{{"safe":[9007199254740991,-9007199254740991,1.5,1.0,1e21,-0.0,5E-324],"n":{number}}}}}}}"#,
+        request["id"]
+    );
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_number_jcs_cannot_write_as_sent_is_refused_naming_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let numbers = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/rpc", axum::routing::post(numbers_tool));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = Arc::new(common::Keys::new());
+    let upstream = format!("  numbers: {{ http: {{ url: \"{numbers}/rpc\" }} }}");
+    let config = common::write_config(dir.path(), &keys, &tool_base, &upstream, "");
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let (key, token) = gw.session_in("exec-numbers", "other").await;
+
+    for (id, tool, digits) in [
+        (1, "numbers.beyond_2_53", "9007199254740993"),
+        (2, "numbers.not_finite", "1e400"),
+        (3, "numbers.too_long", "1.0000000000000000001"),
+    ] {
+        let (_, status, body) = call(&gw, &key, &token, tool_call(id, tool, json!({}))).await;
+        assert_eq!((status, code(&body)), (502, 5003), "{tool}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("a receipt cannot bind exactly")
+                && message.contains("at $.result.structuredContent.n "),
+            "{tool}: {message}"
+        );
+        assert!(
+            !message.contains(digits),
+            "the number is not quoted: {message}"
+        );
+        assert!(
+            body.get("payload").is_none(),
+            "nothing of the answer passes: {body}"
+        );
+    }
+
+    // Numbers that JCS writes as the tool sent them pass, and the receipt binds them.
+    let (_, status, body) = call(&gw, &key, &token, tool_call(4, "numbers.fine", json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["payload"]["result"]["structuredContent"]["n"],
+        json!(0.1)
+    );
+    let response = save(dir.path(), "response.json", &body);
+    let (status, out) = run_cli(&[
+        "receipt",
+        "verify",
+        "--keys",
+        &keys_url(&gw),
+        text(&response),
+    ]);
+    assert_eq!(status, 0, "{out}");
+}
+
+/// An MCP server over stdio, written by hand so that its answers carry numbers as written:
+/// `beyond_2_53` answers 2^53+1 at `structuredContent.n`, `fine` answers 0.5.
+const NUMBERS_MCP_SERVER: &str = r#"
+import json, sys
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("beyond_2_53", "fine")]
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    method = message["method"]
+    if method == "tools/call":
+        n = "9007199254740993" if message["params"]["name"] == "beyond_2_53" else "0.5"
+        answer = '{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"n"}],"structuredContent":{"n":%s}}}' % (json.dumps(message["id"]), n)
+    else:
+        if method == "initialize":
+            result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "numbers", "version": "1"}}
+        elif method == "tools/list":
+            result = {"tools": TOOLS}
+        else:
+            result = {}
+        answer = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    sys.stdout.write(answer + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_answer_with_an_integer_beyond_2_53_is_refused_naming_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = save(dir.path(), "numbers_mcp.py", &NUMBERS_MCP_SERVER);
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = Arc::new(common::Keys::new());
+    let upstream = format!(
+        "  numbers: {{ mcp: {{ command: python3, args: [{:?}] }}, timeout_ms: 20000 }}",
+        text(&script)
+    );
+    let config = common::write_config(dir.path(), &keys, &tool_base, &upstream, "");
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let (key, token) = gw.session_in("exec-mcp-numbers", "other").await;
+
+    let (_, status, body) = call(
+        &gw,
+        &key,
+        &token,
+        tool_call(1, "numbers.beyond_2_53", json!({})),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (502, 5003), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("integer outside ±(2^53−1) at $.result.structuredContent.n")
+            && !message.contains("9007199254740993"),
+        "{message}"
+    );
+    let (_, status, body) = call(&gw, &key, &token, tool_call(2, "numbers.fine", json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["payload"]["result"]["structuredContent"]["n"],
+        json!(0.5)
+    );
 }

@@ -65,7 +65,8 @@ pub async fn query(
     Ok(axum::Json(page).into_response())
 }
 
-/// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed.
+/// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed,
+/// ending with an `AuditCheckpoint` over the last event before it (SPEC 20 rule 7).
 #[utoipa::path(get, path = "/v1/audit/export", operation_id = "export_audit", tag = "audit",
     params(("from_seq" = Option<u64>, Query, description = "The first seq to send; 1 by default")),
     security(("operator" = ["seal.audit.read"])),
@@ -78,7 +79,10 @@ pub async fn export(
     operator.require("seal.audit.read")?;
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
     let from_seq = from_seq_param(&params)?;
-    let lines = futures_util::stream::unfold(gw.audit.export(from_seq), |mut rx| async move {
+    // Ends with a checkpoint signed now, so that the export verifies at any moment (SPEC 20 rule 7).
+    let through_seq = gw.audit.sign_head().await;
+    let export = gw.audit.export(from_seq, through_seq);
+    let lines = futures_util::stream::unfold(export, |mut rx| async move {
         rx.recv().await.map(|line| (line, rx))
     });
     Ok((

@@ -297,6 +297,7 @@ impl AuditLog {
             checkpoints: options.checkpoints.clone(),
             checkpoint_owed: false,
             checkpoint_cover: None,
+            head_waiters: Vec::new(),
             unsynced: Vec::new(),
             unsynced_since: None,
         };
@@ -431,9 +432,23 @@ impl AuditLog {
         query.run(self.inner.backend.as_ref()).await
     }
 
-    /// The stored chain from `from_seq`, oldest first, one JSON line each (SPEC 9.3 r2: what
-    /// `sealgate audit verify` reads). Read a page at a time and handed over as it is read.
-    pub fn export(&self, from_seq: u64) -> mpsc::Receiver<Result<String, AuditError>> {
+    /// Ends the chain with a signed checkpoint, unless one ends it already, and returns its seq: what
+    /// an export stops at, so that it verifies with the keys alone (SPEC 20 rule 7). None without a
+    /// signer, on an empty chain, or when the store failed (said in the log).
+    pub async fn sign_head(&self) -> Option<u64> {
+        let (reply, signed) = oneshot::channel();
+        self.inner.tx.send(Command::SignHead(reply)).await.ok()?;
+        signed.await.ok().flatten()
+    }
+
+    /// The stored chain from `from_seq` through `through_seq` (else to the newest event), oldest first,
+    /// one JSON line each (SPEC 9.3 r2: what `sealgate audit verify` reads). Read a page at a time and
+    /// handed over as it is read.
+    pub fn export(
+        &self,
+        from_seq: u64,
+        through_seq: Option<u64>,
+    ) -> mpsc::Receiver<Result<String, AuditError>> {
         let (tx, rx) = mpsc::channel(PAGE);
         let backend = Arc::clone(&self.inner.backend);
         tokio::spawn(async move {
@@ -450,6 +465,9 @@ impl AuditLog {
                 let start = from;
                 for event in page {
                     if let Some(seq) = event.get("seq").and_then(serde_json::Value::as_u64) {
+                        if through_seq.is_some_and(|through| seq > through) {
+                            return;
+                        }
                         from = seq.saturating_add(1);
                     }
                     if tx.send(Ok(format!("{event}\n"))).await.is_err() {

@@ -37,6 +37,9 @@ pub(crate) struct Job {
 
 pub(crate) enum Command {
     Record(Job),
+    /// Ends the chain with a checkpoint now, unless one ends it already, and answers that checkpoint's
+    /// seq (SPEC 20 rule 7: an export ends with one); none without a signer, or when it cannot be made.
+    SignHead(oneshot::Sender<Option<u64>>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -120,6 +123,8 @@ pub(crate) struct Writer {
     pub(crate) checkpoint_owed: bool,
     /// A head to sign on its own, when it is still the chain's head (see [`Writer::sign_tail`]).
     pub(crate) checkpoint_cover: Option<ChainHead>,
+    /// Who asked for a checkpoint at the head ([`Command::SignHead`]), answered after the batch at hand.
+    pub(crate) head_waiters: Vec<oneshot::Sender<Option<u64>>>,
     /// Events appended but not yet synced (nobody waited for them), with their metric flag.
     pub(crate) unsynced: Vec<(Value, bool)>,
     /// When the oldest of them was appended.
@@ -178,6 +183,12 @@ impl Writer {
             if !batch.is_empty() {
                 self.commit(batch).await;
             }
+            if !self.head_waiters.is_empty() {
+                let signed = self.sign_head().await;
+                for waiter in std::mem::take(&mut self.head_waiters) {
+                    let _ = waiter.send(signed);
+                }
+            }
         }
         let summaries = self.summaries();
         if !summaries.is_empty() {
@@ -215,6 +226,7 @@ impl Writer {
     ) {
         match command {
             Command::Record(job) => batch.push(job),
+            Command::SignHead(waiter) => self.head_waiters.push(waiter),
             Command::Shutdown(waiter) => {
                 // Closing refuses new events but still yields those already queued, which are written.
                 self.rx.close();
@@ -287,6 +299,32 @@ impl Writer {
         self.checkpoint_cover = Some(head);
         self.commit(Vec::new()).await;
         self.checkpoint_cover = None;
+    }
+
+    /// Signs the chain's head unless a checkpoint is the head already, and returns the seq of the
+    /// checkpoint that ends the chain. Another replica may move the head in between: then it tries again
+    /// after the events it wrote.
+    async fn sign_head(&mut self) -> Option<u64> {
+        self.checkpoints.as_ref()?;
+        for _ in 0..MAX_HEAD_RETRIES {
+            self.sign_tail().await;
+            // Durable first: an export reads the store, which shows only what was synced.
+            if self.unsynced_since.is_some() && self.sync().await.is_err() {
+                return None;
+            }
+            let newest = match self.backend.events_newest_first(None, 1).await {
+                Ok(newest) => newest,
+                Err(e) => {
+                    tracing::warn!(target: "audit", error = %e, "cannot read the chain's head after signing it");
+                    return None;
+                }
+            };
+            let head = newest.first()?;
+            if is_checkpoint(head) {
+                return head.get("seq").and_then(Value::as_u64);
+            }
+        }
+        None
     }
 
     /// The head to chain from: the one this task wrote last, or the store's after a failure.

@@ -35,11 +35,10 @@ pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
             report.checkpoints
         ),
         (Some(_), Some(last)) => println!(
-            "ok: {} checkpoints verified (kid {}); the last, at seq {last}, signs seq {}..{}",
+            "ok: {} checkpoints verified (kid {}); {}",
             report.checkpoints,
             report.kids.join(", "),
-            chain.first_seq,
-            last - 1
+            signed_range(chain.first_seq, last)
         ),
         (Some(_), None) => {}
     }
@@ -48,6 +47,23 @@ pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
         report.unsigned_tail
     );
     ExitCode::SUCCESS
+}
+
+/// What the last checkpoint (at seq `last`) signs of files that begin at `first_seq`: the event before
+/// it and, through the chain, every earlier one. Only seqs that the files hold are named as a range.
+fn signed_range(first_seq: u64, last: u64) -> String {
+    if last > first_seq {
+        format!(
+            "the last, at seq {last}, signs seq {first_seq}..{}",
+            last - 1
+        )
+    } else {
+        format!(
+            "the last, at seq {last}, is the files' first event: it signs the chain before them \
+             (through seq {}), none of their events",
+            last.saturating_sub(1)
+        )
+    }
 }
 
 /// A whole-chain check that failed on one file that reads as a replica's own log (PostgreSQL: the events

@@ -95,23 +95,46 @@ fn read_jwk(entry: &Value) -> Result<PublicKey, String> {
     }
 }
 
-async fn fetch(url: &str) -> Result<String, String> {
+/// A gateway's `/v1/keys`, from the URL given and nowhere else: a redirect is refused, not followed
+/// (SPEC 20 rule 8), and plain `http://` is refused unless the host is this machine, where nobody
+/// between could swap the keys that the verdict rests on.
+async fn fetch(source: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(source).map_err(|e| format!("{source} is not a URL: {e}"))?;
+    if url.scheme() == "http" && !crate::token::is_loopback_host(&url) {
+        return Err(format!(
+            "{source}: http:// is accepted only for a loopback host (127.0.0.1, [::1], \
+             localhost); use https://"
+        ));
+    }
     let response = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?
         .get(url)
         .send()
         .await
-        .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+        .map_err(|e| format!("cannot fetch {source}: {e}"))?;
     let status = response.status();
+    if status.is_redirection() {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map_or("(none)".into(), |value| {
+                String::from_utf8_lossy(value.as_bytes())
+            });
+        return Err(format!(
+            "{source} answered HTTP {status}, a redirect to {location}; redirects are not \
+             followed: give the URL of the keys themselves"
+        ));
+    }
     if !status.is_success() {
-        return Err(format!("{url} answered HTTP {status}"));
+        return Err(format!("{source} answered HTTP {status}"));
     }
     response
         .text()
         .await
-        .map_err(|e| format!("cannot read {url}: {e}"))
+        .map_err(|e| format!("cannot read {source}: {e}"))
 }
 
 #[cfg(test)]

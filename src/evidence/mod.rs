@@ -27,7 +27,7 @@ pub use receipt::{verify as verify_receipt, Statement, Verified};
 pub use verify::{verify_files, TrailReport};
 
 use crate::audit::{AuditConfig, CheckpointOptions};
-use crate::store::{SigningKeyRecord, Store, StoreError};
+use crate::store::{SigningKeyRecord, Store};
 use key::Signer;
 
 /// `signing:` in the configuration (SPEC 11, 14).
@@ -39,14 +39,18 @@ pub struct SigningConfig {
     pub key_file: Option<PathBuf>,
     /// SPKI PEM files of retired keys, still listed at `/v1/keys` so that what they signed verifies.
     pub previous_public_keys: Vec<PathBuf>,
+    /// SPKI PEM files of the keys the other replicas sign with (PostgreSQL): listed at `/v1/keys` so
+    /// that what any replica signed verifies with the set that this one serves (SPEC 20 rule 6).
+    pub replica_public_keys: Vec<PathBuf>,
 }
 
 /// What signing needs of the configuration, every path resolved against the configuration's folder.
 pub struct SigningSetup {
     pub key_file: Option<PathBuf>,
     pub previous_public_keys: Vec<PathBuf>,
+    pub replica_public_keys: Vec<PathBuf>,
     pub data_dir: PathBuf,
-    /// On a shared (PostgreSQL) store each replica is given its key, and publishes it there.
+    /// On a shared (PostgreSQL) store each replica is given its key, and notes it there (a hint only).
     pub shared_store: bool,
     pub replica_id: String,
 }
@@ -54,30 +58,25 @@ pub struct SigningSetup {
 /// The gateway's signing key and what it publishes.
 pub struct Evidence {
     signer: Arc<Signer>,
-    previous: Vec<PublicKey>,
+    /// `GET /v1/keys`: the configured keys only, fixed at start-up (SPEC 20 rule 6).
+    key_set: Value,
     replica_id: String,
 }
 
 impl Evidence {
-    /// Loads (or on the embedded store makes) the signing key, reads the retired keys, and on a shared
-    /// store publishes this replica's key, so that every replica lists it.
+    /// Loads (or on the embedded store makes) the signing key and reads the public keys the
+    /// configuration names. On a shared store it also notes this replica's key there and warns about
+    /// every noted key that the configuration does not name: a hint to the operator, never trust.
     pub async fn start(config: &SigningSetup, store: &dyn Store) -> Result<Evidence, String> {
-        let (signer, previous) = load_keys(config)?;
+        let (signer, others) = load_keys(config)?;
+        let key_set = jwks::jwk_set(std::iter::once(signer.public()).chain(&others));
         if config.shared_store {
-            let record = SigningKeyRecord {
-                kid: signer.public().kid().to_owned(),
-                public_key: signer.public().to_bytes(),
-                replica_id: config.replica_id.clone(),
-            };
-            store
-                .signing_key_publish(&record)
-                .await
-                .map_err(|e| format!("signing: cannot publish this replica's key: {e}"))?;
+            note_replica_key(store, &signer, &others, &config.replica_id).await?;
         }
         tracing::info!(kid = %signer.public().kid(), "signing receipts and audit checkpoints");
         Ok(Evidence {
             signer: Arc::new(signer),
-            previous,
+            key_set,
             replica_id: config.replica_id.clone(),
         })
     }
@@ -102,26 +101,44 @@ impl Evidence {
         }
     }
 
-    /// `GET /v1/keys`: this replica's key, the retired ones, and every key published in the store by
-    /// any replica (a stored key whose kid is not its own is left out, and said in the log).
-    pub async fn key_set(&self, store: &dyn Store) -> Result<Value, StoreError> {
-        let published: Vec<PublicKey> = store
-            .signing_keys()
-            .await?
-            .iter()
-            .filter_map(|record| match PublicKey::from_bytes(&record.public_key) {
-                Ok(key) if key.kid() == record.kid => Some(key),
-                _ => {
-                    tracing::error!(kid = %record.kid, "a stored signing key does not match its kid; not listed");
-                    None
-                }
-            })
-            .collect();
-        let own = std::iter::once(self.signer.public());
-        Ok(jwks::jwk_set(
-            own.chain(&self.previous).chain(published.iter()),
-        ))
+    /// `GET /v1/keys`: this replica's key, the retired ones and the other replicas', as configured.
+    /// Nothing in it comes from the store: evidence must stand without trusting the database.
+    pub fn key_set(&self) -> &Value {
+        &self.key_set
     }
+}
+
+/// Notes this replica's key in the shared store, and warns about each key noted there by a replica
+/// whose key the configuration does not name: what that replica signs will not verify with this
+/// replica's `/v1/keys` (or the row was planted). The store's keys are never published nor trusted.
+async fn note_replica_key(
+    store: &dyn Store,
+    signer: &Signer,
+    configured: &[PublicKey],
+    replica_id: &str,
+) -> Result<(), String> {
+    let own = signer.public();
+    let record = SigningKeyRecord {
+        kid: own.kid().to_owned(),
+        public_key: own.to_bytes(),
+        replica_id: replica_id.to_owned(),
+    };
+    store
+        .signing_key_publish(&record)
+        .await
+        .map_err(|e| format!("signing: cannot note this replica's key in the store: {e}"))?;
+    let noted = store
+        .signing_keys()
+        .await
+        .map_err(|e| format!("signing: cannot read the keys noted in the store: {e}"))?;
+    let is_configured =
+        |kid: &str| kid == own.kid() || configured.iter().any(|key| key.kid() == kid);
+    for record in noted.iter().filter(|record| !is_configured(&record.kid)) {
+        tracing::warn!(kid = %record.kid, replica = %record.replica_id,
+            "a replica signs with a key that signing.replica_public_keys does not name: \
+             /v1/keys does not list it, so what that replica signs does not verify here");
+    }
+    Ok(())
 }
 
 /// What one receipt of a typical call costs, and its Ed25519 signature alone, each the mean of `count`
@@ -162,7 +179,8 @@ pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
     Ok((receipts, started.elapsed() / runs))
 }
 
-/// The signing key and the retired public keys, as the configuration names them.
+/// The signing key, and the public keys the configuration names besides it (retired ones, then the
+/// other replicas').
 fn load_keys(config: &SigningSetup) -> Result<(Signer, Vec<PublicKey>), String> {
     let key = key::load(
         config.key_file.as_deref(),
@@ -170,24 +188,32 @@ fn load_keys(config: &SigningSetup) -> Result<(Signer, Vec<PublicKey>), String> 
         !config.shared_store,
     )?;
     let signer = Signer::new(key).map_err(|e| format!("signing.key_file: {e}"))?;
-    let previous = read_previous(config)?;
-    Ok((signer, previous))
+    Ok((signer, read_public_keys(config)?))
 }
 
-fn read_previous(config: &SigningSetup) -> Result<Vec<PublicKey>, String> {
-    config
-        .previous_public_keys
+/// `previous_public_keys`, then `replica_public_keys`.
+fn read_public_keys(config: &SigningSetup) -> Result<Vec<PublicKey>, String> {
+    let mut keys = read_pem_list("previous_public_keys", &config.previous_public_keys)?;
+    keys.extend(read_pem_list(
+        "replica_public_keys",
+        &config.replica_public_keys,
+    )?);
+    Ok(keys)
+}
+
+/// The SPKI PEM keys of `signing.<list>`; an error names the key's place in the list.
+fn read_pem_list(list: &str, paths: &[PathBuf]) -> Result<Vec<PublicKey>, String> {
+    paths
         .iter()
         .enumerate()
         .map(|(index, path)| {
-            key::read_public_pem(path)
-                .map_err(|e| format!("signing.previous_public_keys[{index}]: {e}"))
+            key::read_public_pem(path).map_err(|e| format!("signing.{list}[{index}]: {e}"))
         })
         .collect()
 }
 
 /// What `serve --check` finds wrong with `signing:` without making anything: an unreadable or
-/// unprotected key file, a missing one on PostgreSQL, a retired key that is not a public key.
+/// unprotected key file, a missing one on PostgreSQL, a listed public key that is not one.
 pub fn config_problems(config: &SigningSetup) -> Vec<String> {
     let generated = config.data_dir.join(GENERATED_KEY_FILE);
     let key = match &config.key_file {
@@ -201,6 +227,6 @@ pub fn config_problems(config: &SigningSetup) -> Vec<String> {
     };
     key.and_then(Result::err)
         .into_iter()
-        .chain(read_previous(config).err())
+        .chain(read_public_keys(config).err())
         .collect()
 }

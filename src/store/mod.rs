@@ -515,13 +515,13 @@ pub trait Store: AuditBackend {
     /// admissions charged to rate windows (in time order).
     fn restore(&self, _recovered: Recovered) {}
 
-    /// Keeps a key that a replica signs with (SPEC 14), unless its kid is kept already, so that every
-    /// replica's `/v1/keys` lists every key that any of them signed with. A store that one process owns
-    /// (the embedded one) keeps nothing: that process's own keys are the whole set.
+    /// Notes a key that a replica signs with (SPEC 14), unless its kid is noted already: a hint that
+    /// lets a replica warn about a replica whose key its configuration does not name. Never published
+    /// nor trusted (SPEC 20 rule 6). A store that one process owns (the embedded one) keeps nothing.
     async fn signing_key_publish(&self, _key: &SigningKeyRecord) -> StoreResult<()> {
         Ok(())
     }
-    /// Every key kept by [`Store::signing_key_publish`], oldest first.
+    /// Every key noted by [`Store::signing_key_publish`], oldest first: hints, not keys to trust.
     async fn signing_keys(&self) -> StoreResult<Vec<SigningKeyRecord>> {
         Ok(Vec::new())
     }
@@ -535,7 +535,7 @@ pub struct Recovered {
     pub rate_admissions: Vec<(String, crate::policy::rate::SlidingWindow, i64)>,
 }
 
-/// A public key that a replica signs receipts and checkpoints with (SPEC 14).
+/// A public key that a replica says it signs receipts and checkpoints with (SPEC 14): a hint only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SigningKeyRecord {
     /// The first 16 hex digits of hex(SHA-256(public_key)).

@@ -301,12 +301,10 @@ fn describe(err: reqwest::Error) -> String {
 /// URL: its query may hold a credential.
 fn parse_jwks_url(raw: &str) -> Result<Url, String> {
     let url = Url::parse(raw).map_err(|err| format!("jwks_url is not a valid URL: {err}"))?;
-    let loopback = match url.host() {
-        Some(Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(Host::Domain(name)) => name == "localhost",
-        None => return Err("jwks_url has no host".to_owned()),
-    };
+    if url.host().is_none() {
+        return Err("jwks_url has no host".to_owned());
+    }
+    let loopback = is_loopback_host(&url);
     match url.scheme() {
         "https" => Ok(url),
         "http" if loopback => Ok(url),
@@ -318,6 +316,17 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
         other => Err(format!(
             "jwks_url: the scheme is {other:?}; use https://"
         )),
+    }
+}
+
+/// Whether `url`'s host is this machine (127.0.0.0/8, [::1], localhost), where nobody else can answer
+/// a plain `http://` request.
+pub(crate) fn is_loopback_host(url: &Url) -> bool {
+    match url.host() {
+        Some(Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(Host::Domain(name)) => name == "localhost",
+        None => false,
     }
 }
 

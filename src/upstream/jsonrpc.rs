@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::UpstreamError;
+use crate::strict_json::{parse_tool_answer, refuse_unsafe_integers, AnswerRefusal};
 
 /// What a tool answered: a `result`, or a JSON-RPC `error` object (`code`, `message`, `data`?).
 /// Both are answers (the claim is committed either way); only their shape differs.
@@ -33,6 +34,16 @@ impl ToolAnswer {
         };
         serde_json::to_vec(value).map_or(usize::MAX, |bytes| bytes.len())
     }
+
+    /// Refuses an answer that another parser read (MCP) holding an integer beyond ±(2^53−1), which JCS
+    /// would write as another number (SPEC 20 rule 5); the text of other numbers is gone by then.
+    pub(crate) fn refuse_unsafe_integers(&self) -> Result<(), UpstreamError> {
+        let (member, value) = match self {
+            ToolAnswer::Result(value) => ("result", value),
+            ToolAnswer::Error(value) => ("error", value),
+        };
+        refuse_unsafe_integers(value, member).map_err(UpstreamError::InexactNumber)
+    }
 }
 
 /// Builds the JSON-RPC `error` member from its parts, leaving out an absent `data`.
@@ -48,7 +59,8 @@ pub(crate) fn error_object(code: i64, message: &str, data: Option<Value>) -> Val
 
 /// Reads `body` as the JSON-RPC response to the request that carried `expected_id`.
 ///
-/// Strict: `jsonrpc` must be `"2.0"`, exactly one of `result` / `error` must be present, an error
+/// Strict JSON (no repeated key), with every number as JCS will write it for the receipt (SPEC 20
+/// rule 5). Strict JSON-RPC: `jsonrpc` must be `"2.0"`, exactly one of `result` / `error` must be present, an error
 /// must have an integer `code` and a string `message`, and the id must be ours (or `null` on an
 /// error, which JSON-RPC allows when the server could not read the id). A non-2xx status is only
 /// accepted together with an `error`: a failed HTTP exchange that claims success is not an answer.
@@ -58,8 +70,10 @@ pub(crate) fn parse_http_answer(
     status_is_success: bool,
 ) -> Result<ToolAnswer, UpstreamError> {
     let bad = |why: &str| UpstreamError::BadResponse(why.to_owned());
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| UpstreamError::BadResponse(format!("not JSON: {e}")))?;
+    let value = parse_tool_answer(body).map_err(|refusal| match refusal {
+        AnswerRefusal::InexactNumber(why) => UpstreamError::InexactNumber(why),
+        AnswerRefusal::Malformed(why) => UpstreamError::BadResponse(format!("not JSON: {why}")),
+    })?;
     let Value::Object(mut object) = value else {
         return Err(bad("the answer is not a JSON object"));
     };

@@ -583,6 +583,9 @@ impl McpUpstream {
         if answer.payload_len() as u64 > cap {
             return Err(CallFailure::Final(UpstreamError::TooLarge { limit: cap }));
         }
+        answer
+            .refuse_unsafe_integers()
+            .map_err(CallFailure::Final)?;
         Ok(answer)
     }
 

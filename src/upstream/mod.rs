@@ -57,6 +57,10 @@ pub enum UpstreamError {
     /// The upstream answered, but not with a JSON-RPC response: outcome unknown (5003).
     #[error("upstream answered with something that is not a JSON-RPC response: {0}")]
     BadResponse(String),
+    /// The answer holds a number that JCS cannot write as the tool sent it, so no receipt could bind
+    /// it (SPEC 20 rule 5); withheld like a bad response (5003). The message names the number's path.
+    #[error("the tool's answer holds a number that a receipt cannot bind exactly: {0}")]
+    InexactNumber(String),
     /// The answer was larger than the cap: the tool ran, its answer is withheld (2007).
     #[error("the upstream's answer exceeded {limit} bytes")]
     TooLarge { limit: u64 },
@@ -69,7 +73,7 @@ impl UpstreamError {
             UpstreamError::NoRoute => 5004,
             UpstreamError::Unavailable(_) => 5001,
             UpstreamError::Timeout(_) => 5002,
-            UpstreamError::BadResponse(_) => 5003,
+            UpstreamError::BadResponse(_) | UpstreamError::InexactNumber(_) => 5003,
             UpstreamError::TooLarge { .. } => 2007,
         }
     }
@@ -78,7 +82,10 @@ impl UpstreamError {
     /// they can name internal addresses, and a URL's query can hold a credential (SPEC 8).
     pub fn for_agent(&self) -> String {
         match self {
-            UpstreamError::NoRoute | UpstreamError::TooLarge { .. } => self.to_string(),
+            // The path names where in the answer, never the number: answers are not recorded.
+            UpstreamError::NoRoute
+            | UpstreamError::TooLarge { .. }
+            | UpstreamError::InexactNumber(_) => self.to_string(),
             UpstreamError::Unavailable(_) => {
                 "the tool's server could not be reached; nothing was sent".to_owned()
             }
@@ -235,7 +242,7 @@ impl Upstreams {
             Ok(_) => 0,
             Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute) => 1,
             Err(UpstreamError::Timeout(_)) => 2,
-            Err(UpstreamError::BadResponse(_)) => 3,
+            Err(UpstreamError::BadResponse(_) | UpstreamError::InexactNumber(_)) => 3,
             Err(UpstreamError::TooLarge { .. }) => 4,
         };
         upstream.latency.record(outcome, started.elapsed());

@@ -338,6 +338,34 @@ pub fn signing_key_file(dir: &Path) -> PathBuf {
     path
 }
 
+/// The public half of `dir/signing.key` (made when missing), as `dir/signing.pub.pem` (SPKI PEM).
+pub fn signing_public_key_file(dir: &Path) -> PathBuf {
+    let key = sealgate::envelope::read_signing_key_file(&signing_key_file(dir)).unwrap();
+    let path = dir.join("signing.pub.pem");
+    let pem = sealgate::envelope::public_key_pem(&key.verifying_key()).unwrap();
+    std::fs::write(&path, pem).unwrap();
+    path
+}
+
+/// The `signing:` line of replica `index` of `count`, each in `dir/r{i}`: its own key, and the other
+/// replicas' public keys, which `/v1/keys` lists only because the configuration names them (SPEC 20
+/// rule 6).
+pub fn replica_signing(dir: &Path, count: usize, index: usize) -> String {
+    let folder = |i: usize| {
+        let folder = dir.join(format!("r{i}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        folder
+    };
+    let others: Vec<PathBuf> = (0..count)
+        .filter(|&i| i != index)
+        .map(|i| signing_public_key_file(&folder(i)))
+        .collect();
+    format!(
+        "signing: {{ key_file: {:?}, replica_public_keys: {others:?} }}\n",
+        signing_key_file(&folder(index))
+    )
+}
+
 /// `SEALGATE_TEST_STORE=postgres` runs the black-box suite on PostgreSQL (issue 11): a configuration that
 /// names no store gets a fresh database of its own on the server of `SEALGATE_TEST_POSTGRES`. The database
 /// outlives the test process (a gateway may be restarted on it); `scripts/test.sh` drops it after the run.
@@ -951,7 +979,8 @@ pub async fn start_replicas(
     let replicas = (0..count)
         .map(|i| {
             let folder = dir.join(format!("r{i}"));
-            let extra = format!("store: {store_url:?}\nreplica_id: r{i}\n");
+            let signing = replica_signing(dir, count, i);
+            let extra = format!("store: {store_url:?}\nreplica_id: r{i}\n{signing}");
             let config = write_config(&folder, &keys, &tool_base, "", &extra);
             Gateway::spawn(&folder, &config, keys.clone())
         })
