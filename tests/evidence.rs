@@ -953,27 +953,13 @@ async fn a_key_planted_in_the_store_is_neither_published_nor_trusted() {
     assert!(!kids_of(&key_set(&second).await).contains(&kid));
 }
 
-/// A local server that answers every request with 307 to `location`; its base URL.
-async fn redirecting_server(location: &'static str) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().fallback(move || async move {
-        (
-            axum::http::StatusCode::TEMPORARY_REDIRECT,
-            [(axum::http::header::LOCATION, location)],
-        )
-    });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_url_that_redirects_or_is_plain_http_elsewhere_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let response = save(dir.path(), "response.json", &json!({"status": "success"}));
     let audit = save(dir.path(), "audit.jsonl", &"");
-    let location = "https://keys.example/v1/keys";
-    let redirecting = format!("{}/v1/keys", redirecting_server(location).await);
+    let redirector = common::redirect::Redirector::start().await;
+    let redirecting = format!("{}/v1/keys", redirector.base);
     for args in [
         vec!["receipt", "verify", "--keys", &redirecting, text(&response)],
         vec!["audit", "verify", text(&audit), "--keys", &redirecting],
@@ -981,12 +967,14 @@ async fn a_keys_url_that_redirects_or_is_plain_http_elsewhere_is_refused() {
         let (status, out) = run_cli(&args);
         assert_eq!(status, 1, "{out}");
         assert!(
-            out.contains("answered HTTP 307 Temporary Redirect")
-                && out.contains(&format!("a redirect to {location}"))
-                && out.contains("redirects are not followed"),
+            out.contains(&format!(
+                "answered HTTP 307 Temporary Redirect to {}/decoy (redirects are not followed)",
+                redirector.base
+            )),
             "{out}"
         );
     }
+    assert_eq!((redirector.redirected(), redirector.followed()), (2, 0));
     for remote in [
         "http://192.0.2.1/v1/keys",
         "http://keys.example/v1/keys",

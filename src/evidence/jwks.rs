@@ -106,8 +106,7 @@ async fn fetch(source: &str) -> Result<String, String> {
              localhost); use https://"
         ));
     }
-    let response = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+    let response = crate::outbound::client_builder()
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?
@@ -115,21 +114,11 @@ async fn fetch(source: &str) -> Result<String, String> {
         .send()
         .await
         .map_err(|e| format!("cannot fetch {source}: {e}"))?;
-    let status = response.status();
-    if status.is_redirection() {
-        let location = response
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .map_or("(none)".into(), |value| {
-                String::from_utf8_lossy(value.as_bytes())
-            });
+    if !response.status().is_success() {
         return Err(format!(
-            "{source} answered HTTP {status}, a redirect to {location}; redirects are not \
-             followed: give the URL of the keys themselves"
+            "{source} answered {}",
+            crate::outbound::failed_status(response.status(), response.headers())
         ));
-    }
-    if !status.is_success() {
-        return Err(format!("{source} answered HTTP {status}"));
     }
     response
         .text()
