@@ -574,16 +574,7 @@ async fn health_readiness_metrics_and_unknown_routes() {
     let (key, token) = gw.session("exec-metrics").await;
     gw.call(&key, &token, tool_call(1, "tool.off", json!({})))
         .await;
-    let metrics = gw
-        .client
-        .get(format!("{}/metrics", gw.base))
-        .bearer_auth(gw.keys.operator_token("seal.metrics.read"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(metrics.contains("sealgate_"), "{metrics}");
     let (status, body) = gw.operator(Method::GET, "/v1/nothing", None, None).await;
     assert_eq!((status, code(&body)), (404, 6003));

@@ -690,16 +690,7 @@ async fn a_stdio_servers_stderr_is_logged_only_before_its_first_call_and_a_faile
         .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
         .collect();
     assert_eq!(states, expected);
-    let metrics = gw
-        .client
-        .get(format!("{}/metrics", gw.base))
-        .bearer_auth(gw.keys.operator_token("seal.metrics.read"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     for (upstream, up) in [("broken", 0), ("loud", 1), ("py", 0)] {
         let sample = format!("sealgate_upstream_up{{upstream=\"{upstream}\"}} {up}");
         assert!(

@@ -674,6 +674,19 @@ impl Gateway {
         self.operator(method, path, Some(&token), body).await
     }
 
+    /// `GET /metrics` with a `seal.metrics.read` token: the Prometheus text.
+    pub async fn metrics(&self) -> String {
+        let response = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth(self.keys.operator_token("seal.metrics.read"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.text().await.unwrap()
+    }
+
     /// `GET /v1/audit/export` from `from_seq` (the first event when 0), as the JSON lines it streams.
     pub async fn export_from(&self, from_seq: u64) -> String {
         let response = self
