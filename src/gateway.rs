@@ -143,13 +143,19 @@ impl Gateway {
                 "replay records and rate windows restored from the audit chain"
             );
         }
-        let replay_cover = crate::replay::start(
-            store.as_ref(),
+        // The store's cover before this start, and this start's, recorded before any call is taken.
+        let replay_cover = crate::replay::ReplayCover::at_start(
+            store
+                .replay_cover()
+                .await
+                .map_err(|e| format!("store: {e}"))?,
             config.limits.max_clock_skew_secs,
             crate::clock::now_millis(),
-        )
-        .await
-        .map_err(|e| format!("store: {e}"))?;
+        );
+        store
+            .set_replay_cover(&replay_cover)
+            .await
+            .map_err(|e| format!("store: {e}"))?;
         if let Some(narrowed) = replay_cover.narrowed {
             tracing::warn!(
                 covered_secs = narrowed.secs,

@@ -5,8 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Store, StoreResult};
-
 /// The window that the store's replay records cover, as the last start left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayCover {
@@ -57,13 +55,6 @@ impl ReplayCover {
         self.narrowed_secs(now_ms)
             .map_or(self.skew_secs, |secs| secs.min(self.skew_secs))
     }
-}
-
-/// Reads the store's cover, records the cover of this start, and returns it.
-pub async fn start(store: &dyn Store, skew_secs: i64, now_ms: i64) -> StoreResult<ReplayCover> {
-    let cover = ReplayCover::at_start(store.replay_cover().await?, skew_secs, now_ms);
-    store.set_replay_cover(&cover).await?;
-    Ok(cover)
 }
 
 #[cfg(test)]
