@@ -114,38 +114,66 @@ pub fn parse_tool_answer(bytes: &[u8]) -> Result<Value, AnswerRefusal> {
     })
 }
 
-/// Refuses an integer outside ±(2^53−1) anywhere in `value`, a tool's answer that another parser already
-/// read (an MCP library: the text of its numbers is gone, but such an integer is still one), naming its
-/// path under `$.{member}` (SPEC 20 rule 5).
-pub fn refuse_unsafe_integers(value: &Value, member: &str) -> Result<(), String> {
-    unsafe_integers_in(value).map_err(|error| {
-        error
-            .inside(PathSegment::Key(member.to_owned()))
-            .to_string()
-    })
+/// Whether the JSON text `bytes` holds a number that [`parse_tool_answer`] refuses as inexact. It reads
+/// no structure and allocates nothing: it skips strings and checks each number token by the same rule as
+/// the parser. It runs on every message of an MCP server, whose library keeps no number text; only a hit
+/// is worth [`parse_tool_answer`]'s full reading, for the path. Bytes that are not JSON can hit too.
+pub fn holds_inexact_number(bytes: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(&byte) = bytes.get(pos) {
+        pos = match byte {
+            b'"' => end_of_string(bytes, pos + 1),
+            b'-' | b'0'..=b'9' => {
+                let end = end_of_number(bytes, pos);
+                if !is_exact_number(&bytes[pos..end]) {
+                    return true;
+                }
+                end
+            }
+            _ => pos + 1,
+        };
+    }
+    false
 }
 
-fn unsafe_integers_in(value: &Value) -> Result<(), ParseError> {
-    match value {
-        Value::Number(number) => {
-            let magnitude = number
-                .as_u64()
-                .or_else(|| number.as_i64().map(i64::unsigned_abs));
-            match magnitude {
-                Some(magnitude) if magnitude > MAX_SAFE_INTEGER => Err(ParseError {
-                    inexact_number: true,
-                    ..ParseError::in_value("integer outside ±(2^53−1)")
-                }),
-                _ => Ok(()),
-            }
+/// The position just after the string whose contents start at `pos` (escapes skipped whole).
+fn end_of_string(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(&byte) = bytes.get(pos) {
+        match byte {
+            b'"' => return pos + 1,
+            b'\\' => pos += 2,
+            _ => pos += 1,
         }
-        Value::Object(object) => object.iter().try_for_each(|(key, item)| {
-            unsafe_integers_in(item).map_err(|error| error.inside(PathSegment::Key(key.clone())))
-        }),
-        Value::Array(items) => items.iter().enumerate().try_for_each(|(index, item)| {
-            unsafe_integers_in(item).map_err(|error| error.inside(PathSegment::Index(index)))
-        }),
-        _ => Ok(()),
+    }
+    pos
+}
+
+/// The position just after the number token that starts at `pos`.
+fn end_of_number(bytes: &[u8], pos: usize) -> usize {
+    let length = bytes[pos..]
+        .iter()
+        .take_while(|&&b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+        .count();
+    pos + length
+}
+
+/// Whether a number token is one that [`TOOL_ANSWERS`] reads as sent; on the normal path (it is)
+/// nothing is allocated.
+fn is_exact_number(token: &[u8]) -> bool {
+    let Ok(literal) = std::str::from_utf8(token) else {
+        return false;
+    };
+    let negative = literal.starts_with('-');
+    let is_integer_literal = !literal.contains(['.', 'e', 'E']);
+    if is_integer_literal {
+        let shown = Shown {
+            literal,
+            quoted: false,
+        };
+        let digits = literal.len() - usize::from(negative);
+        safe_integer(shown, negative, digits, 0).is_ok()
+    } else {
+        exact_double(literal, 0).is_ok()
     }
 }
 
@@ -926,6 +954,7 @@ mod tests {
         for number in exact {
             let answer = format!(r#"{{"n": {number}}}"#);
             assert!(parse_tool_answer(answer.as_bytes()).is_ok(), "{number}");
+            assert!(!holds_inexact_number(answer.as_bytes()), "{number}");
         }
         let inexact = [
             ("9007199254740992", "integer is outside ±(2^53−1)"),
@@ -940,6 +969,7 @@ mod tests {
         ];
         for (number, problem) in inexact {
             let answer = format!(r#"{{"result": {{"items": [{{"n": {number}}}]}}}}"#);
+            assert!(holds_inexact_number(answer.as_bytes()), "{number}");
             match parse_tool_answer(answer.as_bytes()) {
                 Err(AnswerRefusal::InexactNumber(message)) => assert!(
                     message.contains(problem)
@@ -950,20 +980,13 @@ mod tests {
                 other => panic!("{number}: {other:?}"),
             }
         }
+        // Numbers inside strings (keys included, escaped quotes too) are text, not numbers.
+        let quoted = br#"{"s": "1.0000000000000000001", "k\"9007199254740993": ["\\", 0.5]}"#;
+        assert!(parse_tool_answer(quoted).is_ok() && !holds_inexact_number(quoted));
         assert!(matches!(
             parse_tool_answer(br#"{"n": 1, "n": 2}"#),
             Err(AnswerRefusal::Malformed(message)) if message.starts_with("duplicate key")
         ));
-    }
-
-    #[test]
-    fn an_answer_read_elsewhere_is_refused_for_an_unsafe_integer_by_its_path() {
-        let answer = json!({"content": [{"n": 9_007_199_254_740_991_u64}, {"n": -9_007_199_254_740_993_i64}]});
-        assert_eq!(
-            refuse_unsafe_integers(&answer, "result"),
-            Err("integer outside ±(2^53−1) at $.result.content[1].n".to_owned())
-        );
-        assert_eq!(refuse_unsafe_integers(&json!({"n": 0.5}), "error"), Ok(()));
     }
 
     #[test]
@@ -1241,6 +1264,7 @@ mod tests {
             let answer = format!("[{double:e}]");
             let read = parse_tool_answer(answer.as_bytes());
             prop_assert_eq!(read.map(|v| v[0].as_f64()), Ok(Some(double)), "{}", answer);
+            prop_assert!(!holds_inexact_number(answer.as_bytes()), "{}", answer);
         }
 
         #[test]

@@ -1065,18 +1065,31 @@ async fn an_answer_with_a_number_jcs_cannot_write_as_sent_is_refused_naming_wher
     assert_eq!(status, 0, "{out}");
 }
 
-/// An MCP server over stdio, written by hand so that its answers carry numbers as written:
-/// `beyond_2_53` answers 2^53+1 at `structuredContent.n`, `fine` answers 0.5.
+/// The answer of the hand-written MCP servers below to `tools/call` of `NAME` (or `NAME_sse`), with
+/// the number NAME stands for at `structuredContent.n`, written as text.
+fn numbers_mcp_number(tool: &str) -> &'static str {
+    match tool.trim_end_matches("_sse") {
+        "beyond_2_53" => "9007199254740993",
+        "too_long" => "1.0000000000000000001",
+        _ => "0.5",
+    }
+}
+
+const NUMBERS_MCP_TOOLS: [&str; 3] = ["beyond_2_53", "too_long", "fine"];
+
+/// An MCP server over stdio, written by hand so that its answers carry numbers as written (see
+/// [`numbers_mcp_number`]).
 const NUMBERS_MCP_SERVER: &str = r#"
 import json, sys
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("beyond_2_53", "fine")]
+NUMBERS = {"beyond_2_53": "9007199254740993", "too_long": "1.0000000000000000001", "fine": "0.5"}
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in NUMBERS]
 for line in sys.stdin:
     message = json.loads(line)
     if "id" not in message:
         continue
     method = message["method"]
     if method == "tools/call":
-        n = "9007199254740993" if message["params"]["name"] == "beyond_2_53" else "0.5"
+        n = NUMBERS[message["params"]["name"]]
         answer = '{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"n"}],"structuredContent":{"n":%s}}}' % (json.dumps(message["id"]), n)
     else:
         if method == "initialize":
@@ -1091,8 +1104,90 @@ for line in sys.stdin:
     sys.stdout.flush()
 "#;
 
+/// The same MCP server over Streamable HTTP (stateless: no session, no event stream of its own). A
+/// tool whose name ends in `_sse` answers in an SSE event instead of a JSON body.
+async fn numbers_mcp_http(axum::Json(message): axum::Json<Value>) -> axum::response::Response {
+    use axum::http::{header::CONTENT_TYPE, StatusCode};
+    use axum::response::IntoResponse as _;
+    let Some(id) = message.get("id") else {
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let answer = match message["method"].as_str() {
+        Some("tools/call") => {
+            let tool = message["params"]["name"].as_str().unwrap_or_default();
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"n"}}],"structuredContent":{{"n":{}}}}}}}"#,
+                numbers_mcp_number(tool)
+            );
+            if tool.ends_with("_sse") {
+                let event = format!("event: message\ndata: {answer}\n\n");
+                return ([(CONTENT_TYPE, "text/event-stream")], event).into_response();
+            }
+            answer
+        }
+        Some("initialize") => json!({"jsonrpc": "2.0", "id": id, "result": {
+            "protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+            "serverInfo": {"name": "numbers", "version": "1"}}})
+        .to_string(),
+        Some("tools/list") => {
+            let tools: Vec<Value> = NUMBERS_MCP_TOOLS
+                .iter()
+                .flat_map(|name| [name.to_string(), format!("{name}_sse")])
+                .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
+                .collect();
+            json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}}).to_string()
+        }
+        _ => json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string(),
+    };
+    ([(CONTENT_TYPE, "application/json")], answer).into_response()
+}
+
+/// Calls the `numbers` MCP upstream of `gw`: the answers with 2^53+1 and with a fraction longer than a
+/// double (each `tool` and `tool_sse` in `suffixes`) are refused with 5003 naming where, without the
+/// number; 0.5 passes, and its receipt verifies.
+async fn mcp_numbers_are_held_to_rule_5(gw: &Gateway, dir: &Path, suffixes: &[&str]) {
+    let (key, token) = gw.session_in("exec-mcp-numbers", "other").await;
+    let mut id = 0;
+    for suffix in suffixes {
+        for (tool, problem) in [
+            ("beyond_2_53", "integer is outside ±(2^53−1)"),
+            ("too_long", "shortest round-trip form"),
+        ] {
+            id += 1;
+            let tool = format!("numbers.{tool}{suffix}");
+            let (_, status, body) = call(gw, &key, &token, tool_call(id, &tool, json!({}))).await;
+            assert_eq!((status, code(&body)), (502, 5003), "{tool}: {body}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(problem)
+                    && message.contains("at $.result.structuredContent.n ")
+                    && !message.contains(numbers_mcp_number(tool.trim_start_matches("numbers.")))
+                    && body.get("payload").is_none(),
+                "{tool}: {body}"
+            );
+        }
+        id += 1;
+        let tool = format!("numbers.fine{suffix}");
+        let (_, status, body) = call(gw, &key, &token, tool_call(id, &tool, json!({}))).await;
+        assert_eq!(status, 200, "{tool}: {body}");
+        assert_eq!(
+            body["payload"]["result"]["structuredContent"]["n"],
+            json!(0.5)
+        );
+        let response = save(dir, "response.json", &body);
+        let (status, out) = run_cli(&[
+            "receipt",
+            "verify",
+            "--keys",
+            &keys_url(gw),
+            text(&response),
+        ]);
+        assert_eq!(status, 0, "{tool}: {out}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mcp_answer_with_an_integer_beyond_2_53_is_refused_naming_where() {
+async fn an_mcp_answer_over_stdio_with_a_number_jcs_cannot_write_as_sent_is_refused_naming_where() {
     let dir = tempfile::tempdir().unwrap();
     let script = save(dir.path(), "numbers_mcp.py", &NUMBERS_MCP_SERVER);
     let (_tool, tool_base) = common::start_tool().await;
@@ -1103,26 +1198,25 @@ async fn an_mcp_answer_with_an_integer_beyond_2_53_is_refused_naming_where() {
     );
     let config = common::write_config(dir.path(), &keys, &tool_base, &upstream, "");
     let gw = Gateway::spawn(dir.path(), &config, keys);
-    let (key, token) = gw.session_in("exec-mcp-numbers", "other").await;
+    mcp_numbers_are_held_to_rule_5(&gw, dir.path(), &[""]).await;
+}
 
-    let (_, status, body) = call(
-        &gw,
-        &key,
-        &token,
-        tool_call(1, "numbers.beyond_2_53", json!({})),
-    )
-    .await;
-    assert_eq!((status, code(&body)), (502, 5003), "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("integer outside ±(2^53−1) at $.result.structuredContent.n")
-            && !message.contains("9007199254740993"),
-        "{message}"
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_answer_over_http_with_a_number_jcs_cannot_write_as_sent_is_refused_naming_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let numbers = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(numbers_mcp_http)
+            .get(|| async { axum::http::StatusCode::METHOD_NOT_ALLOWED }),
     );
-    let (_, status, body) = call(&gw, &key, &token, tool_call(2, "numbers.fine", json!({}))).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["payload"]["result"]["structuredContent"]["n"],
-        json!(0.5)
-    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = Arc::new(common::Keys::new());
+    let upstream = format!("  numbers: {{ mcp: {{ url: \"{numbers}\" }}, timeout_ms: 20000 }}");
+    let config = common::write_config(dir.path(), &keys, &tool_base, &upstream, "");
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    // Answers in a JSON body, then in an SSE event.
+    mcp_numbers_are_held_to_rule_5(&gw, dir.path(), &["", "_sse"]).await;
 }

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::UpstreamError;
-use crate::strict_json::{parse_tool_answer, refuse_unsafe_integers, AnswerRefusal};
+use crate::strict_json::{parse_tool_answer, AnswerRefusal};
 
 /// What a tool answered: a `result`, or a JSON-RPC `error` object (`code`, `message`, `data`?).
 /// Both are answers (the claim is committed either way); only their shape differs.
@@ -33,16 +33,6 @@ impl ToolAnswer {
             ToolAnswer::Result(v) | ToolAnswer::Error(v) => v,
         };
         serde_json::to_vec(value).map_or(usize::MAX, |bytes| bytes.len())
-    }
-
-    /// Refuses an answer that another parser read (MCP) holding an integer beyond ±(2^53−1), which JCS
-    /// would write as another number (SPEC 20 rule 5); the text of other numbers is gone by then.
-    pub(crate) fn refuse_unsafe_integers(&self) -> Result<(), UpstreamError> {
-        let (member, value) = match self {
-            ToolAnswer::Result(value) => ("result", value),
-            ToolAnswer::Error(value) => ("error", value),
-        };
-        refuse_unsafe_integers(value, member).map_err(UpstreamError::InexactNumber)
     }
 }
 

@@ -7,7 +7,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +21,7 @@ use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService, Ser
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use url::Url;
@@ -32,6 +31,8 @@ use super::health::{Health, Start, UpstreamState};
 use super::http::build_client;
 use super::jsonrpc::{error_object, ToolAnswer};
 use super::mcp_http_client::SessionAwareClient;
+use super::mcp_numbers::InexactNumbers;
+use super::mcp_stdio::ChildTransport;
 use super::stderr::StderrLog;
 use super::{UpstreamError, HARD_MAX_RESPONSE_BYTES};
 use crate::redact;
@@ -86,12 +87,21 @@ enum Delivery {
     Failed(String),
 }
 
+/// What the gateway knows of one `tools/call` request beyond what rmcp says.
+struct WatchedCall {
+    since: Instant,
+    delivery: Delivery,
+    /// The answer held a number that a receipt cannot bind exactly: the refusal naming its path.
+    inexact_number: Option<String>,
+}
+
 /// What the gateway needs to know about a transport and rmcp does not say: whether the server's
-/// side has closed, and how far each `tools/call` request got. rmcp reports "transport closed"
-/// alike for a request still in its queue and for one the tool may be running.
+/// side has closed, how far each `tools/call` request got, and whether its answer's raw text held an
+/// inexact number. rmcp reports "transport closed" alike for a request still in its queue and for one
+/// the tool may be running, and keeps no number text.
 struct TransportWatch {
     closed: AtomicBool,
-    calls: Mutex<HashMap<RequestId, (Instant, Delivery)>>,
+    calls: Mutex<HashMap<RequestId, WatchedCall>>,
     /// Entries older than this belong to calls that were abandoned (their caller went away).
     retention: Duration,
 }
@@ -108,19 +118,38 @@ impl TransportWatch {
     fn record(&self, id: &RequestId, delivery: Delivery) {
         if let Ok(mut calls) = self.calls.lock() {
             let retention = self.retention;
-            calls.retain(|_, (at, _)| at.elapsed() < retention);
-            calls.insert(id.clone(), (Instant::now(), delivery));
+            calls.retain(|_, call| call.since.elapsed() < retention);
+            let call = calls.entry(id.clone()).or_insert(WatchedCall {
+                since: Instant::now(),
+                delivery: Delivery::NotStarted,
+                inexact_number: None,
+            });
+            call.delivery = delivery;
         }
     }
 
-    /// How far the request got; forgets it.
-    fn take(&self, id: &RequestId) -> Delivery {
+    /// How far the request got, and the refusal of its answer if that held an inexact number;
+    /// forgets it.
+    fn take(&self, id: &RequestId) -> (Delivery, Option<String>) {
         match self.calls.lock() {
             Ok(mut calls) => calls
                 .remove(id)
-                .map_or(Delivery::NotStarted, |(_, delivery)| delivery),
+                .map_or((Delivery::NotStarted, None), |call| {
+                    (call.delivery, call.inexact_number)
+                }),
             // A poisoned map cannot tell: assume the request went out (outcome unknown).
-            Err(_) => Delivery::Started,
+            Err(_) => (Delivery::Started, None),
+        }
+    }
+}
+
+impl InexactNumbers for TransportWatch {
+    /// Kept for `tools/call` requests only: other answers bind no receipt of a call.
+    fn found(&self, id: RequestId, at: String) {
+        if let Ok(mut calls) = self.calls.lock() {
+            if let Some(call) = calls.get_mut(&id) {
+                call.inexact_number = Some(at);
+            }
         }
     }
 }
@@ -465,7 +494,7 @@ impl McpUpstream {
                     .session_recovery_timeout(self.timeout);
                 let transport = WatchedTransport {
                     inner: StreamableHttpClientTransport::with_client(
-                        SessionAwareClient::new(http),
+                        SessionAwareClient::new(http, watch.clone()),
                         config,
                     ),
                     watch: watch.clone(),
@@ -507,14 +536,15 @@ impl McpUpstream {
         let mut wrapped = CommandWrap::from(process);
         // Its own process group, so that a wrapper (npx, sh) dies with the server it runs.
         wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-        let (transport, stderr) = TokioChildProcess::builder(wrapped)
-            .stderr(Stdio::piped())
-            .spawn()
+        let (transport, stderr) = ChildTransport::spawn(wrapped, watch.clone())
             .map_err(|e| format!("cannot start `{}`: {e}", command.command))?;
-        let stderr = stderr.map(|stderr| {
-            let health = (self.health.clone(), start);
-            StderrLog::read(self.name.clone(), command.log_stderr, health, stderr)
-        });
+        let health = (self.health.clone(), start);
+        let stderr = Some(StderrLog::read(
+            self.name.clone(),
+            command.log_stderr,
+            health,
+            stderr,
+        ));
         let transport = WatchedTransport {
             inner: transport,
             watch: watch.clone(),
@@ -559,7 +589,11 @@ impl McpUpstream {
         // On timeout rmcp sends notifications/cancelled for the request and forgets it, so a late
         // answer is dropped on purpose rather than lost unnoticed.
         let outcome = handle.await_response().await;
-        let delivery = connection.watch.take(&request_id);
+        let (delivery, inexact_number) = connection.watch.take(&request_id);
+        if let Some(at) = inexact_number {
+            // The answer's text holds a number that rmcp read as another one (SPEC 20 rule 5).
+            return Err(CallFailure::Final(UpstreamError::InexactNumber(at)));
+        }
         let answer = match outcome {
             Ok(ServerResult::CallToolResult(result)) => serde_json::to_value(result)
                 .map(ToolAnswer::Result)
@@ -583,9 +617,6 @@ impl McpUpstream {
         if answer.payload_len() as u64 > cap {
             return Err(CallFailure::Final(UpstreamError::TooLarge { limit: cap }));
         }
-        answer
-            .refuse_unsafe_integers()
-            .map_err(CallFailure::Final)?;
         Ok(answer)
     }
 

@@ -7,7 +7,8 @@
 //! This client does the POST itself and reports HTTP 400 and 404 to a request sent inside a session
 //! as an expired session: rmcp then re-initialises once and re-sends the request, which is safe
 //! because a 4xx means the server did not process it. GET (the server's event stream) and DELETE
-//! are rmcp's own.
+//! are rmcp's own, but every message that comes back, in a JSON body or an SSE event of either, is
+//! checked for inexact numbers before rmcp reads it (SPEC 20 rule 5, see `mcp_numbers`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,9 +23,10 @@ use rmcp::transport::streamable_http_client::{
     AuthRequiredError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
 };
-use sse_stream::SseStream;
+use sse_stream::{Sse, SseStream};
 
 use super::http::{read_capped, CappedReadError};
+use super::mcp_numbers::{check_message, InexactNumbers};
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 
@@ -37,11 +39,46 @@ const RESERVED_CUSTOM_HEADERS: &[&str] = &["accept", SESSION_ID_HEADER, "last-ev
 #[derive(Clone)]
 pub(crate) struct SessionAwareClient {
     http: reqwest::Client,
+    numbers: Arc<dyn InexactNumbers>,
 }
 
 impl SessionAwareClient {
-    pub(crate) fn new(http: reqwest::Client) -> Self {
-        Self { http }
+    pub(crate) fn new(http: reqwest::Client, numbers: Arc<dyn InexactNumbers>) -> Self {
+        Self { http, numbers }
+    }
+
+    /// Reads a JSON body within `max` bytes, checking its numbers.
+    async fn read_json_body(
+        &self,
+        response: reqwest::Response,
+        max: usize,
+    ) -> Result<Vec<u8>, StreamableHttpError<reqwest::Error>> {
+        let body = read_capped(response, max as u64)
+            .await
+            .map_err(|e| match e {
+                CappedReadError::TooLarge => {
+                    StreamableHttpError::ResponseBodyTooLarge { max_size: max }
+                }
+                CappedReadError::Body(e) => StreamableHttpError::Client(e),
+            })?;
+        check_message(&body, self.numbers.as_ref());
+        Ok(body)
+    }
+
+    /// Checks the numbers of each event's message as rmcp reads the stream.
+    fn checked_sse(&self, events: BoxedSseResponse) -> BoxedSseResponse {
+        let numbers = self.numbers.clone();
+        events
+            .inspect(move |event| {
+                if let Ok(Sse {
+                    data: Some(message),
+                    ..
+                }) = event
+                {
+                    check_message(message.as_bytes(), numbers.as_ref());
+                }
+            })
+            .boxed()
     }
 
     async fn post(
@@ -115,7 +152,9 @@ impl SessionAwareClient {
             // A JSON-RPC error in a failed exchange (for example HTTP 500) is the server's answer;
             // anything else is not a JSON-RPC response.
             if media_type.as_deref() == Some("application/json") {
-                let body = read_json_body(response, limits.max_json_response_size).await?;
+                let body = self
+                    .read_json_body(response, limits.max_json_response_size)
+                    .await?;
                 if let Ok(error @ JsonRpcMessage::Error(_)) =
                     serde_json::from_slice::<ServerJsonRpcMessage>(&body)
                 {
@@ -128,11 +167,13 @@ impl SessionAwareClient {
         }
         match media_type.as_deref() {
             Some("text/event-stream") => Ok(StreamableHttpPostResponse::Sse(
-                bounded_sse(response, limits.max_sse_event_size),
+                self.checked_sse(bounded_sse(response, limits.max_sse_event_size)),
                 session_header,
             )),
             Some("application/json") => {
-                let body = read_json_body(response, limits.max_json_response_size).await?;
+                let body = self
+                    .read_json_body(response, limits.max_json_response_size)
+                    .await?;
                 match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
                     Ok(parsed) => Ok(StreamableHttpPostResponse::Json(parsed, session_header)),
                     // A notification needs no reply, so an unreadable body does not matter.
@@ -144,20 +185,6 @@ impl SessionAwareClient {
             _ => Err(StreamableHttpError::UnexpectedContentType(media_type)),
         }
     }
-}
-
-async fn read_json_body(
-    response: reqwest::Response,
-    max: usize,
-) -> Result<Vec<u8>, StreamableHttpError<reqwest::Error>> {
-    read_capped(response, max as u64)
-        .await
-        .map_err(|e| match e {
-            CappedReadError::TooLarge => {
-                StreamableHttpError::ResponseBodyTooLarge { max_size: max }
-            }
-            CappedReadError::Body(e) => StreamableHttpError::Client(e),
-        })
 }
 
 /// An SSE event larger than the limit ends the stream with this error instead of growing a buffer.
@@ -314,9 +341,11 @@ impl StreamableHttpClient for SessionAwareClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
-        self.http
+        let events = self
+            .http
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await
+            .await?;
+        Ok(self.checked_sse(events))
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -328,7 +357,8 @@ impl StreamableHttpClient for SessionAwareClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
-        self.http
+        let events = self
+            .http
             .get_stream_with_max_sse_event_size(
                 uri,
                 session_id,
@@ -337,7 +367,8 @@ impl StreamableHttpClient for SessionAwareClient {
                 custom_headers,
                 max_sse_event_size,
             )
-            .await
+            .await?;
+        Ok(self.checked_sse(events))
     }
 }
 

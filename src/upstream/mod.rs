@@ -13,6 +13,8 @@ mod http;
 mod jsonrpc;
 mod mcp;
 mod mcp_http_client;
+mod mcp_numbers;
+mod mcp_stdio;
 mod stderr;
 
 use std::collections::BTreeMap;
