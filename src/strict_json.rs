@@ -21,7 +21,7 @@
 //! | control-API bodies (`api::json_body`) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
 //! | JWT header and claims (`token`, check 2) | [`UNTRUSTED`] | 64 | ±(2^53−1) |
 //! | audit lines (`audit verify`, the file sink resuming its chain, the chain's JCS read-back) | [`AUDIT_LINES`] | 256 | any, read as serde_json reads them |
-//! | tool answers over plain JSON-RPC (`upstream`, [`parse_tool_answer`]) | [`TOOL_ANSWERS`] | 128 | ±(2^53−1), and every other number exact |
+//! | tool answers (`upstream`, [`parse_tool_answer`]): plain JSON-RPC bodies, and MCP messages in which [`holds_inexact_number`] found one | [`TOOL_ANSWERS`] | 128 | ±(2^53−1), and every other number exact |
 //!
 //! Audit lines are the gateway's own output read back: an event may carry a tool answer that serde_json
 //! read (up to 128 levels, with integers beyond 2^53) and JCS writes doubles in [2^53, 10^21) as plain
