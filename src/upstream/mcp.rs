@@ -591,7 +591,8 @@ impl McpUpstream {
         let outcome = handle.await_response().await;
         let (delivery, inexact_number) = connection.watch.take(&request_id);
         if let Some(at) = inexact_number {
-            // The answer's text holds a number that rmcp read as another one (SPEC 20 rule 5).
+            // The answer's raw text holds a number that a receipt cannot bind as sent (SPEC 20
+            // rule 5), whatever rmcp made of it.
             return Err(CallFailure::Final(UpstreamError::InexactNumber(at)));
         }
         let answer = match outcome {
