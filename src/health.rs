@@ -11,7 +11,11 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 /// stderr and fails.
 pub async fn check(url: &str, tls: &sealgate::tls::client::ClientTls) -> ExitCode {
     // A proxy from the environment would answer for the gateway, or fail for it.
-    let client = match tls.client(reqwest::Client::builder().no_proxy().timeout(TIMEOUT)) {
+    let client = match tls.client(
+        sealgate::outbound::client_builder()
+            .no_proxy()
+            .timeout(TIMEOUT),
+    ) {
         Ok(client) => client,
         Err(e) => {
             eprintln!("unhealthy: {e}");
@@ -22,6 +26,12 @@ pub async fn check(url: &str, tls: &sealgate::tls::client::ClientTls) -> ExitCod
         Ok(response) if response.status().is_success() => {
             println!("healthy: {url} answered {}", response.status());
             ExitCode::SUCCESS
+        }
+        Ok(response) if response.status().is_redirection() => {
+            // Another place's health is not this gateway's (SPEC 20 rule 8).
+            let why = sealgate::outbound::failed_status(response.status(), response.headers());
+            eprintln!("unhealthy: {url} answered {why}");
+            ExitCode::FAILURE
         }
         Ok(response) => {
             let status = response.status();

@@ -252,7 +252,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Invoke { sign, url, tls } => {
             let envelope = signed_envelope(&sign)?;
             let response = tls
-                .client(reqwest::Client::builder())?
+                .client(sealgate::outbound::client_builder())?
                 .post(format!("{}/v1/invoke", url.trim_end_matches('/')))
                 .json(&envelope)
                 .send()
@@ -262,6 +262,11 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                     format!("cannot reach {url}: {why}")
                 })?;
             let status = response.status();
+            // The envelope and token went to the URL given and nowhere else (SPEC 20 rule 8).
+            if status.is_redirection() {
+                let why = sealgate::outbound::failed_status(status, response.headers());
+                return Err(format!("{url} answered {why}"));
+            }
             let body = response.text().await.map_err(|e| e.to_string())?;
             println!("{body}");
             if !status.is_success() {

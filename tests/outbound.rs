@@ -1,6 +1,6 @@
 //! What the gateway exchanges with other servers, through the real binary: no outbound client follows a
 //! redirect, and a 3xx is a failure that names its status and where it pointed (SPEC 20 rule 8: the
-//! upstreams of both HTTP kinds, JWKS fetches, the OTLP exporter; the webhook is in tests/approvals.rs
+//! upstreams of both HTTP kinds, JWKS fetches, the OTLP exporter, the CLI's `invoke` and `health`; the webhook is in tests/approvals.rs
 //! and `sealgate connect` in tests/connect.rs); and a tool cannot plant the `_meta` keys that are
 //! sealgate's (SPEC 20 rule 10).
 
@@ -152,4 +152,36 @@ async fn a_tool_cannot_plant_sealgates_meta_keys_in_its_result() {
     let answered = serde_jcs::to_vec(&body["payload"]).unwrap();
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&answered));
     assert_eq!(body["receipt"]["answer_sha256"], digest, "{body}");
+}
+
+/// The CLI's own clients: `sealgate invoke` would re-post the signed envelope and its token to the
+/// `Location`, and `sealgate health` would call another place's answer this gateway's health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clis_invoke_and_health_never_follow_a_redirect() {
+    let redirector = Redirector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (status, session_key) = common::run_cli(&["keygen"]);
+    assert_eq!(status, 0, "{session_key}");
+    let key_file = dir.path().join("session.json");
+    std::fs::write(&key_file, session_key).unwrap();
+    let key_arg = format!("@{}", key_file.display());
+    let payload = tool_call(1, "tool.write", json!({"path": "/workspace/a"})).to_string();
+    let invoked = common::run_cli(&[
+        "invoke",
+        "--key",
+        &key_arg,
+        "--token",
+        "a.b.c",
+        "--payload",
+        &payload,
+        "--url",
+        &redirector.base,
+    ]);
+    let health = common::run_cli(&["health", "--url", &format!("{}/healthz", redirector.base)]);
+    for (status, out) in [invoked, health] {
+        assert_ne!(status, 0, "{out}");
+        assert!(out.contains(&redirector.named()), "{out}");
+        assert!(!out.contains(SECRET), "{out}");
+    }
+    assert_eq!((redirector.redirected(), redirector.followed()), (2, 0));
 }
