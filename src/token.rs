@@ -19,14 +19,15 @@ mod operator;
 #[cfg(test)]
 mod test_support;
 
+pub use crate::identity::scopes;
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
 pub(crate) use jwks_url::is_loopback_host;
-pub use keys::KeyConfig;
+pub use keys::{KeyConfig, KeySource};
 pub use mint::{
     ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,
     NewOperatorToken, TokenMinter,
 };
-pub use operator::{scopes, OperatorAuthConfig, OperatorClaims, OperatorVerifier};
+pub use operator::{OperatorAuthConfig, OperatorClaims, OperatorVerifier};
 
 /// Why a token was refused. The message is precise and safe to show to the caller (it never holds key
 /// material); the variant decides the SPEC code.

@@ -1,12 +1,13 @@
 //! Approval requests over the API (SPEC 13): list and read them with their arguments, grant or deny
 //! the pending ones. The state machine lives in `crate::approval`.
 
+use crate::identity::{Caller, DEFAULT_TEAM};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, Operator, State};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
 use crate::approval::{self, DecideError};
 use crate::clock::rfc3339_millis;
 use crate::error::{ApiError, Code};
@@ -129,10 +130,10 @@ fn parse_cursor(raw: Option<&String>) -> Result<Option<ApprovalCursor>, ApiError
     responses((status = 200, description = "A page of approval requests", body = ApprovalPage)))]
 pub async fn list(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require(scopes::APPROVAL_READ)?;
+    caller.require(DEFAULT_TEAM, scopes::APPROVAL_READ)?;
     let params = query_params(
         raw.as_deref(),
         &["status", "session_id", "tool", "limit", "cursor"],
@@ -179,10 +180,10 @@ pub async fn list(
     ))]
 pub async fn read(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require(scopes::APPROVAL_READ)?;
+    caller.require(DEFAULT_TEAM, scopes::APPROVAL_READ)?;
     let record = gw
         .store
         .approval_get(&approval_id)
@@ -223,11 +224,11 @@ pub struct Decision {
     ))]
 pub async fn grant(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    decide(&gw, &operator, &approval_id, &body, true).await
+    decide(&gw, &caller, &approval_id, &body, true).await
 }
 
 /// Denies a pending request: the call gets 4004 until `expires_secs` after the decision.
@@ -242,21 +243,21 @@ pub async fn grant(
     ))]
 pub async fn deny(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    decide(&gw, &operator, &approval_id, &body, false).await
+    decide(&gw, &caller, &approval_id, &body, false).await
 }
 
 async fn decide(
     gw: &crate::gateway::Gateway,
-    operator: &Operator,
+    caller: &Caller,
     approval_id: &str,
     body: &[u8],
     grant: bool,
 ) -> Result<Response, ApiError> {
-    operator.require(scopes::APPROVAL_DECIDE)?;
+    caller.require(DEFAULT_TEAM, scopes::APPROVAL_DECIDE)?;
     let decision: Decision = if body.is_empty() && grant {
         Decision::default()
     } else {
@@ -281,7 +282,7 @@ async fn decide(
         &gw.approvals(),
         approval_id,
         grant,
-        operator.name(),
+        caller.sub(),
         decision.reason,
     )
     .await

@@ -1,9 +1,10 @@
 //! `GET /v1/audit` (SPEC 9.3): the trail, newest first, with filters and a cursor.
 
+use crate::identity::{Caller, DEFAULT_TEAM};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 
-use super::{Operator, State};
+use super::State;
 use crate::audit::AuditQuery;
 use crate::error::{ApiError, Code};
 
@@ -50,10 +51,10 @@ struct AuditParams {
     responses((status = 200, description = "A page of events", body = AuditPageDoc)))]
 pub async fn query(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.audit.read")?;
+    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
     // The audit query itself refuses unknown, repeated and empty parameters.
     let pairs: Vec<(String, String)> =
         url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
@@ -73,10 +74,10 @@ pub async fn query(
     responses((status = 200, description = "One event per line, in chain order", content_type = "application/x-ndjson", body = String)))]
 pub async fn export(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.audit.read")?;
+    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
     let from_seq = from_seq_param(&params)?;
     // Ends with a checkpoint signed now, so that the export verifies at any moment (SPEC 20 rule 7).
@@ -104,10 +105,10 @@ pub async fn export(
     responses((status = 200, description = "A page of AuditCheckpoint events", body = AuditPageDoc)))]
 pub async fn checkpoints(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.audit.read")?;
+    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
     let params = super::query_params(raw.as_deref(), &["from_seq", "limit", "cursor"])?;
     let query = AuditQuery {
         r#type: Some(crate::audit::EventType::AuditCheckpoint),

@@ -1,12 +1,13 @@
 //! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
 //! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
 
+use crate::identity::{Caller, DEFAULT_TEAM};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, Operator, State};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::claim::{self, ManualOutcome, SettleError, Taken};
 use crate::error::{ApiError, Code};
@@ -63,7 +64,7 @@ fn claim_event(
     kind: EventType,
     record: &ClaimRecord,
     outcome: &str,
-    operator: &Operator,
+    caller: &Caller,
 ) -> AuditEvent {
     let mut event = AuditEvent::new(kind)
         .request_id(&record.request_id)
@@ -72,7 +73,7 @@ fn claim_event(
         .sub(&record.agent_id)
         .claim(outcome)
         .action_ref(&record.action_ref)
-        .actor(operator.name());
+        .actor(caller.sub());
     if let Some(session_id) = &record.session_id {
         event = event.session_id(session_id);
     }
@@ -187,10 +188,10 @@ struct ClaimListQuery {
     responses((status = 200, description = "A page of claims", body = ClaimPage)))]
 pub async fn list(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.read")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.read")?;
     let params = query_params(
         raw.as_deref(),
         &["kind", "status", "agent_id", "tool", "limit", "cursor"],
@@ -239,10 +240,10 @@ async fn get_claim(
     responses((status = 200, description = "The claim", body = ClaimView)))]
 pub async fn read(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(request_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.read")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.read")?;
     Ok(axum::Json(claim_json(&get_claim(&gw, &request_id).await?)).into_response())
 }
 
@@ -321,11 +322,11 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
     ))]
 pub async fn resolve(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.resolve")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
     let request: ResolveRequest = json_body(&body)?;
     let outcome = match (request.outcome.as_str(), request.result) {
         ("committed", Some(result)) => ManualOutcome::Committed(check_jsonrpc_response(&result)?),
@@ -353,7 +354,7 @@ pub async fn resolve(
         ManualOutcome::Committed(_) => "committed",
         ManualOutcome::Released => "released",
     };
-    let actor = operator.name().to_string();
+    let actor = caller.sub().to_string();
     let resolved = claim::resolve(
         gw.store.as_ref(),
         &request_id,
@@ -364,7 +365,7 @@ pub async fn resolve(
     .await
     .map_err(|e| settle_error(e, &request_id))?;
     let (next, previous) = resolved;
-    let mut event = claim_event(EventType::ClaimResolved, &previous, label, &operator);
+    let mut event = claim_event(EventType::ClaimResolved, &previous, label, &caller);
     if let Some(evidence) = &request.evidence {
         event = event.detail(evidence);
     }
@@ -421,16 +422,14 @@ fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
     responses((status = 200, description = "What the claim found", body = ClaimTaken)))]
 pub async fn standalone_claim(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.resolve")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
     let request: StandaloneClaim = json_body(&body)?;
     bounded("request_id", &request.request_id)?;
     bounded("action", &request.action)?;
-    let agent = request
-        .agent_id
-        .unwrap_or_else(|| operator.name().to_string());
+    let agent = request.agent_id.unwrap_or_else(|| caller.sub().to_string());
     bounded("agent_id", &agent)?;
     let mut record = claim::new_pending(
         ClaimKind::Standalone,
@@ -440,7 +439,7 @@ pub async fn standalone_claim(
         None,
         Some(claim::standalone_digest(&request.action)),
     );
-    record.taker = Some(operator.name().to_owned());
+    record.taker = Some(caller.sub().to_owned());
     let taken = claim::take(gw.store.as_ref(), record)
         .await
         .map_err(ApiError::store)?;
@@ -450,7 +449,7 @@ pub async fn standalone_claim(
                 EventType::ClaimTaken,
                 record,
                 "PROCEED",
-                &operator,
+                &caller,
             ))
             .await?;
             ("PROCEED", None)
@@ -506,15 +505,15 @@ pub struct Settled {
     ))]
 pub async fn settle(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.resolve")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
     let request: SettleRequest = json_body(&body)?;
     let settler = claim::Settler {
-        sub: operator.name(),
-        admin: operator.is_admin(),
+        sub: caller.sub(),
+        admin: caller.is_admin(),
     };
     let settled = claim::settle(gw.store.as_ref(), &request_id, request.result, &settler)
         .await
@@ -525,7 +524,7 @@ pub async fn settle(
                 EventType::ClaimSettled,
                 &record,
                 "COMMITTED",
-                &operator,
+                &caller,
             ))
             .await?;
             "committed"
@@ -573,10 +572,10 @@ struct ClaimAuditQuery {
     responses((status = 200, description = "Matching claims", body = ClaimAuditPage)))]
 pub async fn standalone_audit(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.claim.resolve")?;
+    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
     let params = query_params(
         raw.as_deref(),
         &[

@@ -1,11 +1,12 @@
 //! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
 
+use crate::identity::{Caller, DEFAULT_TEAM};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{json_body, ApiPath, ControlBody, Operator, State};
+use super::{json_body, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::policy::{self, ContextSource, RegistryError, SecurityContext};
@@ -22,11 +23,8 @@ pub struct ContextList {
 #[utoipa::path(get, path = "/v1/security-contexts", operation_id = "list_contexts", tag = "contexts",
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The contexts", body = ContextList)))]
-pub async fn list(
-    axum::extract::State(gw): State,
-    operator: Operator,
-) -> Result<Response, ApiError> {
-    operator.require("seal.context.read")?;
+pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Response, ApiError> {
+    caller.require(DEFAULT_TEAM, "seal.context.read")?;
     let mut contexts = gw.contexts.list();
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
@@ -49,10 +47,10 @@ fn find(
     responses((status = 200, description = "The context", body = Object)))]
 pub async fn read(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.context.read")?;
+    caller.require(DEFAULT_TEAM, "seal.context.read")?;
     Ok(axum::Json(find(&gw, &name)?.api_view()).into_response())
 }
 
@@ -110,11 +108,11 @@ fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), A
     ))]
 pub async fn put(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.context.write")?;
+    caller.require(DEFAULT_TEAM, "seal.context.write")?;
     let spec: Value = json_body(&body)?;
     let (spec, context) = parse_spec(&name, spec)?;
     let _turn = gw.context_writes.lock().await;
@@ -145,7 +143,7 @@ pub async fn put(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .context_version(&version)
-            .actor(operator.name()),
+            .actor(caller.sub()),
     )
     .await?;
     let status = if existed {
@@ -173,10 +171,10 @@ pub struct ContextDeleted {
     ))]
 pub async fn delete(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.context.write")?;
+    caller.require(DEFAULT_TEAM, "seal.context.write")?;
     let _turn = gw.context_writes.lock().await;
     let current = find(&gw, &name)?;
     if let Some(conflict) = file_backed(&current) {
@@ -199,7 +197,7 @@ pub async fn delete(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .detail("removed")
-            .actor(operator.name()),
+            .actor(caller.sub()),
     )
     .await?;
     Ok(axum::Json(ContextDeleted {
@@ -233,11 +231,11 @@ pub struct EvaluateRequest {
     responses((status = 200, description = "The decision (`allow` or the code) and the rule that made it", body = Object)))]
 pub async fn evaluate(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.context.read")?;
+    caller.require(DEFAULT_TEAM, "seal.context.read")?;
     let request: EvaluateRequest = json_body(&body)?;
     let context = match request.draft {
         Some(draft) => std::sync::Arc::new(

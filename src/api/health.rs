@@ -1,5 +1,6 @@
 //! Liveness, readiness, Prometheus metrics and the OpenAPI document.
 
+use crate::identity::Caller;
 use std::sync::LazyLock;
 
 use axum::extract::FromRequestParts;
@@ -111,8 +112,8 @@ pub async fn metrics(
         return Err(ApiError::new(Code::NotFound, "no such endpoint"));
     }
     let (mut parts, _) = request.into_parts();
-    let operator = super::Operator::from_request_parts(&mut parts, &gw).await?;
-    operator.require(crate::token::scopes::METRICS_READ)?;
+    let caller = Caller::from_request_parts(&mut parts, &gw).await?;
+    caller.require_everywhere(crate::token::scopes::METRICS_READ)?;
     Ok(super::metrics::scrape(&gw).await)
 }
 

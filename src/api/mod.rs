@@ -27,7 +27,8 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
-use crate::token::OperatorClaims;
+use crate::identity::{Caller, Identity, TeamScopes, Via, LOCAL_ISSUER};
+use crate::token::{KeySource, OperatorClaims};
 
 pub use invoke::calls_finished;
 
@@ -107,41 +108,17 @@ where
     }
 }
 
-/// An authenticated operator (SPEC 4: operator tokens). Missing or bad credentials → 401 (6001).
-pub struct Operator(pub OperatorClaims);
-
-impl FromRequestParts<Arc<Gateway>> for Operator {
+/// An authenticated caller of the control API: an operator token (SPEC 4). Missing or bad credentials →
+/// 401 (6001).
+impl FromRequestParts<Arc<Gateway>> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| {
-                ApiError::new(
-                    Code::OperatorUnauthenticated,
-                    "missing Authorization: Bearer token",
-                )
-            })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ApiError::new(
-                    Code::OperatorUnauthenticated,
-                    "Authorization must be a Bearer token",
-                )
-            })?;
+        let token = bearer_token(parts)?;
         gw.operators
             .verify_with_refresh(token, crate::clock::now_secs())
             .await
-            .map(Operator)
+            .map(caller_of_token)
             .map_err(|e| {
                 ApiError::new(
                     Code::OperatorUnauthenticated,
@@ -151,30 +128,49 @@ impl FromRequestParts<Arc<Gateway>> for Operator {
     }
 }
 
-impl Operator {
-    /// 403 (6002) unless the token's scope allows `scope`.
-    pub fn require(&self, scope: &str) -> Result<(), ApiError> {
-        if self.0.allows(scope) {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                Code::OperatorForbidden,
-                format!("the operator token lacks scope {scope}"),
-            ))
-        }
+/// A caller presenting an operator token (SPEC 4); a token without `iss` is a [`LOCAL_ISSUER`] identity.
+fn caller_of_token(claims: OperatorClaims) -> Caller {
+    let via = match claims.key_source {
+        KeySource::Configured => Via::Key,
+        KeySource::Fetched => Via::Jwks,
+    };
+    Caller {
+        scopes: TeamScopes::from_claim(claims.scopes.iter().map(String::as_str)),
+        identity: Identity {
+            iss: claims.iss.unwrap_or_else(|| LOCAL_ISSUER.to_owned()),
+            sub: claims.sub,
+            name: claims.name,
+            via,
+        },
     }
+}
 
-    pub fn name(&self) -> &str {
-        &self.0.sub
-    }
-
-    /// Whether the token holds `seal.admin` itself (every scope, and acts for any operator).
-    pub fn is_admin(&self) -> bool {
-        self.0
-            .scopes
-            .iter()
-            .any(|held| held == crate::token::scopes::ADMIN)
-    }
+/// The token of `Authorization: Bearer …`.
+fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {
+    let header = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(|| {
+            ApiError::new(
+                Code::OperatorUnauthenticated,
+                "missing Authorization: Bearer token",
+            )
+        })?;
+    header
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                Code::OperatorUnauthenticated,
+                "Authorization must be a Bearer token",
+            )
+        })
 }
 
 /// Why a request body could not be read.

@@ -1,11 +1,12 @@
 //! The orchestrator's session API (SPEC section 5).
 
+use crate::identity::{Caller, DEFAULT_TEAM};
 use axum::extract::RawQuery;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, Operator, State};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::clock;
 use crate::error::{ApiError, Code};
@@ -23,10 +24,10 @@ use crate::store::SessionRecord;
     ))]
 pub async fn create(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.session.create")?;
+    caller.require(DEFAULT_TEAM, "seal.session.create")?;
     let request: CreateSessionRequest = json_body(&body)?;
     let now = clock::now_secs();
     let new = request
@@ -81,7 +82,7 @@ pub async fn create(
         AuditEvent::new(EventType::SessionCreated)
             .session_id(&record.session_id)
             .scp(&record.security_context)
-            .actor(operator.name()),
+            .actor(caller.sub()),
     )
     .await?;
     Ok((
@@ -151,10 +152,10 @@ struct SessionListQuery {
     responses((status = 200, description = "A page of sessions", body = SessionPage)))]
 pub async fn list(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.session.read")?;
+    caller.require(DEFAULT_TEAM, "seal.session.read")?;
     let params = query_params(
         raw.as_deref(),
         &["status", "context", "agent_id", "agent", "limit", "cursor"],
@@ -228,10 +229,10 @@ pub async fn list(
     responses((status = 200, description = "The session", body = SessionView)))]
 pub async fn read(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.session.read")?;
+    caller.require(DEFAULT_TEAM, "seal.session.read")?;
     let record = gw
         .store
         .session_get(&id)
@@ -259,10 +260,10 @@ pub struct SessionRevoked {
     responses((status = 200, description = "Revoked (now or before)", body = SessionRevoked)))]
 pub async fn revoke(
     axum::extract::State(gw): State,
-    operator: Operator,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator.require("seal.session.revoke")?;
+    caller.require(DEFAULT_TEAM, "seal.session.revoke")?;
     loop {
         let record = gw
             .store
@@ -289,7 +290,7 @@ pub async fn revoke(
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)
-                    .actor(operator.name()),
+                    .actor(caller.sub()),
             )
             .await?;
             return Ok(revoked_body(&id, now_ms));

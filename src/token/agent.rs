@@ -147,7 +147,7 @@ impl AgentTokenVerifier {
 
     /// Checks 2 and 3: everything except time.
     fn verify_signature_and_claims(&self, token: &str) -> Result<AgentClaims, TokenError> {
-        let claims = &self.keys.authenticate(token, self.issuer.as_deref())?;
+        let (claims, _) = &self.keys.authenticate(token, self.issuer.as_deref())?;
         match &self.audience {
             Some(audience) => check_audience(claims, audience)?,
             None => check_audience_shape(claims)?,

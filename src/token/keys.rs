@@ -74,6 +74,14 @@ enum Loaded {
     Remote(RemoteJwks),
 }
 
+/// Where the key that verified a token came from: the configuration (a PEM, a JWKS file, a secret), or
+/// a key set fetched from a URL. Operators' identities record it as `via` (SPEC 13 r4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    Configured,
+    Fetched,
+}
+
 /// All keys of one trust domain (agent tokens, or operator tokens): those read at start-up and the
 /// key sets fetched from JWKS URLs.
 pub(crate) struct KeySet {
@@ -206,9 +214,9 @@ impl KeySet {
         &self,
         token: &str,
         issuer: Option<&str>,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, TokenError> {
+    ) -> Result<(serde_json::Map<String, serde_json::Value>, KeySource), TokenError> {
         let parsed = super::jwt::parse(token)?;
-        self.verify(
+        let source = self.verify(
             &parsed.alg,
             parsed.kid.as_deref(),
             parsed.signing_input,
@@ -217,7 +225,7 @@ impl KeySet {
         if let Some(issuer) = issuer {
             super::claims::check_issuer(&parsed.claims, issuer)?;
         }
-        Ok(parsed.claims)
+        Ok((parsed.claims, source))
     }
 
     /// Check 3's signature part. Only keys pinned to the header's algorithm are candidates; among them a
@@ -229,18 +237,23 @@ impl KeySet {
         kid: Option<&str>,
         signing_input: &str,
         signature_b64: &str,
-    ) -> Result<(), TokenError> {
+    ) -> Result<KeySource, TokenError> {
         let alg = TokenAlg::from_name(header_alg).ok_or_else(|| {
             TokenError::Invalid(format!(
                 "token algorithm `{header_alg}` is refused (accepted: EdDSA, ES256, RS256, HS256 where configured)"
             ))
         })?;
         let fetched: Vec<_> = self.remote.iter().filter_map(|r| r.usable()).collect();
-        let same_alg: Vec<&PinnedKey> = self
+        let same_alg: Vec<(&PinnedKey, KeySource)> = self
             .keys
             .iter()
-            .chain(fetched.iter().flat_map(|set| set.keys.iter()))
-            .filter(|key| key.alg == alg)
+            .map(|key| (key, KeySource::Configured))
+            .chain(
+                fetched
+                    .iter()
+                    .flat_map(|set| set.keys.iter().map(|key| (key, KeySource::Fetched))),
+            )
+            .filter(|(key, _)| key.alg == alg)
             .collect();
         if same_alg.is_empty() {
             return Err(TokenError::Invalid(format!(
@@ -250,10 +263,13 @@ impl KeySet {
             )));
         }
         let mut tried = 0usize;
-        for key in same_alg.into_iter().filter(|key| match (kid, key.kid()) {
-            (Some(wanted), Some(have)) => wanted == have,
-            _ => true,
-        }) {
+        for (key, source) in same_alg
+            .into_iter()
+            .filter(|(key, _)| match (kid, key.kid()) {
+                (Some(wanted), Some(have)) => wanted == have,
+                _ => true,
+            })
+        {
             tried += 1;
             // An Err here means the key could not be used, which cannot happen for keys probed at load;
             // treat it as "does not verify" and keep trying the others.
@@ -263,7 +279,7 @@ impl KeySet {
                 &key.key,
                 alg.jwt_algorithm(),
             ) {
-                return Ok(());
+                return Ok(source);
             }
         }
         if tried == 0 {

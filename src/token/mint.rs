@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::keys::{resolve, KeyConfig};
-use super::operator::scopes;
 use super::AgentTokenConfig;
+use crate::identity::{scopes, TeamScope};
 
 /// Signs agent tokens for sessions (EdDSA). The private key never leaves this value.
 pub struct TokenMinter {
@@ -193,11 +193,15 @@ impl NewOperatorToken<'_> {
                 scopes::ALL.join(" ")
             ));
         }
-        if let Some(unknown) = names.iter().find(|name| !scopes::ALL.contains(name)) {
-            return Err(format!(
-                "unknown scope `{unknown}` (known: {})",
-                scopes::ALL.join(" ")
-            ));
+        for name in &names {
+            // `TEAM/SCOPE` binds a scope to one team (SPEC 16).
+            let scope = TeamScope::parse(name)?.scope;
+            if !scopes::ALL.contains(&scope.as_str()) {
+                return Err(format!(
+                    "unknown scope `{scope}` (known: {})",
+                    scopes::ALL.join(" ")
+                ));
+            }
         }
         check_lifetime(self.iat, self.exp)?;
         let mut claims = Map::new();
@@ -491,7 +495,10 @@ mod tests {
         let token = sign_eddsa(&key, &claims, None).expect("signs");
         let verified = verifier.verify(&token, 1_500).expect("verifies");
         assert_eq!(verified.sub, "ops");
-        assert!(verified.allows(scopes::SESSION_CREATE) && !verified.allows(scopes::SESSION_READ));
+        assert_eq!(
+            verified.scopes,
+            [scopes::SESSION_CREATE, scopes::AUDIT_READ]
+        );
         assert!(verifier.verify(&token, 2_000).is_err());
     }
 
@@ -501,6 +508,15 @@ mod tests {
             .claims()
             .expect_err("misspelt");
         assert!(err.contains("unknown scope `seal.sesion.read`"), "{err}");
+        assert!(operator_token("payments/seal.approval.decide")
+            .claims()
+            .is_ok());
+        let err = operator_token("payments/seal.aproval.decide")
+            .claims()
+            .unwrap_err();
+        assert!(err.contains("unknown scope `seal.aproval.decide`"), "{err}");
+        let err = operator_token("pay.ments/seal.admin").claims().unwrap_err();
+        assert!(err.contains("not a team name"), "{err}");
         assert!(operator_token("  ")
             .claims()
             .expect_err("none")

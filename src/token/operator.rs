@@ -11,42 +11,9 @@ use super::claims::{
     check_audience, check_time, optional_seconds, required_seconds, required_string,
     validate_common,
 };
-use super::keys::{KeyConfig, KeySet};
+use super::keys::{KeyConfig, KeySet, KeySource};
 use super::TokenError;
 use crate::clock::Round;
-
-/// The scope names of SPEC section 4.
-pub mod scopes {
-    pub const SESSION_CREATE: &str = "seal.session.create";
-    pub const SESSION_REVOKE: &str = "seal.session.revoke";
-    pub const SESSION_READ: &str = "seal.session.read";
-    pub const CONTEXT_READ: &str = "seal.context.read";
-    pub const CONTEXT_WRITE: &str = "seal.context.write";
-    pub const AUDIT_READ: &str = "seal.audit.read";
-    pub const CLAIM_READ: &str = "seal.claim.read";
-    pub const CLAIM_RESOLVE: &str = "seal.claim.resolve";
-    pub const APPROVAL_READ: &str = "seal.approval.read";
-    pub const APPROVAL_DECIDE: &str = "seal.approval.decide";
-    /// `GET /metrics` on the main listener (SPEC 11 r3).
-    pub const METRICS_READ: &str = "seal.metrics.read";
-    /// Grants every other scope.
-    pub const ADMIN: &str = "seal.admin";
-    /// Every name above, for tools that refuse a misspelt scope before it becomes a useless token.
-    pub const ALL: [&str; 12] = [
-        SESSION_CREATE,
-        SESSION_REVOKE,
-        SESSION_READ,
-        CONTEXT_READ,
-        CONTEXT_WRITE,
-        AUDIT_READ,
-        CLAIM_READ,
-        CLAIM_RESOLVE,
-        APPROVAL_READ,
-        APPROVAL_DECIDE,
-        METRICS_READ,
-        ADMIN,
-    ];
-}
 
 fn default_operator_audience() -> String {
     "sealgate-operators".to_owned()
@@ -81,19 +48,15 @@ impl Default for OperatorAuthConfig {
 /// Who the operator is and what the token lets them do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorClaims {
-    /// Recorded as `actor` in audit events.
     pub sub: String,
-    /// The `scope` claim split on spaces; names this gateway does not know are kept but grant nothing.
+    pub iss: Option<String>,
+    /// The token's `name` claim, shown beside the identity.
+    pub name: Option<String>,
+    /// The `scope` claim split on spaces, each `SCOPE` or `TEAM/SCOPE` (SPEC 16); names this gateway does
+    /// not know are kept but grant nothing.
     pub scopes: Vec<String>,
-}
-
-impl OperatorClaims {
-    /// Exact scope match, or `seal.admin`.
-    pub fn allows(&self, scope: &str) -> bool {
-        self.scopes
-            .iter()
-            .any(|held| held == scope || held == scopes::ADMIN)
-    }
+    /// Which kind of key verified the token.
+    pub key_source: KeySource,
 }
 
 /// Verifies operator tokens against the `operator_auth` keys.
@@ -142,7 +105,7 @@ impl OperatorVerifier {
     /// `bearer_token` is the token itself (the API layer strips `Bearer `). Same order as agent tokens:
     /// shape, signature, `iss`/`aud`/`sub`/`exp`/`scope`, then time.
     pub fn verify(&self, bearer_token: &str, now: i64) -> Result<OperatorClaims, TokenError> {
-        let claims = &self
+        let (claims, key_source) = &self
             .keys
             .authenticate(bearer_token, self.issuer.as_deref())?;
         // The audience is what keeps an agent token (signed by the same key, perhaps) out of the control API.
@@ -163,8 +126,30 @@ impl OperatorVerifier {
                 ))
             }
         };
+        let iss = optional_text(claims, "iss")?;
+        let name = optional_text(claims, "name")?;
         check_time(exp, nbf, now, self.leeway_secs)?;
-        Ok(OperatorClaims { sub, scopes })
+        Ok(OperatorClaims {
+            sub,
+            iss,
+            name,
+            scopes,
+            key_source: *key_source,
+        })
+    }
+}
+
+/// A claim that is a string when present.
+fn optional_text(
+    claims: &serde_json::Map<String, Value>,
+    name: &str,
+) -> Result<Option<String>, TokenError> {
+    match claims.get(name) {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(TokenError::Invalid(format!(
+            "token claim `{name}` is not a string"
+        ))),
     }
 }
 
@@ -206,23 +191,14 @@ mod tests {
             claims.scopes,
             ["seal.session.read", "seal.audit.read", "other.scope"]
         );
-        assert!(claims.allows(scopes::SESSION_READ));
-        assert!(claims.allows(scopes::AUDIT_READ));
-        assert!(!claims.allows(scopes::SESSION_CREATE));
-        assert!(!claims.allows("seal.session"));
+        assert_eq!(claims.key_source, KeySource::Configured);
 
         let admin = sign_ed(
             &private_pem,
             json!({"sub": "root", "aud": ["x", "sealgate-operators"], "exp": 200, "scope": "seal.admin"}),
         );
         let claims = verifier.verify(&admin, 100).expect("valid");
-        for scope in [
-            scopes::SESSION_CREATE,
-            scopes::CLAIM_RESOLVE,
-            scopes::CONTEXT_WRITE,
-        ] {
-            assert!(claims.allows(scope));
-        }
+        assert_eq!(claims.scopes, ["seal.admin"]);
     }
 
     #[test]
@@ -236,7 +212,6 @@ mod tests {
             .verify(&token, 100)
             .expect("valid");
         assert!(claims.scopes.is_empty());
-        assert!(!claims.allows(scopes::SESSION_READ));
     }
 
     #[test]
@@ -254,6 +229,10 @@ mod tests {
             (
                 json!({"sub": "o", "aud": "sealgate-operators", "exp": 200, "scope": ["seal.admin"]}),
                 "`scope`",
+            ),
+            (
+                json!({"sub": "o", "aud": "sealgate-operators", "exp": 200, "name": 7}),
+                "`name`",
             ),
         ];
         for (claims, expected) in cases {
