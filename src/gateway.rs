@@ -300,17 +300,19 @@ fn watch_policies(
     let handle = tokio::runtime::Handle::current();
     contexts.clone().spawn_watcher(dir, move |event| {
             let record = match event {
-                ReloadEvent::Changed { name, version, .. } => {
+                ReloadEvent::Changed { name, version, team, .. } => {
                     tracing::info!(context = %name, %version, "security context reloaded");
                     AuditEvent::new(EventType::SecurityContextChanged)
                         .scp(&name)
                         .context_version(&version)
+                        .team(team)
                 }
-                ReloadEvent::Removed { name } => {
+                ReloadEvent::Removed { name, team } => {
                     tracing::info!(context = %name, "security context removed");
                     AuditEvent::new(EventType::SecurityContextChanged)
                         .scp(&name)
                         .detail("removed")
+                        .team(team)
                 }
                 ReloadEvent::Rejected { file, error } => {
                     tracing::error!(file = %file.display(), %error, "policy file refused; the last good version stays in force");

@@ -283,6 +283,8 @@ pub struct AuditEvent {
     approval_id: Option<String>,
     duration_ms: Option<u64>,
     actor: Option<String>,
+    /// The team of the session, claim, approval or context the event is about (SPEC 16).
+    team: Option<String>,
     detail: Option<String>,
     trace_id: Option<String>,
     client_addr: Option<String>,
@@ -329,6 +331,7 @@ impl AuditEvent {
             approval_id: None,
             duration_ms: None,
             actor: None,
+            team: None,
             detail: None,
             trace_id: None,
             client_addr: None,
@@ -373,6 +376,8 @@ impl AuditEvent {
         approval_id,
         /// The operator's `sub` for control-API events.
         actor,
+        /// The team of the object the event is about (SPEC 16): who may read the event.
+        team,
         /// Free text saying why (for example why a context was refused, or an operator's evidence).
         detail,
         /// The trace id of the response that the event describes, to join the two.
@@ -501,6 +506,7 @@ impl AuditEvent {
             ("action", self.action),
             ("approval_id", self.approval_id),
             ("actor", self.actor),
+            ("team", self.team),
             ("detail", self.detail),
             ("trace_id", self.trace_id),
             ("client_addr", self.client_addr),

@@ -19,6 +19,7 @@ use super::commands::CommandRule;
 use super::domains::DomainRule;
 use super::paths::PathRule;
 use super::pattern::Pattern;
+use crate::identity::{is_team_name, DEFAULT_TEAM};
 
 /// Longest context name, in bytes.
 pub const MAX_CONTEXT_NAME_BYTES: usize = 128;
@@ -45,6 +46,15 @@ pub struct SecurityContextSpec {
     )]
     #[schemars(with = "String")]
     pub description: Option<String>,
+    /// The team that the context, and every session registered on it, belongs to (SPEC 16): letters,
+    /// digits, '-', '_'. `default` when absent.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "String", regex(pattern = r"^[A-Za-z0-9_-]+$"))]
+    pub team: Option<String>,
     /// Tool patterns that are always refused (code 2001), checked before any capability.
     #[serde(default)]
     #[schemars(inner(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$")))]
@@ -421,11 +431,23 @@ impl SecurityContext {
 
     /// Validates `spec` and builds its checks. Errors name the offending field.
     pub fn compile(
-        spec: SecurityContextSpec,
+        mut spec: SecurityContextSpec,
         source: ContextSource,
     ) -> Result<SecurityContext, SpecError> {
         validate_context_name(&spec.name)
             .map_err(|message| spec_error(FieldPath::root().key("name"), message))?;
+        if let Some(team) = &spec.team {
+            if !is_team_name(team) {
+                return Err(spec_error(
+                    FieldPath::root().key("team"),
+                    format!("invalid team name {team:?}: letters, digits, '-' and '_'"),
+                ));
+            }
+        }
+        // `team: default` says what an absent team says: one spec, one version.
+        if spec.team.as_deref() == Some(DEFAULT_TEAM) {
+            spec.team = None;
+        }
 
         let mut deny = Vec::with_capacity(spec.deny_list.len());
         for (index, text) in spec.deny_list.iter().enumerate() {
@@ -459,13 +481,20 @@ impl SecurityContext {
         })
     }
 
-    /// The API view (SPEC 6.4): the spec in the file schema plus `version` and `source`.
+    /// The team the context belongs to (SPEC 16).
+    pub fn team(&self) -> &str {
+        self.spec.team.as_deref().unwrap_or(DEFAULT_TEAM)
+    }
+
+    /// The API view (SPEC 6.4): the spec in the file schema plus `version` and `source`, and its
+    /// `team` even when the file names none.
     pub fn api_view(&self) -> serde_json::Value {
         let mut view = match serde_json::to_value(&self.spec) {
             Ok(serde_json::Value::Object(map)) => map,
             // The spec is plain data: it always serialises to an object.
             _ => serde_json::Map::new(),
         };
+        view.insert("team".into(), serde_json::Value::from(self.team()));
         view.insert(
             "version".into(),
             serde_json::Value::String(self.version.clone()),
@@ -715,6 +744,38 @@ mod tests {
         let long = SecurityContext::compile(long, ContextSource::Store).map(|c| c.version);
         assert!(short.is_ok());
         assert_eq!(short, long);
+    }
+
+    #[test]
+    fn a_team_is_a_name_and_default_says_what_no_team_says() {
+        let compile = |team: serde_json::Value| {
+            let spec =
+                spec_from_json(serde_json::json!({"name": "c", "team": team, "capabilities": []}));
+            SecurityContext::compile(spec, ContextSource::Store)
+        };
+        let payments = compile(serde_json::json!("pay_ments-2")).ok();
+        assert_eq!(payments.as_ref().map(|c| c.team()), Some("pay_ments-2"));
+        assert_eq!(
+            payments.map(|c| c.api_view()["team"].clone()),
+            Some(serde_json::json!("pay_ments-2"))
+        );
+        let unnamed = spec_from_json(serde_json::json!({"name": "c", "capabilities": []}));
+        let unnamed = SecurityContext::compile(unnamed, ContextSource::Store).ok();
+        let named_default = compile(serde_json::json!("default")).ok();
+        assert_eq!(unnamed.as_ref().map(|c| c.team()), Some(DEFAULT_TEAM));
+        assert_eq!(
+            unnamed.as_ref().map(|c| c.api_view()["team"].clone()),
+            Some(serde_json::json!("default"))
+        );
+        assert_eq!(unnamed.map(|c| c.version), named_default.map(|c| c.version));
+        for bad in ["", "pay ments", "pay.ments", "a/b", "*"] {
+            let err = compile(serde_json::json!(bad)).err();
+            assert_eq!(
+                err.map(|e| (e.path.to_string(), e.message.contains(&format!("{bad:?}")))),
+                Some(("team".to_owned(), true)),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

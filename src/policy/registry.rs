@@ -66,9 +66,11 @@ pub enum ReloadEvent {
         name: String,
         version: String,
         source: ContextSource,
+        /// The team it belongs to now (SPEC 16): its event is that team's.
+        team: String,
     },
-    /// A context is gone.
-    Removed { name: String },
+    /// A context is gone; `team` is the one it belonged to.
+    Removed { name: String, team: String },
     /// A file (or the folder) could not be loaded; what was in force stays.
     Rejected { file: PathBuf, error: PolicyError },
 }
@@ -450,12 +452,16 @@ fn diff(old: &Snapshot, new: &Snapshot) -> Vec<ReloadEvent> {
                 name: name.clone(),
                 version: context.version.clone(),
                 source: context.source.clone(),
+                team: context.team().to_owned(),
             });
         }
     }
-    for name in old.contexts.keys() {
+    for (name, context) in &old.contexts {
         if !new.contexts.contains_key(name) {
-            events.push(ReloadEvent::Removed { name: name.clone() });
+            events.push(ReloadEvent::Removed {
+                name: name.clone(),
+                team: context.team().to_owned(),
+            });
         }
     }
     events
@@ -593,7 +599,13 @@ mod tests {
             panic!("{error}");
         }
         let events = registry.reload_now(dir.path());
-        assert_eq!(events, vec![ReloadEvent::Removed { name: "b".into() }]);
+        assert_eq!(
+            events,
+            vec![ReloadEvent::Removed {
+                name: "b".into(),
+                team: "default".into()
+            }]
+        );
         assert!(registry.get("b").is_none());
         assert!(registry.get("a").is_some());
     }
