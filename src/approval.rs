@@ -36,6 +36,8 @@ pub struct Call<'a> {
     pub context: &'a str,
     pub context_version: &'a str,
     pub expires_secs: u64,
+    /// The session's team (SPEC 16).
+    pub team: &'a str,
 }
 
 /// What the approval step decided for a call.
@@ -58,6 +60,7 @@ pub fn event(kind: EventType, record: &ApprovalRecord) -> AuditEvent {
         .session_id(&record.session_id)
         .sub(&record.sub)
         .context_version(&record.context_version)
+        .team(&record.team)
 }
 
 /// Whether a pending request or an unused grant has run out of time at `now_ms`.
@@ -210,6 +213,7 @@ fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {
         decided_at_ms: None,
         decided_by: None,
         reason: None,
+        team: call.team.to_owned(),
     }
 }
 

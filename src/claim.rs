@@ -95,6 +95,7 @@ pub fn new_pending(
     agent_id: &str,
     session_id: Option<&str>,
     call_digest: Option<String>,
+    team: &str,
 ) -> ClaimRecord {
     let claimed_at_ms = clock::now_millis();
     let claimed_at = clock::rfc3339_millis(claimed_at_ms);
@@ -113,6 +114,7 @@ pub fn new_pending(
         outcome: None,
         resolution: None,
         taker: None,
+        team: team.to_owned(),
     }
 }
 
@@ -120,8 +122,12 @@ pub fn new_pending(
 pub fn classify(pending: ClaimRecord, existing: Option<ClaimRecord>) -> Taken {
     match existing {
         None => Taken::Proceed(pending),
-        // Bound to the call (SPEC 7.1 r2, 7.4 r3): a SKIP never returns the answer of a different call.
-        Some(existing) if bound_digest(&existing) != bound_digest(&pending) => {
+        // Bound to the call (SPEC 7.1 r2, 7.4 r3) and to its team (SPEC 16): a SKIP never returns the
+        // answer of a different call, nor of another team's.
+        Some(existing)
+            if bound_digest(&existing) != bound_digest(&pending)
+                || existing.team != pending.team =>
+        {
             Taken::OtherCall(existing)
         }
         Some(existing) if existing.status == ClaimStatus::Committed => Taken::Skip(existing),
@@ -375,6 +381,7 @@ mod tests {
             "a",
             Some("s"),
             Some(digest.into()),
+            "default",
         )
     }
 
@@ -386,6 +393,7 @@ mod tests {
             "a",
             None,
             Some(standalone_digest("transfer")),
+            "default",
         );
         record.taker = Some("op".into());
         record
@@ -482,6 +490,18 @@ mod tests {
             call_digest("t", &Map::new()),
             jcs_sha256_hex(&json!({"arguments": {}, "tool": "t"}))
         );
+    }
+
+    #[tokio::test]
+    async fn a_claim_is_bound_to_its_team() {
+        let (_dir, store) = store();
+        take(&store, standalone("r")).await.unwrap();
+        let mut ops = standalone("r");
+        ops.team = "ops".into();
+        assert!(matches!(
+            take(&store, ops).await.unwrap(),
+            Taken::OtherCall(_)
+        ));
     }
 
     #[test]

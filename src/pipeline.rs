@@ -78,6 +78,8 @@ struct CallFacts {
     /// The envelope's signature text, only when it decodes to 64 bytes (SPEC 9.1 r2: bounded fields).
     signature: Option<String>,
     session_id: Option<String>,
+    /// The session's team (SPEC 16), once the session is found: the team of every event of the call.
+    team: Option<String>,
     claims: Option<Arc<AgentClaims>>,
     tool: Option<String>,
     /// The session's security context, when it exists (with its version: the receipt's `context`).
@@ -121,6 +123,9 @@ impl CallFacts {
         }
         if let Some(session_id) = &self.session_id {
             event = event.session_id(session_id);
+        }
+        if let Some(team) = &self.team {
+            event = event.team(team);
         }
         if let Some(tool) = &self.tool {
             event = event.tool(tool);
@@ -305,6 +310,7 @@ async fn run(
     facts.claims = Some(claims.clone());
     let session = live_session(gw, &claims, now).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
+    facts.team = Some(session.record.team.clone());
     let signature = verify_signature(env, message, &session)?; // checks 6–7
     check_window(gw, env, &signature, now, facts)?; // check 8 (its replay record: at admission)
     bind_token(env, &claims, &session)?; // check 9
@@ -372,6 +378,7 @@ async fn run(
                 context: &context.spec.name,
                 context_version: &context.version,
                 expires_secs,
+                team: &session.record.team,
             };
             refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
             admit(gw, facts, &session, &context, index, None)
@@ -795,6 +802,7 @@ fn new_claim(
         &claims.sub,
         Some(&session.record.session_id),
         Some(claim::call_digest(tool, arguments)),
+        &session.record.team,
     ))
 }
 

@@ -180,8 +180,15 @@ pub fn encode_key(key: &[u8; 32]) -> String {
 }
 
 impl NewSession {
-    pub fn into_record(self, security_token: Option<String>, now_ms: i64) -> SessionRecord {
+    /// The record of this registration, in `team` (its context's, SPEC 16).
+    pub fn into_record(
+        self,
+        security_token: Option<String>,
+        now_ms: i64,
+        team: &str,
+    ) -> SessionRecord {
         SessionRecord {
+            team: team.to_owned(),
             public_key: Some(encode_key(&self.key)),
             session_id: self.session_id,
             security_context: self.security_context,
@@ -265,6 +272,8 @@ pub struct SessionCreated {
     /// Always `active`.
     pub status: SessionStatus,
     pub security_context: String,
+    /// The team of its context (SPEC 16).
+    pub team: String,
     /// RFC 3339.
     pub expires_at: String,
     /// Present when the gateway mints agent tokens.
@@ -277,6 +286,7 @@ pub fn created_body(record: &SessionRecord) -> SessionCreated {
         session_id: record.session_id.clone(),
         status: SessionStatus::Active,
         security_context: record.security_context.clone(),
+        team: record.team.clone(),
         expires_at: clock::rfc3339_secs(record.expires_at),
         security_token: record.security_token.clone(),
     }
@@ -288,6 +298,8 @@ pub struct SessionView {
     pub session_id: String,
     pub status: SessionStatus,
     pub security_context: String,
+    /// The team it belongs to: its context's when it was registered (SPEC 16).
+    pub team: String,
     /// RFC 3339.
     pub expires_at: String,
     pub agent_id: Option<String>,
@@ -313,6 +325,7 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         session_id: record.session_id.clone(),
         status: status(record, now, calls_allowed),
         security_context: record.security_context.clone(),
+        team: record.team.clone(),
         expires_at: clock::rfc3339_secs(record.expires_at),
         agent_id: record.agent_id.clone(),
         workload_id: record.workload_id.clone(),
@@ -486,7 +499,7 @@ mod tests {
         let record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0);
+            .into_record(None, 0, "default");
         store.session_insert(&record).await.unwrap();
         let cache = SessionCache::default();
         assert!(cache.get(&store, "missing").await.unwrap().is_none());
@@ -510,11 +523,29 @@ mod tests {
     }
 
     #[test]
+    fn a_record_made_before_teams_reads_as_team_default_and_encodes_as_stored() {
+        let record = |team: &str| {
+            request(valid())
+                .validate(1_999_999_000, 86_400)
+                .unwrap()
+                .into_record(None, 0, team)
+        };
+        // A compare-and-set compares the stored text: an old record must encode as it was stored.
+        let old_text = crate::store::encode_record(&record("default")).unwrap();
+        assert!(!old_text.contains("\"team\""), "{old_text}");
+        let old: SessionRecord = crate::store::decode_record(&old_text).unwrap();
+        assert_eq!(old.team, "default");
+        let text = crate::store::encode_record(&record("payments")).unwrap();
+        let read: SessionRecord = crate::store::decode_record(&text).unwrap();
+        assert_eq!(read, record("payments"));
+    }
+
+    #[test]
     fn status_rules() {
         let mut record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0);
+            .into_record(None, 0, "default");
         assert_eq!(status(&record, 1_999_999_000, 0), SessionStatus::Active);
         assert_eq!(status(&record, 2_000_000_000, 0), SessionStatus::Expired);
         record.max_calls = Some(2);

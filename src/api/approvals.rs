@@ -1,7 +1,7 @@
 //! Approval requests over the API (SPEC 13): list and read them with their arguments, grant or deny
 //! the pending ones. The state machine lives in `crate::approval`.
 
-use crate::identity::{Caller, DEFAULT_TEAM};
+use crate::identity::Caller;
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,8 @@ pub struct ApprovalView {
     call_digest: String,
     context: String,
     context_version: String,
+    /// Its session's team (SPEC 16).
+    team: String,
     /// RFC 3339 with milliseconds, like every time here.
     requested_at: String,
     /// The end of the wait for a decision; after one, the end of its force.
@@ -54,6 +56,7 @@ fn view(record: &ApprovalRecord) -> ApprovalView {
         call_digest: record.call_digest.clone(),
         context: record.context.clone(),
         context_version: record.context_version.clone(),
+        team: record.team.clone(),
         requested_at: rfc3339_millis(record.requested_at_ms),
         expires_at: rfc3339_millis(record.expires_at_ms),
         decided_at: record.decided_at_ms.map(rfc3339_millis),
@@ -133,7 +136,7 @@ pub async fn list(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, scopes::APPROVAL_READ)?;
+    let teams = caller.require_some(scopes::APPROVAL_READ)?;
     let params = query_params(
         raw.as_deref(),
         &["status", "session_id", "tool", "limit", "cursor"],
@@ -147,7 +150,8 @@ pub async fn list(
         .await
         .map_err(ApiError::store)?;
     let keep = |a: &ApprovalRecord| {
-        status.is_none_or(|s| a.status == s)
+        teams.admits(&a.team)
+            && status.is_none_or(|s| a.status == s)
             && session_id.is_none_or(|id| *id == a.session_id)
             && tool.is_none_or(|t| *t == a.tool)
     };
@@ -183,13 +187,8 @@ pub async fn read(
     caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, scopes::APPROVAL_READ)?;
-    let record = gw
-        .store
-        .approval_get(&approval_id)
-        .await
-        .map_err(ApiError::store)?
-        .ok_or_else(|| not_found(&approval_id))?;
+    caller.require_some(scopes::APPROVAL_READ)?;
+    let record = find(&gw, &caller, &approval_id, scopes::APPROVAL_READ).await?;
     let record = approval::refresh(&gw.approvals(), record)
         .await
         .map_err(ApiError::store)?;
@@ -201,6 +200,26 @@ fn not_found(approval_id: &str) -> ApiError {
         Code::NotFound,
         format!("no approval request {approval_id:?}"),
     )
+}
+
+/// The request `approval_id`, for doing `scope` to it: another team's request is not found (SPEC 16),
+/// like a missing one.
+async fn find(
+    gw: &crate::gateway::Gateway,
+    caller: &Caller,
+    approval_id: &str,
+    scope: &str,
+) -> Result<ApprovalRecord, ApiError> {
+    let record = gw
+        .store
+        .approval_get(approval_id)
+        .await
+        .map_err(ApiError::store)?
+        .ok_or_else(|| not_found(approval_id))?;
+    caller.require_visible(&record.team, scopes::APPROVAL_READ, scope, || {
+        not_found(approval_id)
+    })?;
+    Ok(record)
 }
 
 /// A decision's body: why. Required to deny, optional to grant.
@@ -257,7 +276,9 @@ async fn decide(
     body: &[u8],
     grant: bool,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, scopes::APPROVAL_DECIDE)?;
+    caller.require_some(scopes::APPROVAL_DECIDE)?;
+    // A request keeps its team for life: checked once, before the decision.
+    find(gw, caller, approval_id, scopes::APPROVAL_DECIDE).await?;
     let decision: Decision = if body.is_empty() && grant {
         Decision::default()
     } else {

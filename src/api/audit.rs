@@ -1,6 +1,6 @@
 //! `GET /v1/audit` (SPEC 9.3): the trail, newest first, with filters and a cursor.
 
-use crate::identity::{Caller, DEFAULT_TEAM};
+use crate::identity::{scopes, Caller};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 
@@ -54,20 +54,23 @@ pub async fn query(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
+    let teams = caller.require_some(scopes::AUDIT_READ)?;
     // The audit query itself refuses unknown, repeated and empty parameters.
     let pairs: Vec<(String, String)> =
         url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
             .into_owned()
             .collect();
-    let query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    let mut query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    query.teams = teams;
     let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
     Ok(axum::Json(page).into_response())
 }
 
 /// `GET /v1/audit/export?from_seq=` (SPEC 9.3 r2): the chain as JSON lines, oldest first, streamed,
-/// ending with an `AuditCheckpoint` over the last event before it (SPEC 20 rule 7).
+/// ending with an `AuditCheckpoint` over the last event before it (SPEC 20 rule 7). The chain is one for
+/// every team, and an export with events left out would no longer verify, so it needs the read scope on
+/// every team (SPEC 16); a team-bound auditor queries `GET /v1/audit`, which holds their teams' events.
 #[utoipa::path(get, path = "/v1/audit/export", operation_id = "export_audit", tag = "audit",
     params(("from_seq" = Option<u64>, Query, description = "The first seq to send; 1 by default")),
     security(("operator" = ["seal.audit.read"])),
@@ -77,7 +80,7 @@ pub async fn export(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
+    caller.require_everywhere(scopes::AUDIT_READ)?;
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
     let from_seq = from_seq_param(&params)?;
     // Ends with a checkpoint signed now, so that the export verifies at any moment (SPEC 20 rule 7).
@@ -94,7 +97,8 @@ pub async fn export(
 }
 
 /// `GET /v1/audit/checkpoints?from_seq=&limit=&cursor=` (SPEC 14): the signed checkpoints of the chain,
-/// newest first, down to `from_seq`.
+/// newest first, down to `from_seq`. Like the export, they belong to the whole chain: the read scope on
+/// every team.
 #[utoipa::path(get, path = "/v1/audit/checkpoints", operation_id = "audit_checkpoints", tag = "audit",
     params(
         ("from_seq" = Option<u64>, Query, description = "List checkpoints at or after this seq; 1 by default"),
@@ -108,7 +112,7 @@ pub async fn checkpoints(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.audit.read")?;
+    caller.require_everywhere(scopes::AUDIT_READ)?;
     let params = super::query_params(raw.as_deref(), &["from_seq", "limit", "cursor"])?;
     let query = AuditQuery {
         r#type: Some(crate::audit::EventType::AuditCheckpoint),

@@ -1,7 +1,7 @@
 //! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
 //! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
 
-use crate::identity::{Caller, DEFAULT_TEAM};
+use crate::identity::{is_team_name, scopes, Caller, TeamFilter, DEFAULT_TEAM};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,8 @@ pub struct ClaimView {
     agent_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     session_id: Option<String>,
+    /// Its session's team, or the team a standalone claim was taken in (SPEC 16).
+    team: String,
     status: ClaimStatus,
     /// RFC 3339 with milliseconds.
     claimed_at: String,
@@ -43,6 +45,7 @@ fn claim_json(record: &ClaimRecord) -> ClaimView {
         action: record.action.clone(),
         agent_id: record.agent_id.clone(),
         session_id: record.session_id.clone(),
+        team: record.team.clone(),
         status: record.status,
         claimed_at: record.claimed_at.clone(),
         action_ref: record.action_ref.clone(),
@@ -73,6 +76,7 @@ fn claim_event(
         .sub(&record.agent_id)
         .claim(outcome)
         .action_ref(&record.action_ref)
+        .team(&record.team)
         .actor(caller.sub());
     if let Some(session_id) = &record.session_id {
         event = event.session_id(session_id);
@@ -191,7 +195,7 @@ pub async fn list(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.read")?;
+    let teams = caller.require_some(scopes::CLAIM_READ)?;
     let params = query_params(
         raw.as_deref(),
         &["kind", "status", "agent_id", "tool", "limit", "cursor"],
@@ -207,7 +211,9 @@ pub async fn list(
     let cursor = parse_cursor(params.get("cursor"))?;
     let (items, more) = gw
         .store
-        .claim_page(cursor.as_ref(), limit, &|c| filter.matches(c))
+        .claim_page(cursor.as_ref(), limit, &|c| {
+            teams.admits(&c.team) && filter.matches(c)
+        })
         .await
         .map_err(ApiError::store)?;
     let next_cursor = if more {
@@ -222,15 +228,29 @@ pub async fn list(
     .into_response())
 }
 
-async fn get_claim(
+fn not_found(request_id: &str) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no claim {request_id:?}"))
+}
+
+/// The claim `request_id` of `kind`, for doing `scope` to it: another team's claim is not found (SPEC
+/// 16), like a missing one.
+async fn find(
     gw: &crate::gateway::Gateway,
+    caller: &Caller,
+    kind: ClaimKind,
     request_id: &str,
+    scope: &str,
 ) -> Result<ClaimRecord, ApiError> {
-    gw.store
-        .claim_get(ClaimKind::Invoke, request_id)
+    let record = gw
+        .store
+        .claim_get(kind, request_id)
         .await
         .map_err(ApiError::store)?
-        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no claim {request_id:?}")))
+        .ok_or_else(|| not_found(request_id))?;
+    caller.require_visible(&record.team, scopes::CLAIM_READ, scope, || {
+        not_found(request_id)
+    })?;
+    Ok(record)
 }
 
 /// Reads one claim taken by `/v1/invoke`.
@@ -243,8 +263,16 @@ pub async fn read(
     caller: Caller,
     ApiPath(request_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.read")?;
-    Ok(axum::Json(claim_json(&get_claim(&gw, &request_id).await?)).into_response())
+    caller.require_some(scopes::CLAIM_READ)?;
+    let record = find(
+        &gw,
+        &caller,
+        ClaimKind::Invoke,
+        &request_id,
+        scopes::CLAIM_READ,
+    )
+    .await?;
+    Ok(axum::Json(claim_json(&record)).into_response())
 }
 
 /// How an operator settles a PENDING claim.
@@ -295,7 +323,7 @@ fn check_jsonrpc_response(result: &Value) -> Result<Value, ApiError> {
 
 fn settle_error(err: SettleError, request_id: &str) -> ApiError {
     match err {
-        SettleError::NotFound => ApiError::new(Code::NotFound, format!("no claim {request_id:?}")),
+        SettleError::NotFound => not_found(request_id),
         SettleError::NotPending(record) => ApiError::new(
             Code::Conflict,
             format!(
@@ -326,7 +354,16 @@ pub async fn resolve(
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
+    caller.require_some(scopes::CLAIM_RESOLVE)?;
+    // A claim keeps its team for life: checked once, before the resolution.
+    find(
+        &gw,
+        &caller,
+        ClaimKind::Invoke,
+        &request_id,
+        scopes::CLAIM_RESOLVE,
+    )
+    .await?;
     let request: ResolveRequest = json_body(&body)?;
     let outcome = match (request.outcome.as_str(), request.result) {
         ("committed", Some(result)) => ManualOutcome::Committed(check_jsonrpc_response(&result)?),
@@ -392,6 +429,9 @@ pub struct StandaloneClaim {
     /// The operator's name when absent.
     #[schema(min_length = 1, max_length = 256)]
     agent_id: Option<String>,
+    /// The team the claim belongs to (SPEC 16); needed only when the token holds `seal.claim.resolve`
+    /// bound to several teams. It must be one of them.
+    team: Option<String>,
 }
 
 /// What taking a standalone claim found.
@@ -415,6 +455,40 @@ fn bounded(field: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The team of a standalone claim (SPEC 16): the one the body names, which the caller must hold
+/// `seal.claim.resolve` for; else the one team that scope is bound to; else `default` when it is
+/// unbound. A scope bound to several teams must name one: the gateway never picks for the caller.
+fn standalone_team(caller: &Caller, named: Option<String>) -> Result<String, ApiError> {
+    if let Some(team) = named {
+        if !is_team_name(&team) {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("team: {team:?} is not a team name (letters, digits, '-', '_')"),
+            ));
+        }
+        caller.require(&team, scopes::CLAIM_RESOLVE)?;
+        return Ok(team);
+    }
+    match caller.teams_with(scopes::CLAIM_RESOLVE) {
+        TeamFilter::Every => Ok(DEFAULT_TEAM.to_owned()),
+        TeamFilter::Only(teams) => match teams.iter().collect::<Vec<_>>().as_slice() {
+            [one] => Ok((*one).clone()),
+            several => Err(ApiError::new(
+                Code::InvalidRequest,
+                format!(
+                    "team is required: the token holds {} for teams {}; name one",
+                    scopes::CLAIM_RESOLVE,
+                    several
+                        .iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        },
+    }
+}
+
 /// Takes a standalone claim (SafeAgent-style): PROCEED, SKIP with the settled result, or PENDING.
 #[utoipa::path(post, path = "/claim", operation_id = "take_standalone_claim", tag = "claims",
     request_body = StandaloneClaim,
@@ -425,12 +499,13 @@ pub async fn standalone_claim(
     caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
+    caller.require_some(scopes::CLAIM_RESOLVE)?;
     let request: StandaloneClaim = json_body(&body)?;
     bounded("request_id", &request.request_id)?;
     bounded("action", &request.action)?;
     let agent = request.agent_id.unwrap_or_else(|| caller.sub().to_string());
     bounded("agent_id", &agent)?;
+    let team = standalone_team(&caller, request.team)?;
     let mut record = claim::new_pending(
         ClaimKind::Standalone,
         &request.request_id,
@@ -438,6 +513,7 @@ pub async fn standalone_claim(
         &agent,
         None,
         Some(claim::standalone_digest(&request.action)),
+        &team,
     );
     record.taker = Some(caller.sub().to_owned());
     let taken = claim::take(gw.store.as_ref(), record)
@@ -460,12 +536,12 @@ pub async fn standalone_claim(
             _ => ("SKIP", None),
         },
         Taken::Pending(_) => ("PENDING", None),
-        // Bound to its action (SPEC 7.4 r3): the other claim's result is never shown.
+        // Bound to its action (SPEC 7.4 r3) and team (SPEC 16): the other claim is never shown.
         Taken::OtherCall(_) => {
             return Err(ApiError::new(
                 Code::IdempotencyKeyReused,
                 format!(
-                    "request id {:?} is taken by a claim for another action",
+                    "request id {:?} is taken by a claim for another action or team",
                     request.request_id
                 ),
             ))
@@ -509,7 +585,15 @@ pub async fn settle(
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
+    caller.require_some(scopes::CLAIM_RESOLVE)?;
+    find(
+        &gw,
+        &caller,
+        ClaimKind::Standalone,
+        &request_id,
+        scopes::CLAIM_RESOLVE,
+    )
+    .await?;
     let request: SettleRequest = json_body(&body)?;
     let settler = claim::Settler {
         sub: caller.sub(),
@@ -575,7 +659,7 @@ pub async fn standalone_audit(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
+    let teams = caller.require_some(scopes::CLAIM_RESOLVE)?;
     let params = query_params(
         raw.as_deref(),
         &[
@@ -616,7 +700,9 @@ pub async fn standalone_audit(
     let offset = offset as usize;
     let (matching, _) = gw
         .store
-        .claim_page(None, usize::MAX, &|c| filter.matches(c))
+        .claim_page(None, usize::MAX, &|c| {
+            teams.admits(&c.team) && filter.matches(c)
+        })
         .await
         .map_err(ApiError::store)?;
     let total = matching.len();

@@ -1,6 +1,6 @@
 //! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
 
-use crate::identity::{Caller, DEFAULT_TEAM};
+use crate::identity::{scopes, Caller};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -24,20 +24,31 @@ pub struct ContextList {
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The contexts", body = ContextList)))]
 pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.context.read")?;
+    let teams = caller.require_some(scopes::CONTEXT_READ)?;
     let mut contexts = gw.contexts.list();
+    contexts.retain(|c| teams.admits(c.team()));
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
     Ok(axum::Json(ContextList { items }).into_response())
 }
 
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no security context {name:?}"))
+}
+
+/// The context `name`, for doing `scope` to it: another team's context is not found (SPEC 16), like a
+/// missing one.
 fn find(
     gw: &crate::gateway::Gateway,
+    caller: &Caller,
     name: &str,
+    scope: &str,
 ) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
-    gw.contexts
-        .get(name)
-        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no security context {name:?}")))
+    let context = gw.contexts.get(name).ok_or_else(|| not_found(name))?;
+    caller.require_visible(context.team(), scopes::CONTEXT_READ, scope, || {
+        not_found(name)
+    })?;
+    Ok(context)
 }
 
 /// Reads one context: its spec, `version` and `source`.
@@ -50,8 +61,8 @@ pub async fn read(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.context.read")?;
-    Ok(axum::Json(find(&gw, &name)?.api_view()).into_response())
+    caller.require_some(scopes::CONTEXT_READ)?;
+    Ok(axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view()).into_response())
 }
 
 fn file_backed(context: &SecurityContext) -> Option<ApiError> {
@@ -112,12 +123,19 @@ pub async fn put(
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.context.write")?;
+    caller.require_some(scopes::CONTEXT_WRITE)?;
     let spec: Value = json_body(&body)?;
     let (spec, context) = parse_spec(&name, spec)?;
     let _turn = gw.context_writes.lock().await;
+    // SPEC 16: the write scope on the context's team before the write, and on its team after it.
     let existed = match gw.contexts.get(&name) {
         Some(current) => {
+            caller.require_visible(
+                current.team(),
+                scopes::CONTEXT_READ,
+                scopes::CONTEXT_WRITE,
+                || not_found(&name),
+            )?;
             if let Some(conflict) = file_backed(&current) {
                 return Err(conflict);
             }
@@ -125,6 +143,8 @@ pub async fn put(
         }
         None => false,
     };
+    caller.require(context.team(), scopes::CONTEXT_WRITE)?;
+    let team = context.team().to_owned();
     let stored = StoredContext {
         name: name.clone(),
         spec: spec.clone(),
@@ -143,6 +163,7 @@ pub async fn put(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .context_version(&version)
+            .team(&team)
             .actor(caller.sub()),
     )
     .await?;
@@ -151,7 +172,11 @@ pub async fn put(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, axum::Json(find(&gw, &name)?.api_view())).into_response())
+    Ok((
+        status,
+        axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?.api_view()),
+    )
+        .into_response())
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -174,9 +199,9 @@ pub async fn delete(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.context.write")?;
+    caller.require_some(scopes::CONTEXT_WRITE)?;
     let _turn = gw.context_writes.lock().await;
-    let current = find(&gw, &name)?;
+    let current = find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
     if let Some(conflict) = file_backed(&current) {
         return Err(conflict);
     }
@@ -197,6 +222,7 @@ pub async fn delete(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .detail("removed")
+            .team(current.team())
             .actor(caller.sub()),
     )
     .await?;
@@ -235,18 +261,21 @@ pub async fn evaluate(
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.context.read")?;
+    caller.require_some(scopes::CONTEXT_READ)?;
     let request: EvaluateRequest = json_body(&body)?;
     let context = match request.draft {
-        Some(draft) => std::sync::Arc::new(
-            parse_spec(&name, draft)
+        // The caller's own draft: the stored context (perhaps another team's) is never looked at.
+        Some(draft) => {
+            let draft = parse_spec(&name, draft)
                 .map(|(_, context)| context)
                 .map_err(|mut e| {
                     e.message = format!("draft: {}", e.message);
                     e
-                })?,
-        ),
-        None => find(&gw, &name)?,
+                })?;
+            caller.require(draft.team(), scopes::CONTEXT_READ)?;
+            std::sync::Arc::new(draft)
+        }
+        None => find(&gw, &caller, &name, scopes::CONTEXT_READ)?,
     };
     crate::envelope::ToolName::parse(&request.tool)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;

@@ -1,6 +1,6 @@
 //! The orchestrator's session API (SPEC section 5).
 
-use crate::identity::{Caller, DEFAULT_TEAM};
+use crate::identity::{scopes, Caller};
 use axum::extract::RawQuery;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -27,7 +27,7 @@ pub async fn create(
     caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.session.create")?;
+    caller.require_some(scopes::SESSION_CREATE)?;
     let request: CreateSessionRequest = json_body(&body)?;
     let now = clock::now_secs();
     let new = request
@@ -40,17 +40,9 @@ pub async fn create(
         .await
         .map_err(ApiError::store)?;
     if let Some(existing) = existing {
-        return repeat_or_conflict(&new, &existing);
+        return repeat_or_conflict(&caller, &new, &existing);
     }
-    if gw.contexts.get(&new.security_context).is_none() {
-        return Err(ApiError::new(
-            Code::InvalidRequest,
-            format!(
-                "security_context {:?} is not a known security context",
-                new.security_context
-            ),
-        ));
-    }
+    let team = context_team(&gw, &caller, &new.security_context)?;
     let token = match &gw.minter {
         Some(minter) => Some(
             minter
@@ -68,7 +60,7 @@ pub async fn create(
         ),
         None => None,
     };
-    let record = new.clone().into_record(token, clock::now_millis());
+    let record = new.clone().into_record(token, clock::now_millis(), &team);
     let inserted = gw
         .store
         .session_insert(&record)
@@ -76,12 +68,13 @@ pub async fn create(
         .map_err(ApiError::store)?;
     if let Some(existing) = inserted {
         // Another registration of the same id won the race.
-        return repeat_or_conflict(&new, &existing);
+        return repeat_or_conflict(&caller, &new, &existing);
     }
     gw.record(
         AuditEvent::new(EventType::SessionCreated)
             .session_id(&record.session_id)
             .scp(&record.security_context)
+            .team(&record.team)
             .actor(caller.sub()),
     )
     .await?;
@@ -92,10 +85,41 @@ pub async fn create(
         .into_response())
 }
 
+/// The team of the context a session is registered on (SPEC 16). A context of a team whose contexts
+/// the caller may neither read nor register sessions on is answered as an unknown one, so that one team
+/// cannot learn another's context names; one it may read but not register on is 403.
+fn context_team(
+    gw: &crate::gateway::Gateway,
+    caller: &Caller,
+    name: &str,
+) -> Result<String, ApiError> {
+    let unknown = || {
+        ApiError::new(
+            Code::InvalidRequest,
+            format!("security_context {name:?} is not a known security context"),
+        )
+    };
+    let context = gw.contexts.get(name).ok_or_else(unknown)?;
+    let team = context.team();
+    if !caller.may(team, scopes::CONTEXT_READ) && !caller.may(team, scopes::SESSION_CREATE) {
+        return Err(unknown());
+    }
+    caller.require(team, scopes::SESSION_CREATE)?;
+    Ok(team.to_owned())
+}
+
 fn repeat_or_conflict(
+    caller: &Caller,
     new: &session::NewSession,
     existing: &crate::store::SessionRecord,
 ) -> Result<Response, ApiError> {
+    // Another team's session (SPEC 16) is only a taken id: never its body nor its token.
+    if !caller.may(&existing.team, scopes::SESSION_CREATE) {
+        return Err(ApiError::new(
+            Code::Conflict,
+            "a different session is registered under this id",
+        ));
+    }
     if existing.revoked_at_ms.is_some() {
         return Err(ApiError::new(
             Code::Conflict,
@@ -155,7 +179,7 @@ pub async fn list(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.session.read")?;
+    let teams = caller.require_some(scopes::SESSION_READ)?;
     let params = query_params(
         raw.as_deref(),
         &["status", "context", "agent_id", "agent", "limit", "cursor"],
@@ -177,7 +201,8 @@ pub async fn list(
     let now = clock::now_secs();
     // What the record alone decides; `active` and `exhausted` also need the call count, read below.
     let keep = |record: &SessionRecord| {
-        context.is_none_or(|c| *c == record.security_context)
+        teams.admits(&record.team)
+            && context.is_none_or(|c| *c == record.security_context)
             && agents
                 .iter()
                 .flatten()
@@ -232,15 +257,29 @@ pub async fn read(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.session.read")?;
-    let record = gw
-        .store
-        .session_get(&id)
-        .await
-        .map_err(ApiError::store)?
-        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session {id:?}")))?;
+    caller.require_some(scopes::SESSION_READ)?;
+    let record = find(&gw, &caller, &id, scopes::SESSION_READ).await?;
     let calls = calls_allowed(&gw, &id).await?;
     Ok(axum::Json(session::describe(&record, clock::now_secs(), calls)).into_response())
+}
+
+/// The session `id`, for doing `scope` to it: another team's session is not found (SPEC 16), like a
+/// missing one.
+async fn find(
+    gw: &crate::gateway::Gateway,
+    caller: &Caller,
+    id: &str,
+    scope: &str,
+) -> Result<SessionRecord, ApiError> {
+    let not_found = || ApiError::new(Code::NotFound, format!("no session {id:?}"));
+    let record = gw
+        .store
+        .session_get(id)
+        .await
+        .map_err(ApiError::store)?
+        .ok_or_else(not_found)?;
+    caller.require_visible(&record.team, scopes::SESSION_READ, scope, not_found)?;
+    Ok(record)
 }
 
 /// The answer to a revocation.
@@ -263,14 +302,9 @@ pub async fn revoke(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(DEFAULT_TEAM, "seal.session.revoke")?;
+    caller.require_some(scopes::SESSION_REVOKE)?;
     loop {
-        let record = gw
-            .store
-            .session_get(&id)
-            .await
-            .map_err(ApiError::store)?
-            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session {id:?}")))?;
+        let record = find(&gw, &caller, &id, scopes::SESSION_REVOKE).await?;
         if let Some(at) = record.revoked_at_ms {
             // Revoked elsewhere (another replica, or a racing call) perhaps before this replica heard:
             // whoever answers "revoked" enforces it from now on.
@@ -290,6 +324,7 @@ pub async fn revoke(
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)
+                    .team(&record.team)
                     .actor(caller.sub()),
             )
             .await?;

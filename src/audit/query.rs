@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::chain::format_at;
 use super::event::{Decision, EventType};
 use super::AuditBackend;
+use crate::identity::TeamFilter;
 
 /// Default and largest page size.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -54,6 +55,10 @@ pub struct AuditQuery {
     /// Events below this seq are not looked at (the checkpoint listing's `from_seq`; not a parameter
     /// of `GET /v1/audit`).
     pub min_seq: Option<u64>,
+    /// The teams whose events the caller may read (SPEC 16; not a parameter: the caller's scopes). An
+    /// event that names no team (a refusal before any session was found, a checkpoint) is the whole
+    /// gateway's, shown only to a caller who may read every team.
+    pub teams: TeamFilter,
 }
 
 impl Default for AuditQuery {
@@ -71,6 +76,7 @@ impl Default for AuditQuery {
             limit: DEFAULT_LIMIT,
             cursor: None,
             min_seq: None,
+            teams: TeamFilter::Every,
         }
     }
 }
@@ -214,7 +220,12 @@ impl AuditQuery {
     fn matches(&self, event: &Value, from: Option<&str>, to: Option<&str>) -> bool {
         let text = |key: &str| event.get(key).and_then(Value::as_str);
         let equals = |key: &str, wanted: Option<&str>| wanted.is_none_or(|w| text(key) == Some(w));
-        equals("type", self.r#type.map(EventType::as_str))
+        let readable = match text("team") {
+            Some(team) => self.teams.admits(team),
+            None => self.teams == TeamFilter::Every,
+        };
+        readable
+            && equals("type", self.r#type.map(EventType::as_str))
             && equals("session_id", self.session_id.as_deref())
             && equals("sub", self.sub.as_deref())
             && equals("tool", self.tool.as_deref())

@@ -27,6 +27,7 @@ pub(crate) fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
         outcome: None,
         resolution: None,
         taker: None,
+        team: "default".into(),
     }
 }
 
@@ -133,6 +134,7 @@ pub(crate) fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRe
         security_token: None,
         created_at_ms: 1,
         revoked_at_ms: None,
+        team: "default".into(),
     }
 }
 
@@ -210,6 +212,8 @@ pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &
         security_token: None,
         created_at_ms: 1,
         revoked_at_ms: None,
+        // A team other than `default` is written, and read back (SPEC 16).
+        team: "payments".into(),
     };
     assert_eq!(store.session_insert(&record).await.unwrap(), None);
     let mut other = record.clone();
@@ -500,6 +504,7 @@ fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
         decided_at_ms: None,
         decided_by: None,
         reason: None,
+        team: "ops".into(),
     }
 }
 

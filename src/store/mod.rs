@@ -157,6 +157,17 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The team of a record made before teams (SPEC 16).
+fn default_team() -> String {
+    crate::identity::DEFAULT_TEAM.to_owned()
+}
+
+/// Team `default` is not written: a record made before teams then encodes exactly as it is stored, which
+/// a compare-and-set needs (it compares the text).
+fn is_default_team(team: &str) -> bool {
+    team == crate::identity::DEFAULT_TEAM
+}
+
 /// A registered execution (SPEC section 5). Written once; afterwards only revocation changes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionRecord {
@@ -174,6 +185,10 @@ pub struct SessionRecord {
     pub security_token: Option<String>,
     pub created_at_ms: i64,
     pub revoked_at_ms: Option<i64>,
+    /// The team of its context when it was registered (SPEC 16); its claims, approvals and events are
+    /// that team's.
+    #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
+    pub team: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -259,6 +274,9 @@ pub struct ClaimRecord {
     /// The operator (token `sub`) who took a standalone claim: only they settle it (SPEC 7.4 r3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taker: Option<String>,
+    /// Its session's team, or for a standalone claim the team of the service's scope (SPEC 16).
+    #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
+    pub team: String,
 }
 
 /// Where an approval request stands (SPEC 13).
@@ -306,6 +324,9 @@ pub struct ApprovalRecord {
     pub decided_at_ms: Option<i64>,
     pub decided_by: Option<String>,
     pub reason: Option<String>,
+    /// Its session's team (SPEC 16).
+    #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
+    pub team: String,
 }
 
 /// Where an approval listing stopped: the last item shown.
