@@ -308,9 +308,10 @@ async fn run(
     facts.phases.enter(Phase::Verify);
     let claims = verify_token(gw, env, now).await?; // checks 2–4
     facts.claims = Some(claims.clone());
-    let session = live_session(gw, &claims, now).await?; // check 5
+    let session = session_of(gw, &claims).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
-    facts.team = Some(session.record.team.clone());
+    facts.team = Some(session.record.team.clone()); // a refused call's event is its team's too
+    require_live(&session, now)?; // check 5: neither revoked nor expired
     let signature = verify_signature(env, message, &session)?; // checks 6–7
     check_window(gw, env, &signature, now, facts)?; // check 8 (its replay record: at admission)
     bind_token(env, &claims, &session)?; // check 9
@@ -624,18 +625,17 @@ async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<Agen
         })
 }
 
-/// Check 5: a live session for the token's execution, from memory.
-async fn live_session(
-    gw: &Gateway,
-    claims: &AgentClaims,
-    now: i64,
-) -> Result<Arc<LiveSession>, Refused> {
-    let session = gw
-        .sessions
+/// Check 5: the session of the token's execution, from memory.
+async fn session_of(gw: &Gateway, claims: &AgentClaims) -> Result<Arc<LiveSession>, Refused> {
+    gw.sessions
         .get(gw.store.as_ref(), &claims.exec_id)
         .await
         .map_err(store_refusal)?
-        .ok_or_else(|| refuse(Code::SessionNotFound, "no session for the token's exec_id"))?;
+        .ok_or_else(|| refuse(Code::SessionNotFound, "no session for the token's exec_id"))
+}
+
+/// Check 5: the session is neither revoked nor expired.
+fn require_live(session: &LiveSession, now: i64) -> Result<(), Refused> {
     if session.record.revoked_at_ms.is_some() {
         return Err(refuse(
             Code::SessionInactive,
@@ -645,7 +645,7 @@ async fn live_session(
     if now >= session.record.expires_at {
         return Err(refuse(Code::SessionInactive, "the session has expired"));
     }
-    Ok(session)
+    Ok(())
 }
 
 /// Checks 6–7: the signature decodes and verifies under the session's key (`message` is check 6's).

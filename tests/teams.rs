@@ -34,6 +34,8 @@ const PAYMENTS_ALL: &str = "payments/seal.admin";
 struct Teams {
     gw: Gateway,
     _tool: std::sync::Arc<common::Tool>,
+    /// Each session's agent key and token.
+    agents: Vec<(SigningKey, String)>,
     claim: [String; 2],
     approval: [String; 2],
 }
@@ -52,14 +54,17 @@ impl Teams {
         let (gw, tool) = Gateway::start(dir, "").await;
         let mut claim = Vec::new();
         let mut approval = Vec::new();
+        let mut agents = Vec::new();
         for (id, context) in SESSIONS.iter().zip(["pay", "ops"]) {
             let (key, token) = gw.session_in(id, context).await;
             claim.push(claimed(&gw, &key, &token).await);
             approval.push(requested(&gw, &key, &token).await);
+            agents.push((key, token));
         }
         Teams {
             gw,
             _tool: tool,
+            agents,
             claim: [claim[0].clone(), claim[1].clone()],
             approval: [approval[0].clone(), approval[1].clone()],
         }
@@ -186,6 +191,14 @@ async fn objects_carry_the_team_of_their_context_in_records_views_and_events() {
             .as_admin(&format!("/v1/approvals/{}", teams.approval[index]))
             .await;
         assert_eq!(approval["team"], team);
+        // A call refused once its session is known (signed with another key): its team's event too.
+        let stranger = sealgate::envelope::generate_signing_key().unwrap();
+        let token = &teams.agents[index].1;
+        let (status, _) = teams
+            .gw
+            .call(&stranger, token, tool_call(3, "tool.echo", json!({})))
+            .await;
+        assert_eq!(status, 401);
         // Every event about the session, from its registration to its calls and approvals.
         let events = teams.gw.events(session).await;
         let types = field(&events, "type");
@@ -194,6 +207,7 @@ async fn objects_carry_the_team_of_their_context_in_records_views_and_events() {
             "ToolCallAuthorized",
             "ToolCallCompleted",
             "ApprovalRequested",
+            "SignatureVerificationFailed",
         ] {
             assert!(
                 types.iter().any(|t| t == expected),
@@ -205,7 +219,30 @@ async fn objects_carry_the_team_of_their_context_in_records_views_and_events() {
         }
     }
 
-    // A decision's event, and a context written over the API, are their team's too.
+    // A revocation, a call on the revoked session, a decision, and a context written over the API:
+    // their events are their team's too.
+    let (status, _) = teams
+        .gw
+        .admin(
+            Method::DELETE,
+            &format!("/v1/seal/sessions/{}", SESSIONS[0]),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (key, token) = &teams.agents[0];
+    let (status, body) = teams
+        .gw
+        .call(key, token, tool_call(4, "tool.echo", json!({})))
+        .await;
+    assert_eq!((status, code(&body)), (401, 1006), "{body}");
+    let events = teams.gw.events(SESSIONS[0]).await;
+    let last_two = &events[events.len() - 2..];
+    assert_eq!(
+        field(last_two, "type"),
+        ["EnvelopeRejected", "SessionRevoked"]
+    );
+    assert_eq!(field(last_two, "team"), ["payments", "payments"]);
     let (status, _) = teams
         .gw
         .admin(
