@@ -853,6 +853,40 @@ async fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {
 }
 
 #[tokio::test]
+async fn a_team_bound_query_holds_its_teams_events_and_no_team_less_ones() {
+    use crate::identity::TeamFilter;
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
+    for team in [Some("ops"), Some("payments"), None, Some("ops")] {
+        let mut event = AuditEvent::new(EventType::SessionRevoked).session_id("s");
+        if let Some(team) = team {
+            event = event.team(team);
+        }
+        record_ok(&log, event).await;
+    }
+    let seen = |teams: TeamFilter| {
+        let log = log.clone();
+        async move {
+            let page = log
+                .query(&AuditQuery {
+                    teams,
+                    ..AuditQuery::default()
+                })
+                .await;
+            let Ok(page) = page else {
+                panic!("query failed")
+            };
+            seqs(&page.items)
+        }
+    };
+    let ops = TeamFilter::Only(["ops".to_owned()].into());
+    assert_eq!(seen(ops).await, [4, 1]);
+    let none = TeamFilter::Only(Default::default());
+    assert!(seen(none).await.is_empty());
+    assert_eq!(seen(TeamFilter::Every).await, [4, 3, 2, 1]);
+}
+
+#[tokio::test]
 async fn query_filters_newest_first_and_pages_without_gaps() {
     let backend = Arc::new(MemoryBackend::new());
     let log = memory_log(&backend, &AuditConfig::default()).await;
