@@ -101,10 +101,7 @@ fn context_team(
     };
     let context = gw.contexts.get(name).ok_or_else(unknown)?;
     let team = context.team();
-    if !caller.may(team, scopes::CONTEXT_READ) && !caller.may(team, scopes::SESSION_CREATE) {
-        return Err(unknown());
-    }
-    caller.require(team, scopes::SESSION_CREATE)?;
+    caller.require_visible(team, scopes::CONTEXT_READ, scopes::SESSION_CREATE, unknown)?;
     Ok(team.to_owned())
 }
 
