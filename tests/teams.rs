@@ -669,7 +669,23 @@ async fn standalone_claims_belong_to_the_team_of_the_services_scope() {
     assert_eq!((status, code(&refused)), (422, 4002), "{refused}");
     assert!(refused.get("existing").is_none());
 
-    // A scope bound to several teams names one, and only one it holds.
+    // A scope bound to several teams names one, and only one it holds, by its name.
+    let (status, body) = teams
+        .call(
+            &several,
+            Method::POST,
+            "/claim",
+            Some(claim("job-2", Some("pay ments"))),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (422, 6005), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"pay ments\""),
+        "{body}"
+    );
     let (status, body) = teams
         .call(&several, Method::POST, "/claim", Some(claim("job-2", None)))
         .await;

@@ -1,7 +1,9 @@
 //! Claims over the API (SPEC 7.4): reconciliation of PENDING claims, and the standalone SafeAgent-style
 //! endpoints (`/claim`, `/settle/{id}`, `/audit`) for services that guard their own side effects.
 
-use crate::identity::{is_team_name, scopes, Caller, TeamFilter, DEFAULT_TEAM};
+use crate::identity::{
+    is_team_name, scopes, Caller, TeamFilter, DEFAULT_TEAM, MAX_TEAM_NAME_BYTES,
+};
 use axum::extract::RawQuery;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -463,7 +465,10 @@ fn standalone_team(caller: &Caller, named: Option<String>) -> Result<String, Api
         if !is_team_name(&team) {
             return Err(ApiError::new(
                 Code::InvalidRequest,
-                format!("team: {team:?} is not a team name (letters, digits, '-', '_')"),
+                format!(
+                    "team: {team:?} is not a team name (1 to {MAX_TEAM_NAME_BYTES} letters, digits, \
+                     '-', '_')"
+                ),
             ));
         }
         caller.require(&team, scopes::CLAIM_RESOLVE)?;

@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, Code};
 
-pub use scope::{is_team_name, scopes, TeamFilter, TeamScope, TeamScopes, Teams, DEFAULT_TEAM};
+pub use scope::{
+    is_team_name, scopes, TeamFilter, TeamScope, TeamScopes, Teams, DEFAULT_TEAM,
+    MAX_TEAM_NAME_BYTES,
+};
 
 /// The `iss` of an operator token that names none (one minted with `sealgate token operator` and no
 /// issuer): the identity is then vouched for by the gateway's own key configuration only.

@@ -39,9 +39,14 @@ pub mod scopes {
 /// The team of a context that names none.
 pub const DEFAULT_TEAM: &str = "default";
 
-/// Team names: letters, digits, `-` and `_` (SPEC 16); never empty.
+/// Longest team name, in bytes: a name is written whole into every event of its team (whose string
+/// fields hold at most 256 characters), where a cut name would match no team.
+pub const MAX_TEAM_NAME_BYTES: usize = 128;
+
+/// Team names: letters, digits, `-` and `_` (SPEC 16); never empty, at most [`MAX_TEAM_NAME_BYTES`].
 pub fn is_team_name(name: &str) -> bool {
     !name.is_empty()
+        && name.len() <= MAX_TEAM_NAME_BYTES
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
@@ -80,7 +85,7 @@ impl TeamScope {
             Some((team, scope)) if is_team_name(team) => (Teams::One(team.to_owned()), scope),
             Some((team, _)) => {
                 return Err(format!(
-                    "scope {raw:?}: team {team:?} is not a team name (letters, digits, '-', '_', or '*')"
+                    "scope {raw:?}: team {team:?} is not a team name (1 to {MAX_TEAM_NAME_BYTES} letters, digits, '-', '_', or '*')"
                 ))
             }
         };
@@ -212,6 +217,7 @@ mod tests {
             "payments/",
             "pay.ments/x",
             "ü/x",
+            &format!("{}/x", "a".repeat(MAX_TEAM_NAME_BYTES + 1)),
         ] {
             assert!(TeamScope::parse(bad).is_err(), "{bad:?} parsed");
         }

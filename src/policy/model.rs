@@ -19,7 +19,7 @@ use super::commands::CommandRule;
 use super::domains::DomainRule;
 use super::paths::PathRule;
 use super::pattern::Pattern;
-use crate::identity::{is_team_name, DEFAULT_TEAM};
+use crate::identity::{is_team_name, DEFAULT_TEAM, MAX_TEAM_NAME_BYTES};
 
 /// Longest context name, in bytes.
 pub const MAX_CONTEXT_NAME_BYTES: usize = 128;
@@ -53,7 +53,11 @@ pub struct SecurityContextSpec {
         deserialize_with = "present_not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(with = "String", regex(pattern = r"^[A-Za-z0-9_-]+$"))]
+    #[schemars(
+        with = "String",
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9_-]+$")
+    )]
     pub team: Option<String>,
     /// Tool patterns that are always refused (code 2001), checked before any capability.
     #[serde(default)]
@@ -440,7 +444,9 @@ impl SecurityContext {
             if !is_team_name(team) {
                 return Err(spec_error(
                     FieldPath::root().key("team"),
-                    format!("invalid team name {team:?}: letters, digits, '-' and '_'"),
+                    format!(
+                        "invalid team name {team:?}: 1 to {MAX_TEAM_NAME_BYTES} letters, digits, '-' and '_'"
+                    ),
                 ));
             }
         }
@@ -768,7 +774,8 @@ mod tests {
             Some(serde_json::json!("default"))
         );
         assert_eq!(unnamed.map(|c| c.version), named_default.map(|c| c.version));
-        for bad in ["", "pay ments", "pay.ments", "a/b", "*"] {
+        let long = "a".repeat(MAX_TEAM_NAME_BYTES + 1);
+        for bad in ["", "pay ments", "pay.ments", "a/b", "*", &long] {
             let err = compile(serde_json::json!(bad)).err();
             assert_eq!(
                 err.map(|e| (e.path.to_string(), e.message.contains(&format!("{bad:?}")))),
