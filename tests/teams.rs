@@ -157,6 +157,7 @@ fn items(page: &Value) -> Vec<Value> {
     page["items"].as_array().unwrap().clone()
 }
 
+/// The values of `name` in `items`, sorted; `""` where an item has none.
 fn field(items: &[Value], name: &str) -> Vec<String> {
     let mut values: Vec<String> = items
         .iter()
