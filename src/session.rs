@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::clock;
 use crate::envelope::SessionKey;
+use crate::identity::Identity;
 use crate::policy::Pattern;
 use crate::store::{SessionRecord, Store, StoreError, StoreResult};
 
@@ -180,7 +181,13 @@ pub fn encode_key(key: &[u8; 32]) -> String {
 }
 
 impl NewSession {
-    pub fn into_record(self, security_token: Option<String>, now_ms: i64) -> SessionRecord {
+    /// The record to store, registered by `registered_by` (SPEC 13 r4).
+    pub fn into_record(
+        self,
+        security_token: Option<String>,
+        registered_by: &Identity,
+        now_ms: i64,
+    ) -> SessionRecord {
         SessionRecord {
             public_key: Some(encode_key(&self.key)),
             session_id: self.session_id,
@@ -193,6 +200,7 @@ impl NewSession {
             security_token,
             created_at_ms: now_ms,
             revoked_at_ms: None,
+            registered_by: Some(registered_by.clone()),
         }
     }
 
@@ -299,6 +307,9 @@ pub struct SessionView {
     pub created_at: String,
     /// RFC 3339 with milliseconds; null unless revoked.
     pub revoked_at: Option<String>,
+    /// Who registered the session (SPEC 13 r4); absent for a session registered before r4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<Identity>,
 }
 
 /// What the session has used.
@@ -325,6 +336,7 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         },
         created_at: clock::rfc3339_millis(record.created_at_ms),
         revoked_at: record.revoked_at_ms.map(clock::rfc3339_millis),
+        registered_by: record.registered_by.clone(),
     }
 }
 
@@ -435,6 +447,15 @@ mod tests {
         serde_json::from_value(body).unwrap()
     }
 
+    fn registrant() -> Identity {
+        Identity {
+            iss: crate::identity::LOCAL_ISSUER.into(),
+            sub: "orchestrator".into(),
+            name: None,
+            via: crate::identity::Via::Key,
+        }
+    }
+
     fn valid() -> Value {
         json!({"session_id": "exec-1", "public_key": KEY, "security_context": "demo",
                "expires_at": 2_000_000_000i64, "unknown_field": true})
@@ -486,7 +507,7 @@ mod tests {
         let record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0);
+            .into_record(None, &registrant(), 0);
         store.session_insert(&record).await.unwrap();
         let cache = SessionCache::default();
         assert!(cache.get(&store, "missing").await.unwrap().is_none());
@@ -514,7 +535,7 @@ mod tests {
         let mut record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0);
+            .into_record(None, &registrant(), 0);
         assert_eq!(status(&record, 1_999_999_000, 0), SessionStatus::Active);
         assert_eq!(status(&record, 2_000_000_000, 0), SessionStatus::Expired);
         record.max_calls = Some(2);

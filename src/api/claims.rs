@@ -73,7 +73,7 @@ fn claim_event(
         .sub(&record.agent_id)
         .claim(outcome)
         .action_ref(&record.action_ref)
-        .actor(caller.sub());
+        .actor(&caller.identity, None);
     if let Some(session_id) = &record.session_id {
         event = event.session_id(session_id);
     }
@@ -439,7 +439,7 @@ pub async fn standalone_claim(
         None,
         Some(claim::standalone_digest(&request.action)),
     );
-    record.taker = Some(caller.sub().to_owned());
+    record.taker = Some((&caller.identity).into());
     let taken = claim::take(gw.store.as_ref(), record)
         .await
         .map_err(ApiError::store)?;
@@ -512,7 +512,7 @@ pub async fn settle(
     caller.require(DEFAULT_TEAM, "seal.claim.resolve")?;
     let request: SettleRequest = json_body(&body)?;
     let settler = claim::Settler {
-        sub: caller.sub(),
+        identity: &caller.identity,
         admin: caller.is_admin(),
     };
     let settled = claim::settle(gw.store.as_ref(), &request_id, request.result, &settler)

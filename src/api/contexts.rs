@@ -143,7 +143,7 @@ pub async fn put(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .context_version(&version)
-            .actor(caller.sub()),
+            .actor(&caller.identity, None),
     )
     .await?;
     let status = if existed {
@@ -197,7 +197,7 @@ pub async fn delete(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
             .detail("removed")
-            .actor(caller.sub()),
+            .actor(&caller.identity, None),
     )
     .await?;
     Ok(axum::Json(ContextDeleted {

@@ -68,7 +68,9 @@ pub async fn create(
         ),
         None => None,
     };
-    let record = new.clone().into_record(token, clock::now_millis());
+    let record = new
+        .clone()
+        .into_record(token, &caller.identity, clock::now_millis());
     let inserted = gw
         .store
         .session_insert(&record)
@@ -82,7 +84,7 @@ pub async fn create(
         AuditEvent::new(EventType::SessionCreated)
             .session_id(&record.session_id)
             .scp(&record.security_context)
-            .actor(caller.sub()),
+            .actor(&caller.identity, None),
     )
     .await?;
     Ok((
@@ -290,7 +292,7 @@ pub async fn revoke(
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)
-                    .actor(caller.sub()),
+                    .actor(&caller.identity, None),
             )
             .await?;
             return Ok(revoked_body(&id, now_ms));

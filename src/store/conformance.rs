@@ -6,7 +6,7 @@ use serde_json::json;
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts, SeenSignature,
-    SessionRecord, Store, StoreError,
+    RecordedIdentity, SessionRecord, Store, StoreError,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -133,6 +133,7 @@ pub(crate) fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRe
         security_token: None,
         created_at_ms: 1,
         revoked_at_ms: None,
+        registered_by: None,
     }
 }
 
@@ -210,6 +211,7 @@ pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &
         security_token: None,
         created_at_ms: 1,
         revoked_at_ms: None,
+        registered_by: None,
     };
     assert_eq!(store.session_insert(&record).await.unwrap(), None);
     let mut other = record.clone();
@@ -500,6 +502,10 @@ fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
         decided_at_ms: None,
         decided_by: None,
         reason: None,
+        grants: Vec::new(),
+        approvers: 1,
+        separate_from_registrant: false,
+        registered_by: None,
     }
 }
 
@@ -522,7 +528,7 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
 
     let mut granted = first.clone();
     granted.status = ApprovalStatus::Granted;
-    granted.decided_by = Some("op".into());
+    granted.decided_by = Some(RecordedIdentity::Sub("op".into()));
     assert!(store.approval_replace(&first, &granted).await.unwrap());
     // Deciding from a stale read fails: one decision, one use.
     let mut denied = first.clone();
