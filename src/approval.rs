@@ -3,6 +3,7 @@
 //! announces new requests. Every change of state is one compare-and-set in the store, so replicas agree:
 //! one decision per request, one execution per grant.
 
+pub mod cli;
 mod webhook;
 
 use std::time::Duration;
