@@ -395,7 +395,10 @@ mod tests {
             record.decided_by.as_ref().map(RecordedIdentity::identity),
             Some(person("bob"))
         );
-        assert_eq!((record.approvers, record.separate_from_registrant), (1, false));
+        assert_eq!(
+            (record.approvers, record.separate_from_registrant),
+            (1, false)
+        );
         assert!(record.grants.is_empty());
         // The stores' compare-and-set compares these bytes: a use or an expiry of it must still match.
         assert_eq!(crate::store::encode_record(&record).unwrap(), BEFORE_R4);
@@ -425,7 +428,10 @@ mod tests {
         let (ann, bob) = (person("ann"), person("bob"));
         let once = with_grant(&pending(2, None), &grant(&ann), 10);
         assert_eq!(once.status, ApprovalStatus::Pending);
-        assert_eq!((once.decided_by.clone(), once.expires_at_ms), (None, 900001));
+        assert_eq!(
+            (once.decided_by.clone(), once.expires_at_ms),
+            (None, 900001)
+        );
         let twice = with_grant(&once, &grant(&bob), 20);
         assert_eq!(twice.status, ApprovalStatus::Granted);
         assert_eq!(twice.decided_by, Some(RecordedIdentity::Identity(bob)));

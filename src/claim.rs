@@ -639,7 +639,10 @@ mod tests {
         );
         take(&store, standalone("s")).await.unwrap();
         // Another person, and the same `sub` from another issuer, are not the taker.
-        for (iss, sub) in [(crate::identity::LOCAL_ISSUER, "other"), ("https://idp", "op")] {
+        for (iss, sub) in [
+            (crate::identity::LOCAL_ISSUER, "other"),
+            ("https://idp", "op"),
+        ] {
             let someone = operator(iss, sub);
             let stranger = Settler {
                 identity: &someone,

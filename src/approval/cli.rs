@@ -159,9 +159,11 @@ impl Client {
         let base = gateway_url(gateway)?;
         let token = operator_token(args.token_file.as_deref())?;
         // A proxy from the environment would see the token: the gateway is asked directly.
-        let http = args
-            .tls
-            .client(crate::outbound::client_builder().no_proxy().timeout(TIMEOUT))?;
+        let http = args.tls.client(
+            crate::outbound::client_builder()
+                .no_proxy()
+                .timeout(TIMEOUT),
+        )?;
         Ok(Client { base, token, http })
     }
 
@@ -195,7 +197,9 @@ impl Client {
         match answer {
             Some(answer) if status.is_success() => Ok(answer),
             Some(answer) if answer["error"]["code"].is_u64() => Err(refusal(&answer["error"])),
-            _ => Err(format!("{shown} answered HTTP {status}, not sealgate's JSON")),
+            _ => Err(format!(
+                "{shown} answered HTTP {status}, not sealgate's JSON"
+            )),
         }
     }
 
@@ -410,13 +414,18 @@ mod tests {
         let shown = details(&record());
         assert!(shown.contains("pending (1 of 2 grants)"), "{shown}");
         assert!(
-            shown.contains("granted    by Ann <ann> (oidc, https://idp) at 2026-01-01T00:01:00.000Z: ok"),
+            shown.contains(
+                "granted    by Ann <ann> (oidc, https://idp) at 2026-01-01T00:01:00.000Z: ok"
+            ),
             "{shown}"
         );
         assert!(shown.contains("registrant may not decide"), "{shown}");
         assert!(outcome(&record()).contains("1/2 it waits for more grants"));
         let page = listing(&json!({"items": [record()], "next_cursor": null}));
-        assert!(page.lines().nth(1).unwrap().contains("pending   1/2"), "{page}");
+        assert!(
+            page.lines().nth(1).unwrap().contains("pending   1/2"),
+            "{page}"
+        );
         assert_eq!(listing(&json!({"items": []})), "no approval requests");
     }
 

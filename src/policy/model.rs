@@ -155,10 +155,7 @@ pub struct ApprovalSpec {
     pub expires_secs: NonZeroU64,
     /// How many distinct people must grant a call (1 by default, at most 10).
     // Left out when 1, so that a context written before r4 keeps its version.
-    #[serde(
-        default = "one_approver",
-        skip_serializing_if = "is_one_approver"
-    )]
+    #[serde(default = "one_approver", skip_serializing_if = "is_one_approver")]
     #[schemars(range(max = 10))]
     pub approvers: NonZeroU32,
     /// Whether the person who registered the session may not decide its calls' approvals (true by
@@ -712,9 +709,7 @@ fn approval_rule(
     Ok(Some(ApprovalRule {
         expires_secs: approval.expires_secs.get(),
         approvers,
-        separate_from_registrant: approval
-            .separate_from_registrant
-            .unwrap_or(approvers >= 2),
+        separate_from_registrant: approval.separate_from_registrant.unwrap_or(approvers >= 2),
     }))
 }
 
@@ -827,7 +822,10 @@ mod tests {
         assert!(!rule(trusting).separate_from_registrant);
         let strict = serde_json::json!({"required": true, "separate_from_registrant": true});
         assert_eq!(
-            (rule(strict.clone()).approvers, rule(strict).separate_from_registrant),
+            (
+                rule(strict.clone()).approvers,
+                rule(strict).separate_from_registrant
+            ),
             (1, true)
         );
         for bad in [

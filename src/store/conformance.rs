@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
-    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts, SeenSignature,
-    RecordedIdentity, SessionRecord, Store, StoreError,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts,
+    RecordedIdentity, SeenSignature, SessionRecord, Store, StoreError,
 };
 use crate::policy::rate::SlidingWindow;
 
