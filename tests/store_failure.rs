@@ -269,6 +269,7 @@ impl Rig {
                 security_token: None,
                 created_at_ms: 0,
                 revoked_at_ms: None,
+                registered_by: None,
             })
             .await
             .unwrap();
