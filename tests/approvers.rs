@@ -364,8 +364,9 @@ async fn a_context_with_a_bad_approvers_value_is_refused_naming_the_key() {
 /// Runs `sealgate approvals ARGS` against `gw` as `who`; its exit code and what it printed.
 fn approvals_cli(gw: &Gateway, who: &str, args: &[&str]) -> (i32, String) {
     let token = gw.keys.operator_token_as(who, DECIDE);
-    let mut all = vec!["approvals", "--gateway", gw.base.as_str()];
+    let mut all = vec!["approvals"];
     all.extend_from_slice(args);
+    all.extend(["--gateway", gw.base.as_str()]);
     run_cli_with_env(&all, &[("SEALGATE_OPERATOR_TOKEN", token.as_str())])
 }
 

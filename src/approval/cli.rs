@@ -33,26 +33,30 @@ seal.approval.read to list and show, seal.approval.decide to grant and deny.
 Exit status: 0 done, 1 the gateway refused (its code and message are printed) or could not be
 reached, 2 a usage error (a bad flag, no token).")]
 pub struct ApprovalsArgs {
+    #[command(subcommand)]
+    command: ApprovalsCommand,
+}
+
+/// Which gateway, as whom, and how to print: every subcommand takes them.
+#[derive(clap::Args)]
+struct Target {
     /// The gateway's base URL: https://HOST:PORT, or http:// for a loopback host only (the token
     /// must not cross a network in clear).
     #[arg(
         long,
-        global = true,
         env = "SEALGATE_GATEWAY",
         hide_env_values = true,
         value_name = "URL"
     )]
-    gateway: Option<String>,
+    gateway: String,
     /// A file holding the operator token (white space around it ignored).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Print the gateway's JSON answer as it is, for scripts.
-    #[arg(long, global = true)]
+    #[arg(long)]
     json: bool,
     #[command(flatten)]
     tls: ClientTls,
-    #[command(subcommand)]
-    command: ApprovalsCommand,
 }
 
 #[derive(clap::Subcommand)]
@@ -62,15 +66,23 @@ enum ApprovalsCommand {
         /// Only requests in this status.
         #[arg(long, value_parser = STATUSES)]
         status: Option<String>,
+        #[command(flatten)]
+        to: Target,
     },
     /// Show one request: the call, its arguments, the grants so far and the decision.
-    Show { id: String },
+    Show {
+        id: String,
+        #[command(flatten)]
+        to: Target,
+    },
     /// Grant a pending request (it runs once enough distinct people granted it).
     Grant {
         id: String,
         /// Why (recorded on the request and in the audit event).
         #[arg(long)]
         reason: Option<String>,
+        #[command(flatten)]
+        to: Target,
     },
     /// Deny a pending request.
     Deny {
@@ -78,12 +90,26 @@ enum ApprovalsCommand {
         /// Why (required).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        to: Target,
     },
+}
+
+impl ApprovalsCommand {
+    fn target(&self) -> &Target {
+        match self {
+            ApprovalsCommand::List { to, .. }
+            | ApprovalsCommand::Show { to, .. }
+            | ApprovalsCommand::Grant { to, .. }
+            | ApprovalsCommand::Deny { to, .. } => to,
+        }
+    }
 }
 
 /// Runs the command; the exit status says how it went (see `ApprovalsArgs`).
 pub async fn run(args: ApprovalsArgs) -> ExitCode {
-    let client = match Client::new(&args) {
+    let target = args.command.target();
+    let client = match Client::new(target) {
         Ok(client) => client,
         Err(message) => {
             eprintln!("sealgate approvals: {message}");
@@ -92,7 +118,7 @@ pub async fn run(args: ApprovalsArgs) -> ExitCode {
     };
     let (method, path, body) = request(&args.command);
     match client.send(method, &path, body).await {
-        Ok(answer) if args.json => say!("{answer:#}"),
+        Ok(answer) if target.json => say!("{answer:#}"),
         Ok(answer) => say!("{}", shown(&args.command, &answer)),
         Err(message) => {
             eprintln!("sealgate approvals: {message}");
@@ -105,13 +131,13 @@ pub async fn run(args: ApprovalsArgs) -> ExitCode {
 /// The API call of a command: method, path segments under `/v1/approvals`, and body.
 fn request(command: &ApprovalsCommand) -> (Method, Request, Option<Value>) {
     match command {
-        ApprovalsCommand::List { status } => {
+        ApprovalsCommand::List { status, .. } => {
             let mut query = vec![("limit", LIST_LIMIT.to_owned())];
             query.extend(status.iter().map(|s| ("status", s.clone())));
             (Method::GET, Request { id: None, query }, None)
         }
-        ApprovalsCommand::Show { id } => (Method::GET, Request::of(id, None), None),
-        ApprovalsCommand::Grant { id, reason } => (
+        ApprovalsCommand::Show { id, .. } => (Method::GET, Request::of(id, None), None),
+        ApprovalsCommand::Grant { id, reason, .. } => (
             Method::POST,
             Request::of(id, Some("grant")),
             Some(match reason {
@@ -119,7 +145,7 @@ fn request(command: &ApprovalsCommand) -> (Method, Request, Option<Value>) {
                 None => json!({}),
             }),
         ),
-        ApprovalsCommand::Deny { id, reason } => (
+        ApprovalsCommand::Deny { id, reason, .. } => (
             Method::POST,
             Request::of(id, Some("deny")),
             Some(json!({ "reason": reason })),
@@ -151,15 +177,11 @@ struct Client {
 }
 
 impl Client {
-    fn new(args: &ApprovalsArgs) -> Result<Client, String> {
-        let gateway = args
-            .gateway
-            .as_deref()
-            .ok_or("--gateway URL is required (or SEALGATE_GATEWAY)")?;
-        let base = gateway_url(gateway)?;
-        let token = operator_token(args.token_file.as_deref())?;
+    fn new(target: &Target) -> Result<Client, String> {
+        let base = gateway_url(&target.gateway)?;
+        let token = operator_token(target.token_file.as_deref())?;
         // A proxy from the environment would see the token: the gateway is asked directly.
-        let http = args.tls.client(
+        let http = target.tls.client(
             crate::outbound::client_builder()
                 .no_proxy()
                 .timeout(TIMEOUT),
