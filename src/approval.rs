@@ -278,18 +278,7 @@ pub async fn decide(
             .await?
             .ok_or(DecideError::NotFound)?;
         let record = refresh(desk, record).await.map_err(DecideError::Store)?;
-        may_decide(&record, decision.by)?;
-        if record.status != ApprovalStatus::Pending {
-            return Err(DecideError::NotPending(Box::new(record)));
-        }
-        let next = if decision.grant {
-            if record.grants.iter().any(|g| g.by.same_person(decision.by)) {
-                return Err(DecideError::AlreadyGranted);
-            }
-            with_grant(&record, decision, clock::now_millis())
-        } else {
-            denied(&record, decision, clock::now_millis())
-        };
+        let next = after(&record, decision, clock::now_millis())?;
         // Lost to another decision, grant or expiry made meanwhile: read again.
         if !desk.store.approval_replace(&record, &next).await? {
             continue;
@@ -300,6 +289,26 @@ pub async fn decide(
             .map_err(|e| DecideError::Store(e.to_string()))?;
         return Ok(next);
     }
+}
+
+/// The record once `decision` is made at `now`, or why it cannot be: the registrant is asked first, so
+/// that they learn why whatever the request's state.
+fn after(
+    record: &ApprovalRecord,
+    decision: &Decision<'_>,
+    now: i64,
+) -> Result<ApprovalRecord, DecideError> {
+    may_decide(record, decision.by)?;
+    if record.status != ApprovalStatus::Pending {
+        return Err(DecideError::NotPending(Box::new(record.clone())));
+    }
+    if !decision.grant {
+        return Ok(denied(record, decision, now));
+    }
+    if record.grants.iter().any(|g| g.by.same_person(decision.by)) {
+        return Err(DecideError::AlreadyGranted);
+    }
+    Ok(with_grant(record, decision, now))
 }
 
 /// Separation of duties (SPEC 13 r4): the session's registrant may not decide its calls' approvals.
@@ -426,13 +435,25 @@ mod tests {
     #[test]
     fn the_last_grant_needed_grants_and_starts_the_decisions_force() {
         let (ann, bob) = (person("ann"), person("bob"));
-        let once = with_grant(&pending(2, None), &grant(&ann), 10);
+        let once = after(&pending(2, Some(person("carol"))), &grant(&ann), 10)
+            .ok()
+            .unwrap();
         assert_eq!(once.status, ApprovalStatus::Pending);
         assert_eq!(
             (once.decided_by.clone(), once.expires_at_ms),
             (None, 900001)
         );
-        let twice = with_grant(&once, &grant(&bob), 20);
+        // Whatever other name or proof ann comes with, she is still ann.
+        let ann_again = Identity {
+            name: Some("Ann".into()),
+            via: Via::Oidc,
+            ..ann.clone()
+        };
+        assert!(matches!(
+            after(&once, &grant(&ann_again), 15),
+            Err(DecideError::AlreadyGranted)
+        ));
+        let twice = after(&once, &grant(&bob), 20).ok().unwrap();
         assert_eq!(twice.status, ApprovalStatus::Granted);
         assert_eq!(twice.decided_by, Some(RecordedIdentity::Identity(bob)));
         assert_eq!(twice.expires_at_ms, 20 + 900_000);

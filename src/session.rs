@@ -531,6 +531,26 @@ mod tests {
     }
 
     #[test]
+    fn a_session_registered_before_r4_encodes_back_to_its_stored_bytes() {
+        // The stores' compare-and-set (a revocation) compares these bytes.
+        let before_r4 = r#"{"session_id":"s","public_key":"k","security_context":"c","expires_at":10,"agent_id":null,"workload_id":null,"allowed_tool_patterns":["*"],"max_calls":null,"security_token":null,"created_at_ms":1,"revoked_at_ms":null}"#;
+        let record: SessionRecord = crate::store::decode_record(before_r4).unwrap();
+        assert_eq!(record.registered_by, None);
+        assert_eq!(crate::store::encode_record(&record).unwrap(), before_r4);
+        let view = serde_json::to_value(describe(&record, 0, 0)).unwrap();
+        assert!(view.get("registered_by").is_none(), "{view}");
+        let registered = request(valid())
+            .validate(1_999_999_000, 86_400)
+            .unwrap()
+            .into_record(None, &registrant(), 0);
+        let view = serde_json::to_value(describe(&registered, 0, 0)).unwrap();
+        assert_eq!(
+            view["registered_by"],
+            json!({"iss": crate::identity::LOCAL_ISSUER, "sub": "orchestrator", "via": "key"})
+        );
+    }
+
+    #[test]
     fn status_rules() {
         let mut record = request(valid())
             .validate(1_999_999_000, 86_400)
