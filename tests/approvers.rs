@@ -166,6 +166,15 @@ async fn two_people_grant_one_after_the_other_and_the_call_then_runs_once() {
     assert_eq!(status, 200, "{ran}");
     assert_eq!(tool.count(), 1);
     assert_eq!(approval(&gw, &id).await["status"], "used");
+    // One grant of two people, one execution: the same call again asks anew.
+    let next = requested(&call(&gw, &key, &token, payment(500)).await);
+    assert_ne!(next, id);
+    assert_eq!(tool.count(), 1);
+    assert_eq!(
+        approval(&gw, &next).await["approvers"],
+        3,
+        "a new request takes the edit"
+    );
 
     // Each grant is an event with its person as `actor`, and how many grants the request holds.
     let trail = gw.events("exec-2").await;
