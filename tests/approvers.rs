@@ -119,6 +119,21 @@ async fn two_people_grant_one_after_the_other_and_the_call_then_runs_once() {
     assert_eq!(status, 200, "{session}");
     assert_eq!(session["registered_by"], by_key(REGISTRANT));
 
+    // Evaluate says what the call will need.
+    let (status, evaluated) = gw
+        .admin(
+            Method::POST,
+            "/v1/security-contexts/pay2/evaluate",
+            Some(json!({"tool": "pay.send", "arguments": payment(500)})),
+        )
+        .await;
+    assert_eq!(status, 200, "{evaluated}");
+    assert_eq!(
+        evaluated["approval"],
+        json!({"required": true, "expires_secs": 900, "approvers": 2,
+               "separate_from_registrant": true})
+    );
+
     let id = requested(&call(&gw, &key, &token, payment(500)).await);
     let fresh = approval(&gw, &id).await;
     assert_eq!(fresh["approvers"], 2);
