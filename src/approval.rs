@@ -3,6 +3,7 @@
 //! announces new requests. Every change of state is one compare-and-set in the store, so replicas agree:
 //! one decision per request, one execution per grant.
 
+pub mod cli;
 mod webhook;
 
 use std::time::Duration;
@@ -11,7 +12,9 @@ use serde_json::{Map, Value};
 
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::clock;
-use crate::store::{ApprovalRecord, ApprovalStatus, Store, StoreError, StoreResult};
+use crate::identity::Identity;
+use crate::policy::ApprovalRule;
+use crate::store::{ApprovalRecord, ApprovalStatus, Grant, Store, StoreError, StoreResult};
 
 pub use webhook::Notifier;
 
@@ -35,9 +38,12 @@ pub struct Call<'a> {
     pub call_digest: &'a str,
     pub context: &'a str,
     pub context_version: &'a str,
-    pub expires_secs: u64,
     /// The session's team (SPEC 16).
     pub team: &'a str,
+    /// What the capability asks of the people who decide, fixed into the request when it is made.
+    pub rule: ApprovalRule,
+    /// Who registered the session; None for a session registered before r4.
+    pub registered_by: Option<&'a Identity>,
 }
 
 /// What the approval step decided for a call.
@@ -208,12 +214,16 @@ fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {
         context: call.context.to_owned(),
         context_version: call.context_version.to_owned(),
         requested_at_ms: now_ms,
-        expires_at_ms: now_ms.saturating_add(secs_to_ms(call.expires_secs)),
-        expires_secs: call.expires_secs,
+        expires_at_ms: now_ms.saturating_add(secs_to_ms(call.rule.expires_secs)),
+        expires_secs: call.rule.expires_secs,
         decided_at_ms: None,
         decided_by: None,
         reason: None,
         team: call.team.to_owned(),
+        grants: Vec::new(),
+        approvers: call.rule.approvers,
+        separate_from_registrant: call.rule.separate_from_registrant,
+        registered_by: call.registered_by.cloned(),
     }
 }
 
@@ -235,6 +245,11 @@ pub enum DecideError {
     NotFound,
     /// Not pending (decided, used or expired): the record as it stands.
     NotPending(Box<ApprovalRecord>),
+    /// This person's grant is already among the request's grants.
+    AlreadyGranted,
+    /// Separation of duties: the decider registered the session (or, for a session registered before
+    /// r4, who did cannot be known): the message says which.
+    Registrant(String),
     Store(String),
 }
 
@@ -244,14 +259,21 @@ impl From<StoreError> for DecideError {
     }
 }
 
-/// Grants or denies a pending request, recording the operator, the reason and the event. The decision
-/// stays in force for `expires_secs` from now.
+/// A person's decision on a request.
+pub struct Decision<'a> {
+    pub grant: bool,
+    pub by: &'a Identity,
+    pub reason: Option<String>,
+}
+
+/// Grants or denies a pending request (SPEC 13, 13 r4), recording the person, the reason and the
+/// event. A grant before the last one needed leaves the request pending with the grant recorded; the
+/// last one, or any deny, decides it, and the decision stays in force for `expires_secs` from now. Two
+/// people granting at once both count: the one whose compare-and-set lost reads the record again.
 pub async fn decide(
     desk: &Desk<'_>,
     approval_id: &str,
-    grant: bool,
-    actor: &str,
-    reason: Option<String>,
+    decision: &Decision<'_>,
 ) -> Result<ApprovalRecord, DecideError> {
     loop {
         let record = desk
@@ -260,39 +282,212 @@ pub async fn decide(
             .await?
             .ok_or(DecideError::NotFound)?;
         let record = refresh(desk, record).await.map_err(DecideError::Store)?;
-        if record.status != ApprovalStatus::Pending {
-            return Err(DecideError::NotPending(Box::new(record)));
-        }
-        let now = clock::now_millis();
-        let decided = ApprovalRecord {
-            status: if grant {
-                ApprovalStatus::Granted
-            } else {
-                ApprovalStatus::Denied
-            },
-            decided_at_ms: Some(now),
-            decided_by: Some(actor.to_owned()),
-            reason: reason.clone(),
-            expires_at_ms: now.saturating_add(secs_to_ms(record.expires_secs)),
-            ..record.clone()
-        };
-        // Lost to another decision (or an expiry) made meanwhile: read again, which answers 409.
-        if !desk.store.approval_replace(&record, &decided).await? {
+        let next = after(&record, decision, clock::now_millis())?;
+        // Lost to another decision, grant or expiry made meanwhile: read again.
+        if !desk.store.approval_replace(&record, &next).await? {
             continue;
         }
-        let kind = if grant {
-            EventType::ApprovalGranted
-        } else {
-            EventType::ApprovalDenied
-        };
-        let mut recorded = event(kind, &decided).actor(actor);
-        if let Some(reason) = &reason {
-            recorded = recorded.detail(reason);
-        }
         desk.audit
-            .record(recorded)
+            .record(decision_event(&next, decision))
             .await
             .map_err(|e| DecideError::Store(e.to_string()))?;
-        return Ok(decided);
+        return Ok(next);
+    }
+}
+
+/// The record once `decision` is made at `now`, or why it cannot be: the registrant is asked first, so
+/// that they learn why whatever the request's state.
+fn after(
+    record: &ApprovalRecord,
+    decision: &Decision<'_>,
+    now: i64,
+) -> Result<ApprovalRecord, DecideError> {
+    may_decide(record, decision.by)?;
+    if record.status != ApprovalStatus::Pending {
+        return Err(DecideError::NotPending(Box::new(record.clone())));
+    }
+    if !decision.grant {
+        return Ok(denied(record, decision, now));
+    }
+    if record.grants.iter().any(|g| g.by.same_person(decision.by)) {
+        return Err(DecideError::AlreadyGranted);
+    }
+    Ok(with_grant(record, decision, now))
+}
+
+/// Separation of duties (SPEC 13 r4): the session's registrant may not decide its calls' approvals.
+/// A session registered before r4 has no recorded registrant, so nobody can be shown not to be it:
+/// closed, like every check that cannot be made.
+fn may_decide(record: &ApprovalRecord, by: &Identity) -> Result<(), DecideError> {
+    if !record.separate_from_registrant {
+        return Ok(());
+    }
+    match &record.registered_by {
+        Some(registrant) if registrant.same_person(by) => Err(DecideError::Registrant(format!(
+            "{} registered session {:?}, and this approval asks for someone other than the \
+             session's registrant (separate_from_registrant)",
+            by.sub, record.session_id
+        ))),
+        Some(_) => Ok(()),
+        None => Err(DecideError::Registrant(format!(
+            "session {:?} was registered before sealgate recorded who registers sessions, so \
+             nobody can be shown not to be its registrant (separate_from_registrant); register \
+             a new session for the call",
+            record.session_id
+        ))),
+    }
+}
+
+/// The record with one more grant: granted once it holds `approvers` of them.
+fn with_grant(record: &ApprovalRecord, decision: &Decision<'_>, now: i64) -> ApprovalRecord {
+    let mut next = record.clone();
+    next.grants.push(Grant {
+        by: decision.by.clone(),
+        at_ms: now,
+        reason: decision.reason.clone(),
+    });
+    if next.grants.len() >= usize::try_from(record.approvers).unwrap_or(usize::MAX) {
+        next.status = ApprovalStatus::Granted;
+        decided(&mut next, decision, now);
+    }
+    next
+}
+
+fn denied(record: &ApprovalRecord, decision: &Decision<'_>, now: i64) -> ApprovalRecord {
+    let mut next = record.clone();
+    next.status = ApprovalStatus::Denied;
+    decided(&mut next, decision, now);
+    next
+}
+
+/// Marks the decision: who, when, why, and the start of its force.
+fn decided(record: &mut ApprovalRecord, decision: &Decision<'_>, now: i64) {
+    record.decided_at_ms = Some(now);
+    record.decided_by = Some(decision.by.into());
+    record.reason = decision.reason.clone();
+    record.expires_at_ms = now.saturating_add(secs_to_ms(record.expires_secs));
+}
+
+/// `ApprovalGranted` for every grant (with how many it holds and needs) or `ApprovalDenied`, with the
+/// person as `actor` and the reason as `detail`.
+fn decision_event(record: &ApprovalRecord, decision: &Decision<'_>) -> AuditEvent {
+    let mut recorded = if decision.grant {
+        event(EventType::ApprovalGranted, record).grants(record.grants.len(), record.approvers)
+    } else {
+        event(EventType::ApprovalDenied, record)
+    };
+    recorded = recorded.actor(decision.by, Some(&record.team));
+    if let Some(reason) = &decision.reason {
+        recorded = recorded.detail(reason);
+    }
+    recorded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{Via, LOCAL_ISSUER};
+    use crate::store::RecordedIdentity;
+
+    fn person(sub: &str) -> Identity {
+        Identity {
+            iss: LOCAL_ISSUER.into(),
+            sub: sub.into(),
+            name: None,
+            via: Via::Key,
+        }
+    }
+
+    /// An approval request exactly as a gateway before r4 wrote it.
+    const BEFORE_R4: &str = r#"{"approval_id":"a1","status":"granted","session_id":"s","sub":"agent","tool":"pay.send","arguments":{"cents":5},"call_digest":"d","context":"c","context_version":"v","requested_at_ms":1,"expires_at_ms":900001,"expires_secs":900,"decided_at_ms":2,"decided_by":"bob","reason":null}"#;
+
+    #[test]
+    fn a_record_written_before_r4_reads_and_encodes_back_to_its_stored_bytes() {
+        let record: ApprovalRecord = crate::store::decode_record(BEFORE_R4).unwrap();
+        assert_eq!(
+            record.decided_by.as_ref().map(RecordedIdentity::identity),
+            Some(person("bob"))
+        );
+        assert_eq!(
+            (record.approvers, record.separate_from_registrant),
+            (1, false)
+        );
+        assert!(record.grants.is_empty());
+        // The stores' compare-and-set compares these bytes: a use or an expiry of it must still match.
+        assert_eq!(crate::store::encode_record(&record).unwrap(), BEFORE_R4);
+    }
+
+    fn pending(approvers: u32, registrant: Option<Identity>) -> ApprovalRecord {
+        let mut record: ApprovalRecord = crate::store::decode_record(BEFORE_R4).unwrap();
+        record.status = ApprovalStatus::Pending;
+        record.decided_at_ms = None;
+        record.decided_by = None;
+        record.approvers = approvers;
+        record.separate_from_registrant = true;
+        record.registered_by = registrant;
+        record
+    }
+
+    fn grant(by: &Identity) -> Decision<'_> {
+        Decision {
+            grant: true,
+            by,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn the_last_grant_needed_grants_and_starts_the_decisions_force() {
+        let (ann, bob) = (person("ann"), person("bob"));
+        let once = after(&pending(2, Some(person("carol"))), &grant(&ann), 10)
+            .ok()
+            .unwrap();
+        assert_eq!(once.status, ApprovalStatus::Pending);
+        assert_eq!(
+            (once.decided_by.clone(), once.expires_at_ms),
+            (None, 900001)
+        );
+        // Whatever other name or proof ann comes with, she is still ann.
+        let ann_again = Identity {
+            name: Some("Ann".into()),
+            via: Via::Oidc,
+            ..ann.clone()
+        };
+        assert!(matches!(
+            after(&once, &grant(&ann_again), 15),
+            Err(DecideError::AlreadyGranted)
+        ));
+        let twice = after(&once, &grant(&bob), 20).ok().unwrap();
+        assert_eq!(twice.status, ApprovalStatus::Granted);
+        assert_eq!(twice.decided_by, Some(RecordedIdentity::Identity(bob)));
+        assert_eq!(twice.expires_at_ms, 20 + 900_000);
+        let by: Vec<_> = twice.grants.iter().map(|g| g.by.sub.as_str()).collect();
+        assert_eq!(by, ["ann", "bob"]);
+    }
+
+    #[test]
+    fn the_registrant_or_an_unknown_one_keeps_a_separated_request_from_being_decided() {
+        let (ann, bob) = (person("ann"), person("bob"));
+        let record = pending(2, Some(ann.clone()));
+        assert!(matches!(
+            may_decide(&record, &ann),
+            Err(DecideError::Registrant(why)) if why.contains("registered session")
+        ));
+        assert!(may_decide(&record, &bob).is_ok());
+        // The same `sub` from another issuer is another person.
+        let elsewhere = Identity {
+            iss: "https://idp".into(),
+            ..ann.clone()
+        };
+        assert!(may_decide(&record, &elsewhere).is_ok());
+        assert!(matches!(
+            may_decide(&pending(2, None), &bob),
+            Err(DecideError::Registrant(why)) if why.contains("before sealgate recorded")
+        ));
+        let trusting = ApprovalRecord {
+            separate_from_registrant: false,
+            ..pending(2, Some(ann.clone()))
+        };
+        assert!(may_decide(&trusting, &ann).is_ok());
     }
 }

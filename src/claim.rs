@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::clock;
 use crate::envelope::jcs_sha256_hex;
+use crate::identity::Identity;
 use crate::policy::ClaimMode;
 use crate::store::{
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, Resolution, Store,
@@ -336,7 +337,11 @@ pub async fn settle(
         .claim_get(ClaimKind::Standalone, request_id)
         .await?
         .ok_or(SettleError::NotFound)?;
-    if !settler.admin && current.taker.as_deref() != Some(settler.sub) {
+    let taken_by_settler = current
+        .taker
+        .as_ref()
+        .is_some_and(|taker| taker.identity().same_person(settler.identity));
+    if !settler.admin && !taken_by_settler {
         return Err(SettleError::NotTaker);
     }
     if current.status == ClaimStatus::Committed {
@@ -356,9 +361,9 @@ pub async fn settle(
     }
 }
 
-/// Who settles a standalone claim: the operator's `sub`, and whether their token holds `seal.admin`.
+/// Who settles a standalone claim: the operator's identity, and whether their token holds `seal.admin`.
 pub struct Settler<'a> {
-    pub sub: &'a str,
+    pub identity: &'a Identity,
     pub admin: bool,
 }
 
@@ -395,7 +400,8 @@ mod tests {
             Some(standalone_digest("transfer")),
             "default",
         );
-        record.taker = Some("op".into());
+        // As a claim taken before r4 recorded its taker: the `sub` alone.
+        record.taker = Some(crate::store::RecordedIdentity::Sub("op".into()));
         record
     }
 
@@ -624,11 +630,21 @@ mod tests {
         assert_eq!(store.claim_get(ClaimKind::Invoke, "q").await.unwrap(), None);
     }
 
+    fn operator(iss: &str, sub: &str) -> Identity {
+        Identity {
+            iss: iss.into(),
+            sub: sub.into(),
+            name: None,
+            via: crate::identity::Via::Key,
+        }
+    }
+
     #[tokio::test]
     async fn settle_commits_standalone_claims_once() {
         let (_dir, store) = store();
+        let op = operator(crate::identity::LOCAL_ISSUER, "op");
         let taker = Settler {
-            sub: "op",
+            identity: &op,
             admin: false,
         };
         assert_eq!(
@@ -642,22 +658,30 @@ mod tests {
             "an invoke claim is never settled through /settle"
         );
         take(&store, standalone("s")).await.unwrap();
-        let stranger = Settler {
-            sub: "other",
-            admin: false,
-        };
-        assert_eq!(
-            settle(&store, "s", json!({"forged": true}), &stranger)
-                .await
-                .unwrap_err(),
-            SettleError::NotTaker
-        );
+        // Another person, and the same `sub` from another issuer, are not the taker.
+        for (iss, sub) in [
+            (crate::identity::LOCAL_ISSUER, "other"),
+            ("https://idp", "op"),
+        ] {
+            let someone = operator(iss, sub);
+            let stranger = Settler {
+                identity: &someone,
+                admin: false,
+            };
+            assert_eq!(
+                settle(&store, "s", json!({"forged": true}), &stranger)
+                    .await
+                    .unwrap_err(),
+                SettleError::NotTaker
+            );
+        }
         assert!(settle(&store, "s", json!({"tx": 1}), &taker)
             .await
             .unwrap()
             .is_some());
+        let root = operator(crate::identity::LOCAL_ISSUER, "root");
         let admin = Settler {
-            sub: "root",
+            identity: &root,
             admin: true,
         };
         assert!(settle(&store, "s", json!({"tx": 2}), &admin)

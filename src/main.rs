@@ -90,6 +90,8 @@ enum Command {
         #[command(subcommand)]
         command: ReceiptCommand,
     },
+    /// List, show, grant and deny approval requests on a gateway (SPEC 13).
+    Approvals(sealgate::approval::cli::ApprovalsArgs),
     /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
     Health {
         /// The URL to ask (http:// or https://).
@@ -305,6 +307,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         }
         Command::Bench { command } => sealgate::bench::run(command).await?,
         Command::Health { url, tls } => return Ok(health::check(&url, &tls).await),
+        Command::Approvals(args) => return Ok(sealgate::approval::cli::run(args).await),
     }
     Ok(ExitCode::SUCCESS)
 }

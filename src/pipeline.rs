@@ -361,7 +361,7 @@ async fn run(
         }
         refusal
     };
-    let (admitted, grant) = match capability.approval_secs {
+    let (admitted, grant) = match capability.approval {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
         None => (
             admit(gw, facts, &session, &context, index, claim_record)
@@ -369,7 +369,7 @@ async fn run(
                 .map_err(with_rule)?,
             None,
         ),
-        Some(expires_secs) => {
+        Some(approval_rule) => {
             let call = crate::approval::Call {
                 session_id: &session.record.session_id,
                 sub: &claims.sub,
@@ -378,7 +378,8 @@ async fn run(
                 call_digest: &claim::call_digest(&tool, &arguments),
                 context: &context.spec.name,
                 context_version: &context.version,
-                expires_secs,
+                rule: approval_rule,
+                registered_by: session.record.registered_by.as_ref(),
                 team: &session.record.team,
             };
             refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::clock;
 use crate::envelope::SessionKey;
+use crate::identity::Identity;
 use crate::policy::Pattern;
 use crate::store::{SessionRecord, Store, StoreError, StoreResult};
 
@@ -180,10 +181,12 @@ pub fn encode_key(key: &[u8; 32]) -> String {
 }
 
 impl NewSession {
-    /// The record of this registration, in `team` (its context's, SPEC 16).
+    /// The record of this registration, in `team` (its context's, SPEC 16), registered by `registered_by`
+    /// (SPEC 13 r4).
     pub fn into_record(
         self,
         security_token: Option<String>,
+        registered_by: &Identity,
         now_ms: i64,
         team: &str,
     ) -> SessionRecord {
@@ -200,6 +203,7 @@ impl NewSession {
             security_token,
             created_at_ms: now_ms,
             revoked_at_ms: None,
+            registered_by: Some(registered_by.clone()),
         }
     }
 
@@ -311,6 +315,9 @@ pub struct SessionView {
     pub created_at: String,
     /// RFC 3339 with milliseconds; null unless revoked.
     pub revoked_at: Option<String>,
+    /// Who registered the session (SPEC 13 r4); absent for a session registered before r4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<Identity>,
 }
 
 /// What the session has used.
@@ -338,6 +345,7 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         },
         created_at: clock::rfc3339_millis(record.created_at_ms),
         revoked_at: record.revoked_at_ms.map(clock::rfc3339_millis),
+        registered_by: record.registered_by.clone(),
     }
 }
 
@@ -448,6 +456,15 @@ mod tests {
         serde_json::from_value(body).unwrap()
     }
 
+    fn registrant() -> Identity {
+        Identity {
+            iss: crate::identity::LOCAL_ISSUER.into(),
+            sub: "orchestrator".into(),
+            name: None,
+            via: crate::identity::Via::Key,
+        }
+    }
+
     fn valid() -> Value {
         json!({"session_id": "exec-1", "public_key": KEY, "security_context": "demo",
                "expires_at": 2_000_000_000i64, "unknown_field": true})
@@ -499,7 +516,7 @@ mod tests {
         let record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0, "default");
+            .into_record(None, &registrant(), 0, "default");
         store.session_insert(&record).await.unwrap();
         let cache = SessionCache::default();
         assert!(cache.get(&store, "missing").await.unwrap().is_none());
@@ -528,7 +545,7 @@ mod tests {
             request(valid())
                 .validate(1_999_999_000, 86_400)
                 .unwrap()
-                .into_record(None, 0, team)
+                .into_record(None, &registrant(), 0, team)
         };
         // A compare-and-set compares the stored text: an old record must encode as it was stored.
         let old_text = crate::store::encode_record(&record("default")).unwrap();
@@ -541,11 +558,31 @@ mod tests {
     }
 
     #[test]
+    fn a_session_registered_before_r4_encodes_back_to_its_stored_bytes() {
+        // The stores' compare-and-set (a revocation) compares these bytes.
+        let before_r4 = r#"{"session_id":"s","public_key":"k","security_context":"c","expires_at":10,"agent_id":null,"workload_id":null,"allowed_tool_patterns":["*"],"max_calls":null,"security_token":null,"created_at_ms":1,"revoked_at_ms":null}"#;
+        let record: SessionRecord = crate::store::decode_record(before_r4).unwrap();
+        assert_eq!(record.registered_by, None);
+        assert_eq!(crate::store::encode_record(&record).unwrap(), before_r4);
+        let view = serde_json::to_value(describe(&record, 0, 0)).unwrap();
+        assert!(view.get("registered_by").is_none(), "{view}");
+        let registered = request(valid())
+            .validate(1_999_999_000, 86_400)
+            .unwrap()
+            .into_record(None, &registrant(), 0, "default");
+        let view = serde_json::to_value(describe(&registered, 0, 0)).unwrap();
+        assert_eq!(
+            view["registered_by"],
+            json!({"iss": crate::identity::LOCAL_ISSUER, "sub": "orchestrator", "via": "key"})
+        );
+    }
+
+    #[test]
     fn status_rules() {
         let mut record = request(valid())
             .validate(1_999_999_000, 86_400)
             .unwrap()
-            .into_record(None, 0, "default");
+            .into_record(None, &registrant(), 0, "default");
         assert_eq!(status(&record, 1_999_999_000, 0), SessionStatus::Active);
         assert_eq!(status(&record, 2_000_000_000, 0), SessionStatus::Expired);
         record.max_calls = Some(2);

@@ -192,7 +192,10 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     let (status, granted) = decide(&gw, &first, "grant", json!({"reason": "invoice 42"})).await;
     assert_eq!(status, 200, "{granted}");
     assert_eq!(granted["status"], "granted");
-    assert_eq!(granted["decided_by"], "test-operator");
+    assert_eq!(
+        granted["decided_by"],
+        json!({"iss": "urn:sealgate:local", "sub": "test-operator", "via": "key"})
+    );
     assert_eq!(granted["reason"], "invoice 42");
     assert!(granted["decided_at"].as_str().is_some());
     // Deciding twice is a conflict, whichever way.
@@ -233,7 +236,11 @@ async fn a_risky_call_waits_for_a_grant_and_then_runs_exactly_once() {
     );
     let grants = of_type(&trail, "ApprovalGranted");
     assert_eq!(grants.len(), 1);
-    assert_eq!(grants[0]["actor"], "test-operator");
+    assert_eq!(grants[0]["actor"]["sub"], "test-operator");
+    assert_eq!(
+        (grants[0]["grants"].clone(), grants[0]["approvers"].clone()),
+        (json!(1), json!(1))
+    );
     assert_eq!(grants[0]["approval_id"], first.as_str());
     assert_eq!(grants[0]["session_id"], "exec-pay");
     let used = of_type(&trail, "ApprovalUsed");
@@ -278,7 +285,7 @@ async fn a_denied_call_gets_4004_with_the_reason_recorded() {
     let trail = gw.events("exec-deny").await;
     let denials = of_type(&trail, "ApprovalDenied");
     assert_eq!(denials.len(), 1);
-    assert_eq!(denials[0]["actor"], "test-operator");
+    assert_eq!(denials[0]["actor"]["sub"], "test-operator");
     assert_eq!(denials[0]["detail"], "unknown payee");
     let blocked = of_type(&trail, "PolicyViolationBlocked");
     assert_eq!(blocked.len(), 1);

@@ -70,7 +70,7 @@ async fn the_standalone_api_can_neither_forge_nor_block_an_agents_claim() {
     let taken = gw.audit_events("type=ClaimTaken").await;
     let settled = gw.audit_events("type=ClaimSettled").await;
     assert_eq!((taken.len(), settled.len()), (1, 1));
-    assert_eq!(taken[0]["actor"], "test-operator");
+    assert_eq!(taken[0]["actor"]["sub"], "test-operator");
     assert_eq!(settled[0]["request_id"], json!(target));
     // SPEC 7.4: each names the claim's action.
     for event in [&taken[0], &settled[0]] {

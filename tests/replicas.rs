@@ -600,3 +600,54 @@ async fn a_statement_stuck_behind_a_lock_fails_closed_within_the_statement_timeo
     assert_eq!(status, 200, "{body}");
     assert_eq!(tool.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_on_two_replicas_at_once_make_the_two_that_approvers_2_asks() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, tool) = start_replicas(dir.path(), 2, &db.url).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let spec = json!({"capabilities": [{"tool_pattern": "pay.*", "claim": "off",
+                                         "approval": {"required": true, "approvers": 2}}]});
+    let (status, body) = a
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/security-contexts/pay2",
+            Some(spec),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (key, token) = a.session_in("exec-two", "pay2").await;
+    let pay = |id| tool_call(id, "pay.send", json!({"cents": 5}));
+    let (status, waiting) = a.call(&key, &token, pay(1)).await;
+    assert_eq!((status, code(&waiting)), (403, 4003), "{waiting}");
+    let id = waiting["error"]["details"]["approval_id"].as_str().unwrap();
+
+    let ((status_a, by_a), (status_b, by_b)) =
+        tokio::join!(grant(a, id, "ann"), grant(b, id, "bob"));
+    assert_eq!((status_a, status_b), (200, 200), "{by_a} {by_b}");
+    let (status, record) = b
+        .admin(reqwest::Method::GET, &format!("/v1/approvals/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["status"], "granted", "{record}");
+    let mut grantors: Vec<_> = record["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["by"]["sub"].as_str().unwrap().to_owned())
+        .collect();
+    grantors.sort();
+    assert_eq!(grantors, ["ann", "bob"]);
+    let (status, ran) = a.call(&key, &token, pay(2)).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(tool.count(), 1);
+}
+
+/// `who` grants approval `id` on `gw`.
+async fn grant(gw: &Gateway, id: &str, who: &str) -> (u16, Value) {
+    let token = gw.keys.operator_token_as(who, "seal.approval.decide");
+    let path = format!("/v1/approvals/{id}/grant");
+    gw.operator(reqwest::Method::POST, &path, Some(&token), Some(json!({})))
+        .await
+}

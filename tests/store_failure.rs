@@ -270,6 +270,7 @@ impl Rig {
                 created_at_ms: 0,
                 revoked_at_ms: None,
                 team: "default".into(),
+                registered_by: None,
             })
             .await
             .unwrap();

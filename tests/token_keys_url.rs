@@ -479,3 +479,90 @@ fn a_plain_http_url_off_loopback_stops_start_up_without_being_quoted() {
         "TopSecret",
     );
 }
+
+/// SPEC 13 r4: a record says how the gateway knew each person, so that a grant vouched for by the
+/// organisation's key set reads differently from one by a token that a configured key verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_by_a_token_from_a_key_set_url_is_recorded_via_jwks() {
+    let idp = Arc::new(Idp::default());
+    let a = IdpKey::new("a");
+    idp.publish(&[&a]);
+    let jwks = format!(
+        "{{ jwks_url: {:?}, refresh_secs: 3000 }}",
+        idp.serve_http().await
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = start_tool().await;
+    let keys = Arc::new(Keys::new());
+    // Operators are verified with the harness's key file and with the provider's key set.
+    let operator_keys = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }}, {jwks} ]",
+        keys.operator_public
+    );
+    let config = write_config_with_keys(
+        dir.path(),
+        &format!("[ {jwks} ]"),
+        &operator_keys,
+        &tool_base,
+        "",
+        "",
+    );
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+    let spec = json!({"capabilities": [{"tool_pattern": "pay.*", "claim": "off",
+                                         "approval": {"required": true, "approvers": 2}}]});
+    let (status, body) = gw
+        .admin(Method::PUT, "/v1/security-contexts/pay2", Some(spec))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let session = sealgate::envelope::generate_signing_key().unwrap();
+    let (status, body) = gw
+        .admin(
+            Method::POST,
+            "/v1/seal/sessions",
+            Some(json!({"session_id": "exec-via",
+                "public_key": sealgate::envelope::public_key_b64(&session.verifying_key()),
+                "security_context": "pay2", "expires_at": sealgate::clock::now_secs() + 600})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let agent = a.sign(&Keys::new().agent_claims("exec-via", "pay2"));
+    let (status, body) = gw
+        .call(
+            &session,
+            &agent,
+            tool_call(1, "pay.send", json!({"cents": 1})),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (403, 4003), "{body}");
+    let id = body["error"]["details"]["approval_id"].as_str().unwrap();
+
+    let grant = format!("/v1/approvals/{id}/grant");
+    let (status, once) = gw
+        .operator(
+            Method::POST,
+            &grant,
+            Some(&a.operator_token()),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 200, "{once}");
+    let ann = gw.keys.operator_token_as("ann", "seal.approval.decide");
+    let (status, granted) = gw
+        .operator(Method::POST, &grant, Some(&ann), Some(json!({})))
+        .await;
+    assert_eq!(status, 200, "{granted}");
+    assert_eq!(granted["status"], "granted");
+    let by = &granted["grants"][0]["by"];
+    assert_eq!(
+        (by["sub"].as_str(), by["via"].as_str()),
+        (Some("idp-operator"), Some("jwks"))
+    );
+    let decided = &granted["decided_by"];
+    assert_eq!(
+        (decided["sub"].as_str(), decided["via"].as_str()),
+        (Some("ann"), Some("key"))
+    );
+    let events = gw.audit_events("type=ApprovalGranted").await;
+    let actors: Vec<_> = events.iter().map(|e| e["actor"]["via"].clone()).collect();
+    assert_eq!(actors, [json!("key"), json!("jwks")], "newest first");
+}

@@ -11,7 +11,8 @@ use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
 use crate::approval::{self, DecideError};
 use crate::clock::rfc3339_millis;
 use crate::error::{ApiError, Code};
-use crate::store::{ApprovalCursor, ApprovalRecord, ApprovalStatus};
+use crate::identity::Identity;
+use crate::store::{ApprovalCursor, ApprovalRecord, ApprovalStatus, RecordedIdentity};
 use crate::token::scopes;
 
 /// Longest `reason`, in characters: it is written into the audit chain.
@@ -39,8 +40,25 @@ pub struct ApprovalView {
     expires_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     decided_at: Option<String>,
+    /// Who decided: the last grant that granted it, or the person who denied it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    decided_by: Option<String>,
+    decided_by: Option<Identity>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// How many distinct people must grant it (SPEC 13 r4), fixed when the request was made.
+    approvers: u32,
+    /// Whether the session's registrant is kept from deciding it.
+    separate_from_registrant: bool,
+    /// The grants so far, oldest first.
+    grants: Vec<GrantView>,
+}
+
+/// One person's grant.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct GrantView {
+    by: Identity,
+    /// RFC 3339 with milliseconds.
+    at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
 }
@@ -60,8 +78,19 @@ fn view(record: &ApprovalRecord) -> ApprovalView {
         requested_at: rfc3339_millis(record.requested_at_ms),
         expires_at: rfc3339_millis(record.expires_at_ms),
         decided_at: record.decided_at_ms.map(rfc3339_millis),
-        decided_by: record.decided_by.clone(),
+        decided_by: record.decided_by.as_ref().map(RecordedIdentity::identity),
         reason: record.reason.clone(),
+        approvers: record.approvers,
+        separate_from_registrant: record.separate_from_registrant,
+        grants: record
+            .grants
+            .iter()
+            .map(|grant| GrantView {
+                by: grant.by.clone(),
+                at: rfc3339_millis(grant.at_ms),
+                reason: grant.reason.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -231,15 +260,17 @@ pub struct Decision {
     reason: Option<String>,
 }
 
-/// Grants a pending request: the same call from the same session may then run once.
+/// Grants a pending request: once `approvers` distinct people granted it, the same call from the same
+/// session may run once.
 #[utoipa::path(post, path = "/v1/approvals/{approval_id}/grant", operation_id = "grant_approval", tag = "approvals",
     params(("approval_id" = String, Path, description = "The request's id")),
     request_body(content = Decision, description = "Optional; an empty body is no reason"),
     security(("operator" = ["seal.approval.decide"])),
     responses(
-        (status = 200, description = "The granted request", body = ApprovalView),
+        (status = 200, description = "The request with this grant: granted once it holds `approvers` grants, else still pending", body = ApprovalView),
+        (status = 403, description = "The session's registrant may not decide (separate_from_registrant)", body = super::openapi::ErrorBody),
         (status = 404, description = "No such request", body = super::openapi::ErrorBody),
-        (status = 409, description = "The request is not pending", body = super::openapi::ErrorBody),
+        (status = 409, description = "The request is not pending, or this person granted it already", body = super::openapi::ErrorBody),
     ))]
 pub async fn grant(
     axum::extract::State(gw): State,
@@ -257,6 +288,7 @@ pub async fn grant(
     security(("operator" = ["seal.approval.decide"])),
     responses(
         (status = 200, description = "The denied request", body = ApprovalView),
+        (status = 403, description = "The session's registrant may not decide (separate_from_registrant)", body = super::openapi::ErrorBody),
         (status = 404, description = "No such request", body = super::openapi::ErrorBody),
         (status = 409, description = "The request is not pending", body = super::openapi::ErrorBody),
     ))]
@@ -299,15 +331,19 @@ async fn decide(
         }
         _ => {}
     }
-    let decided = approval::decide(
-        &gw.approvals(),
-        approval_id,
+    let decision = approval::Decision {
         grant,
-        caller.sub(),
-        decision.reason,
-    )
-    .await
-    .map_err(|e| match e {
+        by: &caller.identity,
+        reason: decision.reason,
+    };
+    let decided = approval::decide(&gw.approvals(), approval_id, &decision)
+        .await
+        .map_err(|e| decide_error(e, approval_id))?;
+    Ok(axum::Json(view(&decided)).into_response())
+}
+
+fn decide_error(error: DecideError, approval_id: &str) -> ApiError {
+    match error {
         DecideError::NotFound => not_found(approval_id),
         DecideError::NotPending(record) => ApiError::new(
             Code::Conflict,
@@ -316,7 +352,14 @@ async fn decide(
                 record.status.as_str()
             ),
         ),
+        DecideError::AlreadyGranted => ApiError::new(
+            Code::Conflict,
+            format!(
+                "you already granted approval request {approval_id:?}; it needs grants from \
+                 distinct people"
+            ),
+        ),
+        DecideError::Registrant(why) => ApiError::new(Code::OperatorForbidden, why),
         DecideError::Store(e) => ApiError::store(e),
-    })?;
-    Ok(axum::Json(view(&decided)).into_response())
+    }
 }

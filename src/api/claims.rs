@@ -79,7 +79,7 @@ fn claim_event(
         .claim(outcome)
         .action_ref(&record.action_ref)
         .team(&record.team)
-        .actor(caller.sub());
+        .actor(&caller.identity, Some(&record.team));
     if let Some(session_id) = &record.session_id {
         event = event.session_id(session_id);
     }
@@ -520,7 +520,7 @@ pub async fn standalone_claim(
         Some(claim::standalone_digest(&request.action)),
         &team,
     );
-    record.taker = Some(caller.sub().to_owned());
+    record.taker = Some((&caller.identity).into());
     let taken = claim::take(gw.store.as_ref(), record)
         .await
         .map_err(ApiError::store)?;
@@ -601,7 +601,7 @@ pub async fn settle(
     .await?;
     let request: SettleRequest = json_body(&body)?;
     let settler = claim::Settler {
-        sub: caller.sub(),
+        identity: &caller.identity,
         admin: caller.is_admin(),
     };
     let settled = claim::settle(gw.store.as_ref(), &request_id, request.result, &settler)

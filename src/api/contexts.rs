@@ -164,7 +164,7 @@ pub async fn put(
             .scp(&name)
             .context_version(&version)
             .team(&team)
-            .actor(caller.sub()),
+            .actor(&caller.identity, Some(&team)),
     )
     .await?;
     let status = if existed {
@@ -223,7 +223,7 @@ pub async fn delete(
             .scp(&name)
             .detail("removed")
             .team(current.team())
-            .actor(caller.sub()),
+            .actor(&caller.identity, Some(current.team())),
     )
     .await?;
     Ok(axum::Json(ContextDeleted {

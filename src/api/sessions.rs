@@ -60,7 +60,9 @@ pub async fn create(
         ),
         None => None,
     };
-    let record = new.clone().into_record(token, clock::now_millis(), &team);
+    let record = new
+        .clone()
+        .into_record(token, &caller.identity, clock::now_millis(), &team);
     let inserted = gw
         .store
         .session_insert(&record)
@@ -75,7 +77,7 @@ pub async fn create(
             .session_id(&record.session_id)
             .scp(&record.security_context)
             .team(&record.team)
-            .actor(caller.sub()),
+            .actor(&caller.identity, Some(&record.team)),
     )
     .await?;
     Ok((
@@ -322,7 +324,7 @@ pub async fn revoke(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)
                     .team(&record.team)
-                    .actor(caller.sub()),
+                    .actor(&caller.identity, Some(&record.team)),
             )
             .await?;
             return Ok(revoked_body(&id, now_ms));

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::Code;
+use crate::identity::Identity;
 
 /// The event types of SPEC 9.1, serialized as exactly these names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -257,6 +258,38 @@ impl FromStr for Decision {
 /// The kinds of rule that SPEC 9.1 names in `rule.kind`.
 const RULE_KINDS: [&str; 4] = ["deny_list", "capability", "no_match", "session_patterns"];
 
+/// Who did an operator action: `{iss, sub, name?, via, team?}` (SPEC 16).
+#[derive(Debug, Clone, PartialEq)]
+struct Actor {
+    identity: Identity,
+    team: Option<String>,
+}
+
+impl Actor {
+    /// The event's `actor` object; its strings are bounded like every other field's (they come from
+    /// tokens).
+    fn into_value(self) -> Value {
+        let Identity {
+            iss,
+            sub,
+            name,
+            via,
+        } = self.identity;
+        let mut object = Map::new();
+        object.insert("iss".to_owned(), Value::from(bounded(iss)));
+        object.insert("sub".to_owned(), Value::from(bounded(sub)));
+        if let Some(name) = name {
+            object.insert("name".to_owned(), Value::from(bounded(name)));
+        }
+        let via = serde_json::to_value(via).unwrap_or(Value::Null);
+        object.insert("via".to_owned(), via);
+        if let Some(team) = self.team {
+            object.insert("team".to_owned(), Value::from(bounded(team)));
+        }
+        Value::Object(object)
+    }
+}
+
 /// One audit event before it is chained. Build it with [`AuditEvent::new`] and the setters; fields left
 /// unset are omitted from the JSON. The chain fields (`event_id`, `seq`, `at`, `prev_hash`, `hash`) are
 /// added by the writer and cannot be set here.
@@ -282,9 +315,11 @@ pub struct AuditEvent {
     action: Option<String>,
     approval_id: Option<String>,
     duration_ms: Option<u64>,
-    actor: Option<String>,
+    actor: Option<Actor>,
     /// The team of the session, claim, approval or context the event is about (SPEC 16).
     team: Option<String>,
+    grants: Option<u64>,
+    approvers: Option<u64>,
     detail: Option<String>,
     trace_id: Option<String>,
     client_addr: Option<String>,
@@ -332,6 +367,8 @@ impl AuditEvent {
             duration_ms: None,
             actor: None,
             team: None,
+            grants: None,
+            approvers: None,
             detail: None,
             trace_id: None,
             client_addr: None,
@@ -374,8 +411,6 @@ impl AuditEvent {
         action,
         /// The approval request the event is about (SPEC 13).
         approval_id,
-        /// The operator's `sub` for control-API events.
-        actor,
         /// The team of the object the event is about (SPEC 16): who may read the event.
         team,
         /// Free text saying why (for example why a context was refused, or an operator's evidence).
@@ -397,6 +432,24 @@ impl AuditEvent {
     #[allow(clippy::should_implement_trait)]
     pub fn sub(mut self, value: impl Into<String>) -> Self {
         self.sub = Some(value.into());
+        self
+    }
+
+    /// Who did an operator action (SPEC 16): their verified identity, and the team of the object
+    /// acted on when it has one.
+    pub fn actor(mut self, who: &Identity, team: Option<&str>) -> Self {
+        self.actor = Some(Actor {
+            identity: who.clone(),
+            team: team.map(str::to_owned),
+        });
+        self
+    }
+
+    /// A grant of an approval request (SPEC 13 r4): how many grants it holds now, and how many it
+    /// needs; fewer leave it pending.
+    pub fn grants(mut self, granted: usize, needed: u32) -> Self {
+        self.grants = Some(u64::try_from(granted).unwrap_or(u64::MAX));
+        self.approvers = Some(u64::from(needed));
         self
     }
 
@@ -505,7 +558,6 @@ impl AuditEvent {
             ("action_ref", self.action_ref),
             ("action", self.action),
             ("approval_id", self.approval_id),
-            ("actor", self.actor),
             ("team", self.team),
             ("detail", self.detail),
             ("trace_id", self.trace_id),
@@ -520,6 +572,8 @@ impl AuditEvent {
             ("duration_ms", self.duration_ms),
             ("bytes", self.bytes),
             ("suppressed", self.suppressed),
+            ("grants", self.grants),
+            ("approvers", self.approvers),
         ];
         for (key, value) in numbers {
             if let Some(value) = value {
@@ -534,6 +588,9 @@ impl AuditEvent {
         }
         if let Some(decision) = self.decision {
             object.insert("decision".to_owned(), Value::from(decision.as_str()));
+        }
+        if let Some(actor) = self.actor {
+            object.insert("actor".to_owned(), actor.into_value());
         }
         if let Some(rule) = self.rule {
             object.insert("rule".to_owned(), rule);

@@ -835,11 +835,48 @@ fn query_fixture() -> Vec<AuditEvent> {
                 .trace_id(format!("{:032x}", n % 2)),
             _ => AuditEvent::new(EventType::SessionCreated)
                 .session_id(format!("exec-{}", n % 3))
-                .actor("orchestrator"),
+                .actor(&orchestrator(), None),
         };
         events.push(event);
     }
     events
+}
+
+fn orchestrator() -> crate::identity::Identity {
+    crate::identity::Identity {
+        iss: crate::identity::LOCAL_ISSUER.into(),
+        sub: "orchestrator".into(),
+        name: None,
+        via: crate::identity::Via::Key,
+    }
+}
+
+#[test]
+fn the_actor_is_an_identity_with_its_team_and_bounded_strings() {
+    let ann = crate::identity::Identity {
+        iss: "https://idp.example".into(),
+        sub: "ann".into(),
+        name: Some("A".repeat(300)),
+        via: crate::identity::Via::Oidc,
+    };
+    let object = AuditEvent::new(EventType::SessionRevoked)
+        .actor(&ann, Some("payments"))
+        .into_object(false)
+        .unwrap();
+    let actor = &object["actor"];
+    assert_eq!(actor["iss"], "https://idp.example");
+    assert_eq!(actor["sub"], "ann");
+    assert_eq!(actor["via"], "oidc");
+    assert_eq!(actor["team"], "payments");
+    assert_eq!(actor["name"].as_str().unwrap().chars().count(), 256);
+    let object = AuditEvent::new(EventType::SessionRevoked)
+        .actor(&orchestrator(), None)
+        .into_object(false)
+        .unwrap();
+    assert_eq!(
+        object["actor"],
+        json!({"iss": crate::identity::LOCAL_ISSUER, "sub": "orchestrator", "via": "key"})
+    );
 }
 
 async fn run_query(log: &AuditLog, params: &[(&str, &str)]) -> Vec<Value> {

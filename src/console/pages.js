@@ -159,6 +159,20 @@ function approvals(main) {
   return () => { stopPolling(); clearInterval(clock); };
 }
 
+// Who did it (SPEC 16): the name beside the `sub`, and how the gateway knew them (oidc, jwks or key).
+function person(identity) {
+  const who = identity.name ? `${identity.name} <${identity.sub}>` : identity.sub;
+  return `${who} (${identity.via})`;
+}
+
+// `1 of 2: Ann <ann> (oidc)`: the grants so far of those a request needs (SPEC 13 r4).
+function grantsText(approval) {
+  const by = approval.grants.map((grant) => person(grant.by)).join(', ');
+  const needed = `${approval.grants.length} of ${approval.approvers}`;
+  const separate = approval.separate_from_registrant ? '; not the session\'s registrant' : '';
+  return by ? `${needed}: ${by}${separate}` : `${needed}${separate}`;
+}
+
 function approvalCard(approval, refresh) {
   const left = el('dd', { 'data-testid': 'time-left' });
   const reason = el('input', { type: 'text', size: 50 });
@@ -184,7 +198,9 @@ function approvalCard(approval, refresh) {
       el('dt', {}, 'Context'), el('dd', {}, `${approval.context} (${String(approval.context_version).slice(0, 12)}…)`),
       el('dt', {}, 'Requested'), el('dd', {}, `${approval.requested_at} (${ageOf(approval.requested_at)} ago)`),
       el('dt', {}, pending ? 'Time left' : 'Status'), pending ? left : el('dd', {}, approval.status),
-      approval.decided_by ? [el('dt', {}, 'Decided by'), el('dd', {}, `${approval.decided_by} at ${approval.decided_at}`)] : null,
+      approval.approvers > 1 || approval.grants.length > 0
+        ? [el('dt', {}, 'Grants'), el('dd', { 'data-testid': 'grants' }, grantsText(approval))] : null,
+      approval.decided_by ? [el('dt', {}, 'Decided by'), el('dd', {}, `${person(approval.decided_by)} at ${approval.decided_at}`)] : null,
       approval.reason ? [el('dt', {}, 'Reason'), el('dd', {}, approval.reason)] : null),
     el('h3', {}, 'Arguments'),
     el('pre', {}, JSON.stringify(approval.arguments, null, 2)),
@@ -470,7 +486,7 @@ function audit(main) {
       const rows = page.items.map((e) => el('tr', {},
         el('td', {}, String(e.seq)), el('td', {}, e.at), el('td', {}, e.type),
         el('td', {}, e.decision ? `${e.decision}${e.code ? ` ${e.code}` : ''}` : (e.code ? String(e.code) : '')),
-        el('td', {}, e.tool || ''), el('td', {}, e.session_id || ''), el('td', {}, e.sub || e.actor || ''),
+        el('td', {}, e.tool || ''), el('td', {}, e.session_id || ''), el('td', {}, e.sub || (e.actor ? person(e.actor) : '')),
         el('td', {}, el('details', {}, el('summary', {}, 'event'), el('pre', {}, JSON.stringify(e, null, 2))))));
       if (append && results.querySelector('tbody')) results.querySelector('tbody').append(...rows);
       else replace(results, page.items.length === 0 ? el('p', { class: 'muted' }, 'No events match.') : table(['Seq', 'At', 'Type', 'Decision', 'Tool', 'Session', 'Agent', ''], rows, 'Events, newest first'));

@@ -27,8 +27,10 @@ pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Va
         Decision::Allow { capability, rule } => {
             let mut allow = json!({"decision": "allow", "rule": rule, "capability": capability});
             // Allowed, but only with a person's grant: the call itself gets 4003 until then (SPEC 13).
-            if let Some(expires_secs) = context.capabilities[capability].approval_secs {
-                allow["approval"] = json!({"required": true, "expires_secs": expires_secs});
+            if let Some(rule) = context.capabilities[capability].approval {
+                allow["approval"] = json!({"required": true, "expires_secs": rule.expires_secs,
+                    "approvers": rule.approvers,
+                    "separate_from_registrant": rule.separate_from_registrant});
             }
             allow
         }

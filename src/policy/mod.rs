@@ -17,7 +17,7 @@ pub mod registry;
 pub use decide::{could_allow, could_allow_within, decide, Decision, Rule, RuleKind};
 pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
 pub use model::{
-    Capability, CapabilitySpec, ClaimMode, ContextSource, RateLimit, SecurityContext,
+    ApprovalRule, Capability, CapabilitySpec, ClaimMode, ContextSource, RateLimit, SecurityContext,
     SecurityContextSpec,
 };
 pub use pattern::{is_valid_tool_name, Pattern};

@@ -157,7 +157,7 @@ pub struct CapabilitySpec {
     pub approval: Option<ApprovalSpec>,
 }
 
-/// `approval: {required, expires_secs}` (SPEC 13).
+/// `approval: {required, expires_secs, approvers, separate_from_registrant}` (SPEC 13, 13 r4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalSpec {
@@ -167,13 +167,49 @@ pub struct ApprovalSpec {
     #[serde(default = "default_approval_secs")]
     #[schemars(range(max = 31_536_000))]
     pub expires_secs: NonZeroU64,
+    /// How many distinct people must grant a call (1 by default, at most 10).
+    // Left out when 1, so that a context written before r4 keeps its version.
+    #[serde(default = "one_approver", skip_serializing_if = "is_one_approver")]
+    #[schemars(range(max = 10))]
+    pub approvers: NonZeroU32,
+    /// Whether the person who registered the session may not decide its calls' approvals (true by
+    /// default when `approvers` is 2 or more, else false).
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "bool")]
+    pub separate_from_registrant: Option<bool>,
 }
 
 /// Longest `approval.expires_secs`: a year. A longer wait is a mistake, not a policy.
 const MAX_APPROVAL_SECS: u64 = 31_536_000;
 
+/// Most `approval.approvers`: more people than this is a committee, not an approval, and a request
+/// that can never gather its grants only waits to expire.
+pub const MAX_APPROVERS: u32 = 10;
+
 fn default_approval_secs() -> NonZeroU64 {
     NonZeroU64::new(900).unwrap_or(NonZeroU64::MIN)
+}
+
+fn one_approver() -> NonZeroU32 {
+    NonZeroU32::MIN
+}
+
+fn is_one_approver(approvers: &NonZeroU32) -> bool {
+    approvers.get() == 1
+}
+
+/// What a capability that requires approval asks (SPEC 13, 13 r4), with its defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApprovalRule {
+    pub expires_secs: u64,
+    /// Distinct people whose grants make the request granted.
+    pub approvers: u32,
+    /// The session's registrant may not decide.
+    pub separate_from_registrant: bool,
 }
 
 /// `rate_limit: {calls, per_seconds}`; both at least 1.
@@ -371,8 +407,8 @@ pub struct Capability {
     pub rate_limit: Option<RateLimit>,
     pub max_response_size: Option<u64>,
     pub claim: ClaimMode,
-    /// `approval.expires_secs` when the capability requires approval (SPEC 13), else None.
-    pub approval_secs: Option<u64>,
+    /// What a person's approval takes when the capability requires one (SPEC 13), else None.
+    pub approval: Option<ApprovalRule>,
 }
 
 impl Capability {
@@ -402,7 +438,7 @@ impl fmt::Debug for Capability {
             .field("rate_limit", &self.rate_limit)
             .field("max_response_size", &self.max_response_size)
             .field("claim", &self.claim)
-            .field("approval_secs", &self.approval_secs)
+            .field("approval", &self.approval)
             .finish()
     }
 }
@@ -665,15 +701,9 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         }
     };
 
-    let approval_secs = match spec.approval {
-        Some(approval) if approval.expires_secs.get() > MAX_APPROVAL_SECS => {
-            return Err(spec_error(
-                at.clone().key("approval").key("expires_secs"),
-                format!("must be at most {MAX_APPROVAL_SECS} (a year)"),
-            ));
-        }
-        Some(approval) if approval.required => Some(approval.expires_secs.get()),
-        _ => None,
+    let approval = match spec.approval {
+        Some(approval) => approval_rule(&approval, &at.clone().key("approval"))?,
+        None => None,
     };
 
     Ok(Capability {
@@ -685,8 +715,37 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         rate_limit: spec.rate_limit,
         max_response_size: spec.max_response_size.map(NonZeroU64::get),
         claim: spec.claim,
-        approval_secs,
+        approval,
     })
+}
+
+/// The rule of an `approval:` block, None when it does not require approval; bounds are checked even
+/// then, so that turning `required` on later cannot meet a value that was never valid.
+fn approval_rule(
+    approval: &ApprovalSpec,
+    at: &FieldPath,
+) -> Result<Option<ApprovalRule>, SpecError> {
+    if approval.expires_secs.get() > MAX_APPROVAL_SECS {
+        return Err(spec_error(
+            at.clone().key("expires_secs"),
+            format!("must be at most {MAX_APPROVAL_SECS} (a year)"),
+        ));
+    }
+    let approvers = approval.approvers.get();
+    if approvers > MAX_APPROVERS {
+        return Err(spec_error(
+            at.clone().key("approvers"),
+            format!("must be 1 to {MAX_APPROVERS}, not {approvers}"),
+        ));
+    }
+    if !approval.required {
+        return Ok(None);
+    }
+    Ok(Some(ApprovalRule {
+        expires_secs: approval.expires_secs.get(),
+        approvers,
+        separate_from_registrant: approval.separate_from_registrant.unwrap_or(approvers >= 2),
+    }))
 }
 
 #[cfg(test)]
@@ -752,6 +811,17 @@ mod tests {
         assert_eq!(short, long);
     }
 
+    fn compile_approval(approval: serde_json::Value) -> Result<Option<ApprovalRule>, String> {
+        let spec: Result<SecurityContextSpec, _> = serde_json::from_value(serde_json::json!({
+            "name": "c", "capabilities": [{"tool_pattern": "pay.*", "approval": approval}]
+        }));
+        spec.map_err(|e| e.to_string()).and_then(|spec| {
+            SecurityContext::compile(spec, ContextSource::Store)
+                .map(|c| c.capabilities[0].approval)
+                .map_err(|e| format!("{}: {}", e.path, e.message))
+        })
+    }
+
     #[test]
     fn a_team_is_a_name_and_default_says_what_no_team_says() {
         let compile = |team: serde_json::Value| {
@@ -787,16 +857,7 @@ mod tests {
 
     #[test]
     fn approval_takes_required_and_a_bounded_expiry_with_900_by_default() {
-        let compile = |approval: serde_json::Value| {
-            let spec: Result<SecurityContextSpec, _> = serde_json::from_value(serde_json::json!({
-                "name": "c", "capabilities": [{"tool_pattern": "pay.*", "approval": approval}]
-            }));
-            spec.map_err(|e| e.to_string()).and_then(|spec| {
-                SecurityContext::compile(spec, ContextSource::Store)
-                    .map(|c| c.capabilities[0].approval_secs)
-                    .map_err(|e| format!("{}: {}", e.path, e.message))
-            })
-        };
+        let compile = |approval| compile_approval(approval).map(|r| r.map(|r| r.expires_secs));
         assert_eq!(
             compile(serde_json::json!({"required": true})),
             Ok(Some(900))
@@ -814,6 +875,59 @@ mod tests {
                 .as_ref()
                 .is_err_and(|e| e.contains("capabilities[0].approval.expires_secs")),
             "{too_long:?}"
+        );
+    }
+
+    #[test]
+    fn approvers_default_to_one_and_separation_follows_them_unless_given() {
+        let rule = |approval| compile_approval(approval).unwrap().unwrap();
+        let one = rule(serde_json::json!({"required": true}));
+        assert_eq!((one.approvers, one.separate_from_registrant), (1, false));
+        let two = rule(serde_json::json!({"required": true, "approvers": 2}));
+        assert_eq!((two.approvers, two.separate_from_registrant), (2, true));
+        let trusting = serde_json::json!({"required": true, "approvers": 2,
+                                          "separate_from_registrant": false});
+        assert!(!rule(trusting).separate_from_registrant);
+        let strict = serde_json::json!({"required": true, "separate_from_registrant": true});
+        assert_eq!(
+            (
+                rule(strict.clone()).approvers,
+                rule(strict).separate_from_registrant
+            ),
+            (1, true)
+        );
+        for bad in [
+            serde_json::json!({"required": true, "approvers": 0}),
+            serde_json::json!({"required": true, "approvers": -1}),
+            serde_json::json!({"required": true, "approvers": "2"}),
+            serde_json::json!({"required": true, "separate_from_registrant": null}),
+        ] {
+            assert!(compile_approval(bad.clone()).is_err(), "{bad}");
+        }
+        let too_many = compile_approval(serde_json::json!({"required": false, "approvers": 11}));
+        assert!(
+            too_many
+                .as_ref()
+                .is_err_and(|e| e.contains("capabilities[0].approval.approvers")),
+            "{too_many:?}"
+        );
+    }
+
+    #[test]
+    fn one_approver_is_left_out_so_that_earlier_contexts_keep_their_version() {
+        let version = |approval| {
+            let spec = spec_from_json(serde_json::json!({
+                "name": "c", "capabilities": [{"tool_pattern": "pay.*", "approval": approval}]
+            }));
+            SecurityContext::compile(spec, ContextSource::Store).map(|c| c.version)
+        };
+        assert_eq!(
+            version(serde_json::json!({"required": true})),
+            version(serde_json::json!({"required": true, "approvers": 1}))
+        );
+        assert_ne!(
+            version(serde_json::json!({"required": true})),
+            version(serde_json::json!({"required": true, "approvers": 2}))
         );
     }
 

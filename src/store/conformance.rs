@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
-    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts, SeenSignature,
-    SessionRecord, Store, StoreError,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts,
+    RecordedIdentity, SeenSignature, SessionRecord, Store, StoreError,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -135,6 +135,7 @@ pub(crate) fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRe
         created_at_ms: 1,
         revoked_at_ms: None,
         team: "default".into(),
+        registered_by: None,
     }
 }
 
@@ -214,6 +215,7 @@ pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &
         revoked_at_ms: None,
         // A team other than `default` is written, and read back (SPEC 16).
         team: "payments".into(),
+        registered_by: None,
     };
     assert_eq!(store.session_insert(&record).await.unwrap(), None);
     let mut other = record.clone();
@@ -505,6 +507,10 @@ fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
         decided_by: None,
         reason: None,
         team: "ops".into(),
+        grants: Vec::new(),
+        approvers: 1,
+        separate_from_registrant: false,
+        registered_by: None,
     }
 }
 
@@ -527,7 +533,7 @@ pub(crate) async fn approvals_change_by_compare_and_set_and_one_request_is_curre
 
     let mut granted = first.clone();
     granted.status = ApprovalStatus::Granted;
-    granted.decided_by = Some("op".into());
+    granted.decided_by = Some(RecordedIdentity::Sub("op".into()));
     assert!(store.approval_replace(&first, &granted).await.unwrap());
     // Deciding from a stale read fails: one decision, one use.
     let mut denied = first.clone();

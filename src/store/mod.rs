@@ -24,6 +24,8 @@ pub mod testing;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::identity::{Identity, Via, LOCAL_ISSUER};
+
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -189,6 +191,41 @@ pub struct SessionRecord {
     /// that team's.
     #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
     pub team: String,
+    /// Who registered the session (SPEC 13 r4); None for a session registered before r4. Left out when
+    /// None, so that such a record still matches its stored bytes in a compare-and-set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<Identity>,
+}
+
+/// An identity as a record keeps it. Before r4 a record kept only the operator's `sub`; such a record
+/// keeps its string, so that re-encoding it gives back the stored bytes that a compare-and-set compares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RecordedIdentity {
+    Identity(Identity),
+    /// Written before r4: the `sub` of an operator token, then always verified with a configured key.
+    Sub(String),
+}
+
+impl RecordedIdentity {
+    /// The identity; a bare `sub` reads as a token verified with a configured key that names no issuer.
+    pub fn identity(&self) -> Identity {
+        match self {
+            RecordedIdentity::Identity(identity) => identity.clone(),
+            RecordedIdentity::Sub(sub) => Identity {
+                iss: LOCAL_ISSUER.to_owned(),
+                sub: sub.clone(),
+                name: None,
+                via: Via::Key,
+            },
+        }
+    }
+}
+
+impl From<&Identity> for RecordedIdentity {
+    fn from(identity: &Identity) -> Self {
+        RecordedIdentity::Identity(identity.clone())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -271,9 +308,9 @@ pub struct ClaimRecord {
     pub committed_at: Option<String>,
     pub outcome: Option<ClaimOutcome>,
     pub resolution: Option<Resolution>,
-    /// The operator (token `sub`) who took a standalone claim: only they settle it (SPEC 7.4 r3).
+    /// The operator who took a standalone claim: only they settle it (SPEC 7.4 r3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub taker: Option<String>,
+    pub taker: Option<RecordedIdentity>,
     /// Its session's team, or for a standalone claim the team of the service's scope (SPEC 16).
     #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
     pub team: String,
@@ -322,11 +359,43 @@ pub struct ApprovalRecord {
     /// The capability's `approval.expires_secs` when the request was made.
     pub expires_secs: u64,
     pub decided_at_ms: Option<i64>,
-    pub decided_by: Option<String>,
+    /// Who made the decision: the last of the grants that granted it, or the person who denied it.
+    pub decided_by: Option<RecordedIdentity>,
     pub reason: Option<String>,
     /// Its session's team (SPEC 16).
     #[serde(default = "default_team", skip_serializing_if = "is_default_team")]
     pub team: String,
+    // r4 (SPEC 13 r4). Each is left out at its default, so that a record written before r4 still
+    // matches its stored bytes in a compare-and-set.
+    /// The grants so far, oldest first; the request is granted when they number `approvers`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+    /// How many distinct people must grant, fixed when the request was made.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub approvers: u32,
+    /// The session's registrant may not decide; fixed when the request was made.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub separate_from_registrant: bool,
+    /// The session's registrant when the request was made, None when the session predates r4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<Identity>,
+}
+
+/// One person's grant of an approval request (SPEC 13 r4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Grant {
+    pub by: Identity,
+    pub at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Where an approval listing stopped: the last item shown.
