@@ -198,6 +198,8 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("operator_auth.issuer", EnvValue::Text),
     ("operator_auth.keys", EnvValue::Json),
     ("operator_auth.leeway_secs", EnvValue::Json),
+    ("operator_auth.oidc", EnvValue::Json),
+    ("operator_auth.roles", EnvValue::Json),
     ("upstreams", EnvValue::Json),
     ("audit.file", EnvValue::Text),
     ("audit.stdout", EnvValue::Json),
