@@ -126,7 +126,7 @@ mod tests {
             (role("", "payments", &["seal.admin"]), "roles[0].group"),
         ];
         for (bad, key) in cases {
-            let err = Roles::new(&[bad.clone()]).unwrap_err();
+            let err = Roles::new(std::slice::from_ref(&bad)).unwrap_err();
             assert!(
                 err.starts_with(&format!("operator_auth.{key}")),
                 "{bad:?}: {err}"

@@ -247,8 +247,11 @@ impl Browser {
     }
 }
 
-/// The first form of a page: its id, its action, and its hidden inputs.
-fn first_form(html: &str) -> Option<(String, String, Vec<(String, String)>)> {
+/// A form's id, its action, and its hidden inputs.
+type Form = (String, String, Vec<(String, String)>);
+
+/// The first form of a page.
+fn first_form(html: &str) -> Option<Form> {
     let start = html.find("<form")?;
     let end = html[start..]
         .find("</form>")
