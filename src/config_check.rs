@@ -16,7 +16,7 @@ use crate::upstream::Upstreams;
 /// Sections that are valid but leave a feature unusable, given how many contexts are loaded.
 pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
     let mut found = Vec::new();
-    if config.operator_auth.keys.is_empty() {
+    if config.operator_auth.keys.is_empty() && config.operator_auth.oidc.is_none() {
         found.push(
             "operator_auth.keys: none configured: the control API refuses every request (6001), \
              so no session can be registered"
@@ -81,6 +81,9 @@ fn check(config: &Config) -> Report {
     problems.extend(minter.clone());
     problems.extend(agent.filter(|e| Some(e) != minter.as_ref()));
     if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
+        problems.push(e);
+    }
+    if let Err(e) = crate::gateway::sign_in(config) {
         problems.push(e);
     }
     if let Err(e) = crate::approval::Notifier::new(&config.approvals) {

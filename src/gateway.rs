@@ -224,7 +224,7 @@ impl Gateway {
 /// The OpenID Connect relying party of `operator_auth.oidc`, its ID tokens checked by the provider's
 /// key set (fetched from the `jwks_uri` that discovery names); roles without `oidc` are refused, as
 /// nobody could hold them.
-fn sign_in(config: &Config) -> Result<Option<crate::identity::Oidc>, String> {
+pub(crate) fn sign_in(config: &Config) -> Result<Option<crate::identity::Oidc>, String> {
     let auth = &config.operator_auth;
     let Some(oidc) = &auth.oidc else {
         if auth.roles.is_empty() {

@@ -888,3 +888,53 @@ async fn a_console_session_made_on_one_replica_works_on_the_other_and_ends_on_bo
         assert_eq!(status, 401, "{}", gw.base);
     }
 }
+
+#[test]
+fn a_bad_sign_in_configuration_stops_start_up_naming_the_key() {
+    let keys = Keys::new();
+    let operator = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]",
+        keys.operator_public
+    );
+    let agent = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]",
+        keys.agent_public
+    );
+    let oidc = "\n  oidc: { issuer: \"https://idp.example.com\", client_id: console }";
+    let role = |team: &str, scope: &str| {
+        format!("\n  roles: [ {{ group: ops, team: {team:?}, scopes: [{scope}] }} ]")
+    };
+    let cases = [
+        (
+            "\n  oidc: { issuer: \"http://idp.example.com\", client_id: console }".to_owned(),
+            "operator_auth.oidc.issuer",
+        ),
+        (
+            format!("{oidc}{}", role("pay ments", "seal.admin")),
+            "operator_auth.roles[0].team",
+        ),
+        (
+            format!("{oidc}{}", role("payments", "seal.approvals.read")),
+            "operator_auth.roles[0].scopes",
+        ),
+        (
+            "\n  oidc: { issuer: \"https://idp.example.com\", client_id: console, client_secret: hunter2-secret }"
+                .to_owned(),
+            "client_secret",
+        ),
+        (role("*", "seal.admin"), "operator_auth.roles: needs operator_auth.oidc"),
+    ];
+    for (yaml, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let operator_keys = format!("{operator}{yaml}");
+        let config = write_config_with_keys(
+            dir.path(),
+            &agent,
+            &operator_keys,
+            "http://127.0.0.1:1",
+            "",
+            "",
+        );
+        common::assert_refused_at_start_up(&config, expected, "hunter2-secret");
+    }
+}
