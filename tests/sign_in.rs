@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
@@ -937,4 +938,101 @@ fn a_bad_sign_in_configuration_stops_start_up_naming_the_key() {
         );
         common::assert_refused_at_start_up(&config, expected, "hunter2-secret");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealgate_login_signs_in_with_the_device_flow_and_keeps_a_private_bearer_credential() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, gw) = setup(dir.path()).await;
+    let config_home = dir.path().join("config-home");
+    let mut login = std::process::Command::new(env!("CARGO_BIN_EXE_sealgate"))
+        .args(["login", "--gateway", &format!("{}/", gw.base)])
+        .env("XDG_CONFIG_HOME", &config_home)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = common::Lines::capture(login.stderr.take().unwrap());
+    let shown = stderr.wait_for("the verification address", |l| l.starts_with("(or open "));
+    let verification = shown.trim_start_matches("(or open ").trim_end_matches(')');
+    assert!(verification.starts_with(&provider.issuer), "{shown}");
+    assert!(
+        stderr.lines()[0].contains("enter the code"),
+        "{:?}",
+        stderr.lines()
+    );
+
+    // The person approves at the provider, in a browser.
+    let mut browser = Browser::new();
+    let done = browser.approve_device(verification, "ann", "ann-pw").await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Sign-in Success"), "{}", done.body);
+    common::until(Duration::from_secs(30), "sealgate login ends", || {
+        let exited = login.try_wait().unwrap();
+        async move { exited.is_some() }
+    })
+    .await;
+    assert!(login.wait().unwrap().success(), "{:?}", stderr.lines());
+
+    // The credential, keyed by the gateway's URL, in a file only its owner may read.
+    let file = config_home.join("sealgate/credentials.json");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let kept: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let credential = kept["gateways"][&gw.base]["credential"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(kept["gateways"][&gw.base]["sub"], "ann");
+
+    // A bearer: the person's identity and scopes, and no CSRF token needed (no browser sends it).
+    let bearer = |method: Method, path: &str| {
+        gw.client
+            .request(method, format!("{}{path}", gw.base))
+            .bearer_auth(&credential)
+    };
+    let me: Value = bearer(Method::GET, "/console/session")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (me["sub"].as_str(), me["via"].as_str()),
+        (Some("ann"), Some("oidc"))
+    );
+    let created = bearer(Method::POST, "/v1/seal/sessions")
+        .json(&registration("by-login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    assert_eq!(
+        bearer(Method::POST, "/console/logout")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    let after = bearer(Method::GET, "/v1/seal/sessions")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 401);
+
+    // A device code the provider never issued signs nobody in.
+    let (status, body) = gw
+        .operator(
+            Method::POST,
+            "/console/device/token",
+            None,
+            Some(json!({"device_code": "made-up"})),
+        )
+        .await;
+    assert_eq!((status, common::code(&body)), (401, 6001), "{body}");
 }

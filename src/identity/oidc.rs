@@ -230,6 +230,9 @@ impl Oidc {
         };
         let mut http = crate::outbound::client_builder()
             .no_proxy()
+            // Sign-ins are rare: a connection kept idle would meet the provider's own idle timeout
+            // (Node's is 5 s, a device poll's interval) and fail the next request.
+            .pool_max_idle_per_host(0)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT);
         if let Some(ca_file) = &config.ca_file {
@@ -690,7 +693,7 @@ fn groups_of(value: &Value, claim: &str) -> Result<Vec<String>, SignInError> {
 fn unreachable(what: &str, err: reqwest::Error) -> SignInError {
     SignInError::provider(format!(
         "the provider's {what} could not be reached: {}",
-        crate::redact::url(&err.without_url().to_string())
+        crate::redact::url(&crate::tls::client::failure(&err.without_url()))
     ))
 }
 

@@ -58,9 +58,10 @@ impl Provider {
             .spawn()
             .expect("node runs tests/oidc/server.mjs");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        // The provider writes notices to stdout later on (its device pages): a closed pipe would end it.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let issuer = line.trim().to_owned();
         assert!(
             issuer.starts_with("http://127.0.0.1:"),
@@ -239,7 +240,9 @@ impl Browser {
                 fields.push(("login".into(), login.into()));
                 fields.push(("password".into(), password.into()));
             }
-            "consent" | "op.deviceConfirmForm" => {}
+            // The consent and device confirmation forms, and the provider's self-submitting form_post
+            // page (which a browser's script would send at once).
+            "consent" | "op.deviceConfirmForm" | "" => {}
             other => panic!("{}: a form {other:?} this browser does not know", page.url),
         }
         let target = resolve(&page.url, &action);
