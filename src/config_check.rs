@@ -23,6 +23,15 @@ pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
                 .to_owned(),
         );
     }
+    if config.operator_auth.oidc.is_some() && !config.browsers_use_https() {
+        found.push(
+            "operator_auth.oidc: the listener speaks plain HTTP and approvals.console_base_url is not \
+             https://: browsers refuse the console's __Host-sealgate cookie without Secure, so only \
+             `sealgate login` can sign in; serve HTTPS (tls.cert_file) or set \
+             approvals.console_base_url to the gateway's https:// address"
+                .to_owned(),
+        );
+    }
     if config.agent_tokens.keys.is_empty() && config.agent_tokens.issuer_key.is_none() {
         found.push(
             "agent_tokens.keys: none configured and no agent_tokens.issuer_key: every call is \

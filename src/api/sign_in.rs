@@ -168,7 +168,10 @@ pub async fn callback(
     );
     let headers = response.headers_mut();
     // The console loads from this same-site page, so that its SameSite=Strict cookie goes along.
-    headers.insert("refresh", HeaderValue::from_static("0; url=/console/"));
+    headers.insert(
+        "refresh",
+        HeaderValue::from_static("0; url=/console/#signed-in"),
+    );
     headers.append(
         header::SET_COOKIE,
         set_cookie(
@@ -361,17 +364,22 @@ fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
         return Some(format!("{}/console/callback", base.trim_end_matches('/')));
     }
     let host = headers.get(header::HOST)?.to_str().ok()?;
-    let scheme = if speaks_tls(gw) { "https" } else { "http" };
+    let scheme = if gw.config.tls.cert_file.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     Some(format!("{scheme}://{host}/console/callback"))
 }
 
-fn speaks_tls(gw: &Gateway) -> bool {
-    gw.config.tls.cert_file.is_some()
-}
-
-/// A cookie of the gateway: `HttpOnly`, `Path=/`, no `Domain`, `Secure` when the listener speaks TLS.
+/// A cookie of the gateway: `HttpOnly`, `Path=/`, no `Domain`; `Secure` when browsers reach the gateway
+/// over HTTPS (see [`crate::config::Config::browsers_use_https`]).
 fn set_cookie(gw: &Gateway, name: &str, value: &str, same_site: &str, max_age: i64) -> HeaderValue {
-    let secure = if speaks_tls(gw) { "; Secure" } else { "" };
+    let secure = if gw.config.browsers_use_https() {
+        "; Secure"
+    } else {
+        ""
+    };
     let text = format!(
         "{name}={value}; HttpOnly; SameSite={same_site}; Path=/; Max-Age={max_age}{secure}"
     );
