@@ -86,7 +86,7 @@ async fn gateway_for(
     secret: bool,
     extra: &str,
 ) -> Gateway {
-    let extra = format!("approvals: {{ console_base_url: {PUBLIC_BASE:?} }}\n{extra}");
+    let extra = format!("approvals: {{ console_base_url: \"{PUBLIC_BASE}/console\" }}\n{extra}");
     let (config, keys) = config_for(dir, issuer, client_id, secret, &extra).await;
     Gateway::spawn(dir, &config, keys)
 }

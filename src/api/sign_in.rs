@@ -361,7 +361,7 @@ fn provider_error(err: SignInError) -> ApiError {
 /// The callback address: on `approvals.console_base_url` when set, else on the request's own origin.
 fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
     if let Some(base) = &gw.config.approvals.console_base_url {
-        return Some(format!("{}/console/callback", base.trim_end_matches('/')));
+        return Some(crate::identity::oidc::callback_on(base));
     }
     let host = headers.get(header::HOST)?.to_str().ok()?;
     let scheme = if gw.config.tls.cert_file.is_some() {

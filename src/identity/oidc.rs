@@ -633,6 +633,16 @@ impl From<TokenRequestError> for SignInError {
     }
 }
 
+/// The callback address for a console at `console_base_url` (`https://gw.example/console`, as the
+/// approvals' links use it; a base without the `/console` path is taken as the gateway's own).
+pub fn callback_on(console_base_url: &str) -> String {
+    let base = console_base_url.trim_end_matches('/');
+    match base.strip_suffix("/console") {
+        Some(gateway) => format!("{gateway}/console/callback"),
+        None => format!("{base}/console/callback"),
+    }
+}
+
 /// An issuer or endpoint URL: `https://`, or `http://` on a loopback host only, where nobody else can
 /// answer.
 fn provider_url(raw: &str) -> Result<Url, String> {
@@ -781,6 +791,22 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.starts_with("operator_auth.oidc.scopes: "), "{err}");
+    }
+
+    #[test]
+    fn the_callback_is_beside_the_console_whether_or_not_the_base_names_it() {
+        for base in [
+            "https://gw.example/console",
+            "https://gw.example/console/",
+            "https://gw.example",
+            "https://gw.example/",
+        ] {
+            assert_eq!(callback_on(base), "https://gw.example/console/callback", "{base}");
+        }
+        assert_eq!(
+            callback_on("https://corp.example/sealgate/console"),
+            "https://corp.example/sealgate/console/callback"
+        );
     }
 
     #[test]
