@@ -484,7 +484,7 @@ async fn a_wrong_missing_or_reused_state_a_replayed_code_or_the_providers_error_
         &mut other,
         &gw,
         &callback,
-        "this browser did not start that sign-in",
+        "this browser did not start that sign-in (its sign-in cookie is missing or differs) (this gateway is reached over plain HTTP",
     )
     .await;
     refused(&mut browser, &gw, &callback, "unknown or was used already").await;
@@ -1170,4 +1170,37 @@ async fn a_person_signs_in_to_the_console_in_a_real_browser_grants_an_approval_a
     // What the browser granted is what the gateway holds: the payment runs now.
     let (status, body) = gw.call(&pay_key, &pay_token, payment).await;
     assert_eq!(status, 200, "the granted call runs: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_is_down_or_redirects_fails_the_sign_in_on_a_page_that_names_it() {
+    let redirector = common::redirect::Redirector::start().await;
+    for (issuer, expected) in [
+        (
+            "http://127.0.0.1:1".to_owned(),
+            "could not be reached".to_owned(),
+        ),
+        (redirector.base.clone(), redirector.named()),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let gw = gateway_for(dir.path(), &issuer, "console", true, "").await;
+        let mut browser = Browser::new();
+        let page = browser.get(&format!("{}/console/login", gw.base)).await;
+        assert_eq!(page.status, 502, "{issuer}: {}", page.body);
+        assert!(
+            page.body.contains("discovery") && page.body.contains(&expected),
+            "{}",
+            page.body
+        );
+        assert!(
+            !page.body.contains(common::redirect::SECRET),
+            "{}",
+            page.body
+        );
+        assert!(!browser
+            .cookies(&gw.base)
+            .contains_key("__Host-sealgate-login"));
+    }
+    assert!(redirector.redirected() >= 1);
+    assert_eq!(redirector.followed(), 0, "a redirect was followed");
 }

@@ -152,7 +152,15 @@ pub async fn callback(
         .await
     {
         Ok(person) => person,
-        Err(err) => return failed(&gw, err),
+        Err(mut err) => {
+            if browser_state.is_none() && !gw.config.browsers_use_https() {
+                err.message.push_str(
+                    " (this gateway is reached over plain HTTP, where browsers refuse its __Host- \
+                     cookies: serve HTTPS, or set approvals.console_base_url to its https:// address)",
+                );
+            }
+            return failed(&gw, err);
+        }
     };
     let started = match oidc.sessions.start(gw.store.as_ref(), &person, now).await {
         Ok(started) => started,

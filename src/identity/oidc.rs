@@ -801,7 +801,11 @@ mod tests {
             "https://gw.example",
             "https://gw.example/",
         ] {
-            assert_eq!(callback_on(base), "https://gw.example/console/callback", "{base}");
+            assert_eq!(
+                callback_on(base),
+                "https://gw.example/console/callback",
+                "{base}"
+            );
         }
         assert_eq!(
             callback_on("https://corp.example/sealgate/console"),
