@@ -92,7 +92,8 @@ fn check(config: &Config) -> Report {
     if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
         problems.push(e);
     }
-    if let Err(e) = crate::gateway::sign_in(config) {
+    let skew = config.limits.max_clock_skew_secs.unsigned_abs();
+    if let Err(e) = crate::token::relying_party(&config.operator_auth, &config.base_dir, skew) {
         problems.push(e);
     }
     if let Err(e) = crate::approval::Notifier::new(&config.approvals) {

@@ -112,7 +112,11 @@ impl Gateway {
             agent_tokens.key_set().start_fetching(),
             operators.key_set().start_fetching()
         );
-        let oidc = sign_in(&config)?;
+        let oidc = crate::token::relying_party(
+            &config.operator_auth,
+            &config.base_dir,
+            config.limits.max_clock_skew_secs.unsigned_abs(),
+        )?;
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
@@ -219,37 +223,6 @@ impl Gateway {
         gateway.spawn_upkeep();
         Ok((gateway, stored))
     }
-}
-
-/// The OpenID Connect relying party of `operator_auth.oidc`, its ID tokens checked by the provider's
-/// key set (fetched from the `jwks_uri` that discovery names); roles without `oidc` are refused, as
-/// nobody could hold them.
-pub(crate) fn sign_in(config: &Config) -> Result<Option<crate::identity::Oidc>, String> {
-    let auth = &config.operator_auth;
-    let Some(oidc) = &auth.oidc else {
-        if auth.roles.is_empty() {
-            return Ok(None);
-        }
-        return Err(
-            "operator_auth.roles: needs operator_auth.oidc (roles apply to people who \
-                    sign in)"
-                .to_owned(),
-        );
-    };
-    let (issuer, client_id) = (oidc.issuer.clone(), oidc.client_id.clone());
-    let ca_file = oidc.ca_file.as_ref().map(|file| config.resolve(file));
-    let skew = config.limits.max_clock_skew_secs.unsigned_abs();
-    let make_check: crate::identity::oidc::MakeIdTokenCheck = Box::new(move |jwks_uri| {
-        let verifier = crate::token::IdTokenVerifier::new(
-            jwks_uri,
-            ca_file.clone(),
-            &issuer,
-            &client_id,
-            skew,
-        )?;
-        Ok(Arc::new(verifier))
-    });
-    crate::identity::Oidc::new(oidc, &auth.roles, &config.base_dir, make_check).map(Some)
 }
 
 /// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed. Each

@@ -23,7 +23,7 @@ mod test_support;
 pub use crate::identity::scopes;
 pub(crate) use crate::outbound::is_loopback_host;
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
-pub use id_token::IdTokenVerifier;
+pub use id_token::{relying_party, IdTokenVerifier};
 pub use keys::{KeyConfig, KeySource};
 pub use mint::{
     ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,

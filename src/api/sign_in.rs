@@ -14,10 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::{ControlBody, State};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
-use crate::identity::console_session::{looks_like_session_id, COOKIE_NAME};
-use crate::identity::oidc::{Callback, DevicePoll, DeviceStart, SignInError};
+use crate::identity::console_session::{
+    id_hash, looks_like_session_id, used, ConsoleSessionRecord, Started, Use, COOKIE_NAME,
+};
+use crate::identity::oidc::{Callback, DevicePoll, DeviceStart, SignInError, SIGN_IN_TTL_MS};
 use crate::identity::{Caller, Identity, Oidc, Person, Via};
-use crate::store::ConsoleSessionRecord;
 
 /// Binds a sign-in's `state` to the browser that started it, so that nobody can make a person's browser
 /// finish a sign-in started elsewhere (login CSRF). `SameSite=Lax`: it must come back with the
@@ -55,15 +56,25 @@ pub async fn presented_session(
             "the console session is unknown, ended or expired: sign in again",
         )
     };
-    let Some(oidc) = &gw.oidc else {
+    if gw.oidc.is_none() {
         return Err(ended());
-    };
-    let record = oidc
-        .sessions
-        .find(gw.store.as_ref(), &id, crate::clock::now_millis())
+    }
+    let stored = gw
+        .store
+        .console_session_get(&id_hash(&id))
         .await
-        .map_err(ApiError::store)?
-        .ok_or_else(ended)?;
+        .map_err(ApiError::store)?;
+    let record = match stored.map(|record| used(record, crate::clock::now_millis())) {
+        None | Some(Use::Ended) => return Err(ended()),
+        Some(Use::Live(record)) => record,
+        Some(Use::Touched(record)) => {
+            gw.store
+                .console_session_touch(&record)
+                .await
+                .map_err(ApiError::store)?;
+            record
+        }
+    };
     Ok(Some(Presented {
         id,
         record,
@@ -116,21 +127,28 @@ pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Respo
              approvals.console_base_url",
         );
     };
-    match oidc
-        .begin(gw.store.as_ref(), &redirect_uri, crate::clock::now_millis())
+    let now = crate::clock::now_millis();
+    let begun = match oidc.begin(&redirect_uri, now).await {
+        Ok(begun) => begun,
+        Err(err) => return failed(&gw, err),
+    };
+    // Kept in the store, so that the callback may reach any replica.
+    match gw
+        .store
+        .sign_in_insert(&begun.attempt, now - SIGN_IN_TTL_MS)
         .await
     {
-        Ok(begun) => {
+        Ok(()) => {
             let mut response = (
                 StatusCode::SEE_OTHER,
                 [(header::LOCATION, begun.authorization_url)],
             )
                 .into_response();
-            let cookie = set_cookie(&gw, LOGIN_COOKIE, &begun.state, "Lax", 600);
+            let cookie = set_cookie(&gw, LOGIN_COOKIE, &begun.attempt.state, "Lax", 600);
             response.headers_mut().append(header::SET_COOKIE, cookie);
             no_store(response)
         }
-        Err(err) => failed(&gw, err),
+        Err(err) => failed(&gw, SignInError::provider(format!("the store: {err}"))),
     }
 }
 
@@ -147,8 +165,16 @@ pub async fn callback(
     let callback = Callback::from_query(uri.query().unwrap_or(""));
     let browser_state = cookie(&headers, LOGIN_COOKIE);
     let now = crate::clock::now_millis();
+    // Taken before anything else is checked: a state is good once, whatever follows.
+    let attempt = match &callback.state {
+        Some(state) => match gw.store.sign_in_take(state).await {
+            Ok(attempt) => attempt,
+            Err(err) => return failed(&gw, SignInError::provider(format!("the store: {err}"))),
+        },
+        None => None,
+    };
     let person = match oidc
-        .finish(gw.store.as_ref(), &callback, browser_state.as_deref(), now)
+        .finish(attempt, &callback, browser_state.as_deref(), now)
         .await
     {
         Ok(person) => person,
@@ -162,9 +188,9 @@ pub async fn callback(
             return failed(&gw, err);
         }
     };
-    let started = match oidc.sessions.start(gw.store.as_ref(), &person, now).await {
+    let started = match start_session(&gw, oidc, &person, now).await {
         Ok(started) => started,
-        Err(err) => return failed(&gw, SignInError::provider(format!("the store: {err}"))),
+        Err(err) => return failed(&gw, SignInError::provider(err.message)),
     };
     let mut response = page(
         StatusCode::OK,
@@ -191,6 +217,24 @@ pub async fn callback(
         ),
     );
     response
+}
+
+/// A new console session for `person`, kept in the store (which forgets those that ended).
+async fn start_session(
+    gw: &Gateway,
+    oidc: &Oidc,
+    person: &Person,
+    now_ms: i64,
+) -> Result<Started, ApiError> {
+    let started = oidc
+        .sessions
+        .start(person, now_ms)
+        .map_err(ApiError::store)?;
+    gw.store
+        .console_session_insert(&started.record, now_ms)
+        .await
+        .map_err(ApiError::store)?;
+    Ok(started)
 }
 
 fn shown_name(person: &Person) -> String {
@@ -247,8 +291,8 @@ pub async fn logout(axum::extract::State(gw): State, parts: Parts) -> Result<Res
     let presented = require_session(&gw, &parts).await?;
     let oidc = gw.oidc.as_ref().ok_or_else(no_session)?;
     presented.caller(oidc, &parts.method, &parts.headers)?;
-    oidc.sessions
-        .end(gw.store.as_ref(), &presented.id)
+    gw.store
+        .console_session_delete(&id_hash(&presented.id))
         .await
         .map_err(ApiError::store)?;
     let mut response = StatusCode::NO_CONTENT.into_response();
@@ -331,11 +375,7 @@ pub async fn device_poll(
             interval: if slow_down { 10 } else { 5 },
         },
         Ok(DevicePoll::Approved(person)) => {
-            let started = oidc
-                .sessions
-                .start(gw.store.as_ref(), &person, now)
-                .await
-                .map_err(ApiError::store)?;
+            let started = start_session(&gw, oidc, &person, now).await?;
             DevicePollAnswer::SignedIn {
                 credential: started.id,
                 iss: person.iss,

@@ -1,7 +1,7 @@
 //! OpenID Connect sign-in (SPEC 16): the gateway as a relying party of the organisation's identity
 //! provider. Authorization code flow with PKCE (S256), `state` and `nonce`; the device authorization
-//! grant (RFC 8628) for `sealgate login`. Sign-ins in progress are kept in the store, so that the
-//! callback may reach any replica, and each `state` is taken once.
+//! grant (RFC 8628) for `sealgate login`. Sign-ins in progress are kept in the store by the caller, so
+//! that the callback may reach any replica, and each `state` is taken once.
 //!
 //! The ID token's verification is handed in as an [`IdTokenCheck`] (built by `crate::token` from the
 //! provider's key set), so that JWT keys and their algorithms stay in that one room.
@@ -17,7 +17,6 @@ use url::Url;
 use super::console_session::{ConsoleSessions, Person};
 use super::roles::{RoleConfig, Roles};
 use crate::envelope::{random_secret, sha256_base64url};
-use crate::store::{SignInAttempt, Store};
 use crate::upstream::{read_capped, CappedReadError};
 
 /// A sign-in must come back within this long (SPEC 16 leaves it open; ten minutes is what providers
@@ -98,6 +97,18 @@ struct Provider {
     id_tokens: Arc<dyn IdTokenCheck>,
 }
 
+/// A sign-in in progress (SPEC 16): what the callback needs to finish it, found by its `state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignInAttempt {
+    pub state: String,
+    pub nonce: String,
+    /// The PKCE code verifier (RFC 7636) whose S256 challenge went to the provider.
+    pub pkce_verifier: String,
+    /// The `redirect_uri` sent to the provider, which the code exchange must repeat.
+    pub redirect_uri: String,
+    pub created_at_ms: i64,
+}
+
 /// Why a sign-in failed, in words safe to show the person (never a secret, a code or a token).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignInError {
@@ -121,10 +132,10 @@ impl SignInError {
     }
 }
 
-/// A sign-in just begun: where to send the browser, and the `state` to bind to it.
+/// A sign-in just begun: where to send the browser, and what to keep until its callback.
 pub struct Begun {
     pub authorization_url: String,
-    pub state: String,
+    pub attempt: SignInAttempt,
 }
 
 /// What the provider sent back to `/console/callback`.
@@ -303,14 +314,9 @@ impl Oidc {
         })
     }
 
-    /// Starts a sign-in: keeps its `state`, `nonce` and PKCE verifier in the store, and answers where to
-    /// send the browser.
-    pub async fn begin(
-        &self,
-        store: &dyn Store,
-        redirect_uri: &str,
-        now_ms: i64,
-    ) -> Result<Begun, SignInError> {
+    /// Starts a sign-in: a new `state`, `nonce` and PKCE verifier, for the caller to keep in the store
+    /// (so that the callback may reach any replica), and where to send the browser.
+    pub async fn begin(&self, redirect_uri: &str, now_ms: i64) -> Result<Begun, SignInError> {
         let provider = self.provider().await?;
         let secret = || random_secret().map_err(SignInError::provider);
         let attempt = SignInAttempt {
@@ -320,10 +326,6 @@ impl Oidc {
             redirect_uri: redirect_uri.to_owned(),
             created_at_ms: now_ms,
         };
-        store
-            .sign_in_insert(&attempt, now_ms - SIGN_IN_TTL_MS)
-            .await
-            .map_err(|e| SignInError::provider(format!("the store: {e}")))?;
         let mut url = Url::parse(&provider.discovery.authorization_endpoint)
             .map_err(|e| SignInError::provider(e.to_string()))?;
         url.query_pairs_mut()
@@ -340,15 +342,16 @@ impl Oidc {
             .append_pair("code_challenge_method", "S256");
         Ok(Begun {
             authorization_url: url.into(),
-            state: attempt.state,
+            attempt,
         })
     }
 
-    /// Finishes a sign-in at the callback: takes its `state` (once), which must be the one this browser
-    /// started (`browser_state`, from its cookie), exchanges the code, and verifies the ID token.
+    /// Finishes a sign-in at the callback: `attempt` is what the store held under the callback's
+    /// `state` (taken, so that a state is good once), which must be the state this browser started
+    /// (`browser_state`, from its cookie); then the code is exchanged and the ID token verified.
     pub async fn finish(
         &self,
-        store: &dyn Store,
+        attempt: Option<SignInAttempt>,
         callback: &Callback,
         browser_state: Option<&str>,
         now_ms: i64,
@@ -356,10 +359,6 @@ impl Oidc {
         let state = callback.state.as_deref().ok_or_else(|| {
             SignInError::refused("the answer from the identity provider has no state")
         })?;
-        let attempt = store
-            .sign_in_take(state)
-            .await
-            .map_err(|e| SignInError::provider(format!("the store: {e}")))?;
         // RFC 9207: an answer that names another issuer comes from a provider mixed up with ours.
         if callback
             .iss

@@ -315,48 +315,9 @@ pub struct ApprovalCursor {
     pub approval_id: String,
 }
 
-/// A sign-in in progress (SPEC 16): what the callback needs to finish it, found by its `state`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SignInAttempt {
-    pub state: String,
-    pub nonce: String,
-    /// The PKCE code verifier (RFC 7636) whose S256 challenge went to the provider.
-    pub pkce_verifier: String,
-    /// The `redirect_uri` sent to the provider, which the code exchange must repeat.
-    pub redirect_uri: String,
-    pub created_at_ms: i64,
-}
-
-/// A console session (SPEC 16), found by the SHA-256 of its identifier: the store never holds the
-/// identifier itself, so that whoever reads the store cannot sign in with it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConsoleSessionRecord {
-    /// hex(SHA-256(identifier)).
-    pub id_hash: String,
-    pub iss: String,
-    pub sub: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The person's groups at sign-in; their scopes follow from the roles in force at each request.
-    pub groups: Vec<String>,
-    /// What `X-CSRF-Token` must carry on a change made with this session's cookie.
-    pub csrf_token: String,
-    pub created_at_ms: i64,
-    pub last_used_ms: i64,
-    /// The absolute end (`session_max_secs` after sign-in).
-    pub expires_at_ms: i64,
-    /// The idle allowance (`session_idle_secs`) in force when it was made.
-    pub idle_ms: i64,
-}
-
-impl ConsoleSessionRecord {
-    /// When it ends unless it is used again: after its idle allowance, or at its absolute end.
-    pub fn ends_at_ms(&self) -> i64 {
-        self.last_used_ms
-            .saturating_add(self.idle_ms)
-            .min(self.expires_at_ms)
-    }
-}
+// Sign-ins in progress and console sessions (SPEC 16) are the identity room's records; the store keeps them.
+pub use crate::identity::console_session::ConsoleSessionRecord;
+pub use crate::identity::oidc::SignInAttempt;
 
 /// A context managed over the API (not from a file), as its JSON spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,15 +3,18 @@
 //! again for an unknown kid, `ca_file` honoured), so `alg: none` and an HS256 token signed with a public
 //! key are refused like any other forgery.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use super::claims::{check_audience, check_time, optional_seconds, required_seconds};
 use super::keys::{KeyConfig, KeySet};
+use super::OperatorAuthConfig;
 use super::TokenError;
 use crate::clock::Round;
-use crate::identity::IdTokenCheck;
+use crate::identity::oidc::MakeIdTokenCheck;
+use crate::identity::{IdTokenCheck, Oidc};
 
 /// Verifies the ID tokens of one provider for one client.
 pub struct IdTokenVerifier {
@@ -74,6 +77,33 @@ impl IdTokenVerifier {
         check_time(exp, nbf, now, self.skew_secs)?;
         Ok(claims)
     }
+}
+
+/// The OpenID Connect relying party of `operator_auth.oidc`, its ID tokens checked by the provider's
+/// key set (fetched from the `jwks_uri` that discovery names); roles without `oidc` are refused, as
+/// nobody could hold them. Paths are relative to `base_dir`; `skew_secs` bounds `iat` and `exp`.
+pub fn relying_party(
+    auth: &OperatorAuthConfig,
+    base_dir: &Path,
+    skew_secs: u64,
+) -> Result<Option<Oidc>, String> {
+    let Some(oidc) = &auth.oidc else {
+        if auth.roles.is_empty() {
+            return Ok(None);
+        }
+        return Err(
+            "operator_auth.roles: needs operator_auth.oidc (roles apply to people who sign in)"
+                .to_owned(),
+        );
+    };
+    let (issuer, client_id) = (oidc.issuer.clone(), oidc.client_id.clone());
+    let ca_file = oidc.ca_file.as_ref().map(|file| base_dir.join(file));
+    let make_check: MakeIdTokenCheck = Box::new(move |jwks_uri| {
+        let verifier =
+            IdTokenVerifier::new(jwks_uri, ca_file.clone(), &issuer, &client_id, skew_secs)?;
+        Ok(Arc::new(verifier))
+    });
+    Oidc::new(oidc, &auth.roles, base_dir, make_check).map(Some)
 }
 
 /// OpenID Connect Core 3.1.3.7: with several audiences, `azp` (when present) must be this client.
