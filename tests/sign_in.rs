@@ -241,6 +241,12 @@ async fn a_person_signs_in_uses_the_api_with_the_cookie_and_its_csrf_token_and_s
     let page = browser.get(&callback).await;
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains("Ann Admin"), "{}", page.body);
+    assert!(
+        !browser
+            .cookies(&gw.base)
+            .contains_key("__Host-sealgate-login"),
+        "used up"
+    );
     let session_cookie = browser.cookies(&gw.base)[COOKIE].clone();
     assert_eq!(session_cookie.len(), 43, "256 random bits, base64url");
 
