@@ -1210,3 +1210,63 @@ async fn a_provider_that_is_down_or_redirects_fails_the_sign_in_on_a_page_that_n
     assert!(redirector.redirected() >= 1);
     assert_eq!(redirector.followed(), 0, "a redirect was followed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_ends_when_idle_and_at_its_absolute_end_even_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = Provider::start(
+        vec![client("console", Some(CLIENT_SECRET), &[callback_uri()])],
+        people(),
+        true,
+    );
+    let extra = format!("approvals: {{ console_base_url: \"{PUBLIC_BASE}/console\" }}\n");
+    let (config, keys) = config_for(dir.path(), &provider.issuer, "console", true, &extra).await;
+    // Idle after 2 s without use; over 4 s after sign-in, used or not.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(
+        "session_idle_secs: 600",
+        "session_idle_secs: 2, session_max_secs: 4",
+    );
+    std::fs::write(&config, text).unwrap();
+    let gw = Gateway::spawn(dir.path(), &config, keys);
+
+    // Left alone, a session ends when idle.
+    let idle = signed_in(&mut Browser::new(), &gw, "ann", "ann-pw").await;
+    let started = std::time::Instant::now();
+    common::until(Duration::from_secs(10), "the idle session ends", || {
+        let gw = &gw;
+        let idle = idle.clone();
+        async move {
+            with_cookie(gw, Method::GET, "/console/session", &idle, None, None)
+                .await
+                .0
+                == 401
+        }
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "ended early: {:?}",
+        started.elapsed()
+    );
+
+    // Used all the time, a session lives past its idle allowance, and ends at its absolute end.
+    let used = signed_in(&mut Browser::new(), &gw, "ann", "ann-pw").await;
+    let started = std::time::Instant::now();
+    common::until(Duration::from_secs(10), "the used session ends", || {
+        let gw = &gw;
+        let used = used.clone();
+        async move {
+            with_cookie(gw, Method::GET, "/v1/seal/sessions", &used, None, None)
+                .await
+                .0
+                == 401
+        }
+    })
+    .await;
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_millis(3000),
+        "a used session ended as idle after {lived:?}"
+    );
+}

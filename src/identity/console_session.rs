@@ -10,7 +10,8 @@ use crate::envelope::{random_secret, sha256_hex};
 /// and no `Domain`: no other host, nor a page over plain http elsewhere, can set or overwrite it.
 pub const COOKIE_NAME: &str = "__Host-sealgate";
 
-/// A session's last use is written at most this often, so that a console's many reads stay reads.
+/// A session's last use is written at most this often (or every half of a shorter idle allowance, so
+/// that a session in use never ends as idle), so that a console's many reads stay reads.
 const TOUCH_EVERY_MS: i64 = 60_000;
 
 /// A console session (SPEC 16), found by the SHA-256 of its identifier: the store never holds the
@@ -117,7 +118,7 @@ pub fn used(mut record: ConsoleSessionRecord, now_ms: i64) -> Use {
     if now_ms >= record.ends_at_ms() {
         return Use::Ended;
     }
-    if now_ms - record.last_used_ms < TOUCH_EVERY_MS {
+    if now_ms - record.last_used_ms < TOUCH_EVERY_MS.min(record.idle_ms / 2) {
         return Use::Live(record);
     }
     record.last_used_ms = now_ms;
@@ -172,6 +173,13 @@ mod tests {
         // Idle: 300 s without use.
         assert!(matches!(used(record.clone(), 299_999), Use::Touched(_)));
         assert_eq!(used(record, 300_000), Use::Ended, "idle");
+        // A short idle allowance is renewed within it, however often the session is read.
+        let brief = ConsoleSessions::new(2, 600)
+            .start(&ann(), 0)
+            .unwrap()
+            .record;
+        assert_eq!(used(brief.clone(), 999), Use::Live(brief.clone()));
+        assert!(matches!(used(brief, 1_000), Use::Touched(_)));
     }
 
     #[test]
