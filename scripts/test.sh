@@ -26,6 +26,9 @@ if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq && apt-get install -y -qq chromium
 fi
 npm ci --prefix tests/console --no-audit --no-fund --loglevel=error
+# tests/sign_in.rs signs people in with a real OpenID provider: the certified oidc-provider package (npm,
+# pinned by tests/oidc/package-lock.json; 8.x, which supports the machine's Node 20), run by tests/oidc/server.mjs.
+npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error
 # Python tools from PyPI, each pinned and in a venv of its own under target/venvs (their dependencies
 # differ); a venv is made again only when its pins change. The venvs do not see the system's packages: a
 # tool already installed there would satisfy pip without putting its script into the venv.
@@ -70,4 +73,4 @@ trap drop_test_databases EXIT
 SEALGATE_TEST_STORE=postgres cargo test --locked \
   --test approvals --test approvers --test audit_trail --test claims --test cli_tokens --test connect --test console --test front_door --test gateway_core --test hardening \
   --test mcp_gateway --test metrics --test observability --test openapi --test operability --test policy_api --test teams \
-  --test upstream_mcp --test file_modes --test retention "$@"
+  --test upstream_mcp --test file_modes --test retention --test sign_in "$@"

@@ -198,6 +198,8 @@ const OVERRIDABLE: &[(&str, EnvValue)] = &[
     ("operator_auth.issuer", EnvValue::Text),
     ("operator_auth.keys", EnvValue::Json),
     ("operator_auth.leeway_secs", EnvValue::Json),
+    ("operator_auth.oidc", EnvValue::Json),
+    ("operator_auth.roles", EnvValue::Json),
     ("upstreams", EnvValue::Json),
     ("audit.file", EnvValue::Text),
     ("audit.stdout", EnvValue::Json),
@@ -411,6 +413,18 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Whether browsers reach the gateway over HTTPS: its listener speaks TLS (SPEC 16), or its public
+    /// address (`approvals.console_base_url`, say a TLS-terminating ingress) is https://. Browsers take
+    /// a `__Host-` cookie only when it is `Secure`, so only then can the console sign people in.
+    pub fn browsers_use_https(&self) -> bool {
+        self.tls.cert_file.is_some()
+            || self
+                .approvals
+                .console_base_url
+                .as_deref()
+                .is_some_and(|url| url.starts_with("https://"))
     }
 
     /// A path from the configuration, resolved against the configuration file's folder.

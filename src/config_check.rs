@@ -16,10 +16,19 @@ use crate::upstream::Upstreams;
 /// Sections that are valid but leave a feature unusable, given how many contexts are loaded.
 pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
     let mut found = Vec::new();
-    if config.operator_auth.keys.is_empty() {
+    if config.operator_auth.keys.is_empty() && config.operator_auth.oidc.is_none() {
         found.push(
             "operator_auth.keys: none configured: the control API refuses every request (6001), \
              so no session can be registered"
+                .to_owned(),
+        );
+    }
+    if config.operator_auth.oidc.is_some() && !config.browsers_use_https() {
+        found.push(
+            "operator_auth.oidc: the listener speaks plain HTTP and approvals.console_base_url is not \
+             https://: browsers refuse the console's __Host-sealgate cookie without Secure, so only \
+             `sealgate login` can sign in; serve HTTPS (tls.cert_file) or set \
+             approvals.console_base_url to the gateway's https:// address"
                 .to_owned(),
         );
     }
@@ -81,6 +90,10 @@ fn check(config: &Config) -> Report {
     problems.extend(minter.clone());
     problems.extend(agent.filter(|e| Some(e) != minter.as_ref()));
     if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
+        problems.push(e);
+    }
+    let skew = config.limits.max_clock_skew_secs.unsigned_abs();
+    if let Err(e) = crate::token::relying_party(&config.operator_auth, &config.base_dir, skew) {
         problems.push(e);
     }
     if let Err(e) = crate::approval::Notifier::new(&config.approvals) {

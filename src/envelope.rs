@@ -236,6 +236,19 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// base64url (no padding) of SHA-256 over `bytes`: a PKCE S256 challenge (RFC 7636).
+pub fn sha256_base64url(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(bytes))
+}
+
+/// 256 random bits from the operating system, base64url without padding: console session ids, CSRF
+/// tokens, sign-in `state`s, nonces and PKCE verifiers (43 characters, as RFC 7636 allows).
+pub fn random_secret() -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).map_err(|err| format!("OS randomness unavailable: {err}"))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
 /// Lower-case hex of SHA-256 over the JCS bytes of `value` (request ids, action refs, audit hashes).
 pub fn jcs_sha256_hex(value: &Value) -> String {
     sha256_hex(&jcs(value))

@@ -31,6 +31,8 @@ pub struct Gateway {
     pub context_writes: tokio::sync::Mutex<()>,
     pub agent_tokens: AgentTokenVerifier,
     pub operators: OperatorVerifier,
+    /// OpenID Connect sign-in, roles and console sessions (SPEC 16), when `operator_auth.oidc` is set.
+    pub oidc: Option<crate::identity::Oidc>,
     pub minter: Option<TokenMinter>,
     pub upstreams: Upstreams,
     pub audit: AuditLog,
@@ -110,6 +112,11 @@ impl Gateway {
             agent_tokens.key_set().start_fetching(),
             operators.key_set().start_fetching()
         );
+        let oidc = crate::token::relying_party(
+            &config.operator_auth,
+            &config.base_dir,
+            config.limits.max_clock_skew_secs.unsigned_abs(),
+        )?;
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
@@ -203,6 +210,7 @@ impl Gateway {
             context_writes: tokio::sync::Mutex::new(()),
             agent_tokens,
             operators,
+            oidc,
             minter,
             upstreams,
             audit,

@@ -92,6 +92,9 @@ enum Command {
     },
     /// List, show, grant and deny approval requests on a gateway (SPEC 13).
     Approvals(sealgate::approval::cli::ApprovalsArgs),
+    /// Sign in to a gateway with its identity provider's device flow (RFC 8628); keeps the credential
+    /// in the user's configuration folder for the other client commands.
+    Login(sealgate::identity::login::LoginArgs),
     /// Exit 0 if the gateway at URL answers 2xx (the container's HEALTHCHECK).
     Health {
         /// The URL to ask (http:// or https://).
@@ -306,6 +309,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             .await)
         }
         Command::Bench { command } => sealgate::bench::run(command).await?,
+        Command::Login(args) => return sealgate::identity::login::run(&args).await,
         Command::Health { url, tls } => return Ok(health::check(&url, &tls).await),
         Command::Approvals(args) => return Ok(sealgate::approval::cli::run(args).await),
     }

@@ -11,6 +11,29 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
+/// Whether `url`'s host is this machine (127.0.0.0/8, [::1], localhost), where nobody else can answer
+/// a plain `http://` request.
+pub(crate) fn is_loopback_host(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    }
+}
+
+/// The certificates of a `ca_file`: the only authorities a client configured with it trusts.
+pub(crate) fn read_ca_file(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem = std::fs::read(path)
+        .map_err(|err| format!("ca_file: cannot read {}: {err}", path.display()))?;
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|err| format!("ca_file {}: not a PEM bundle: {err}", path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!("ca_file {}: holds no certificate", path.display()));
+    }
+    Ok(certificates)
+}
+
 /// A failed answer's status as a message says it: `HTTP 500 Internal Server Error`, and for a 3xx
 /// where it pointed, `HTTP 307 Temporary Redirect to https://other.example/hook (redirects are not
 /// followed)`. The `Location` is shown as logs show URLs: no userinfo, query or fragment (SPEC 9.1 r3).

@@ -10,6 +10,7 @@ mod agent;
 mod cache;
 mod claims;
 pub mod cli;
+mod id_token;
 mod jwks_url;
 mod jwt;
 mod key_material;
@@ -20,8 +21,9 @@ mod operator;
 mod test_support;
 
 pub use crate::identity::scopes;
+pub(crate) use crate::outbound::is_loopback_host;
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
-pub(crate) use jwks_url::is_loopback_host;
+pub use id_token::{relying_party, IdTokenVerifier};
 pub use keys::{KeyConfig, KeySource};
 pub use mint::{
     ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,

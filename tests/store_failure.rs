@@ -13,7 +13,8 @@ use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    LiveCounts, SessionRecord, SqliteStore, Store, StoreError, StoreResult, StoredContext,
+    ConsoleSessionRecord, LiveCounts, SessionRecord, SignInAttempt, SqliteStore, Store, StoreError,
+    StoreResult, StoredContext,
 };
 use serde_json::{json, Value};
 
@@ -96,6 +97,30 @@ impl Store for SwitchableStore {
     async fn live_counts(&self, now_secs: i64) -> StoreResult<LiveCounts> {
         self.check()?;
         self.inner.live_counts(now_secs).await
+    }
+    async fn sign_in_insert(&self, attempt: &SignInAttempt, before: i64) -> StoreResult<()> {
+        self.check()?;
+        self.inner.sign_in_insert(attempt, before).await
+    }
+    async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>> {
+        self.check()?;
+        self.inner.sign_in_take(state).await
+    }
+    async fn console_session_insert(&self, r: &ConsoleSessionRecord, now: i64) -> StoreResult<()> {
+        self.check()?;
+        self.inner.console_session_insert(r, now).await
+    }
+    async fn console_session_get(&self, id: &str) -> StoreResult<Option<ConsoleSessionRecord>> {
+        self.check()?;
+        self.inner.console_session_get(id).await
+    }
+    async fn console_session_touch(&self, r: &ConsoleSessionRecord) -> StoreResult<()> {
+        self.check()?;
+        self.inner.console_session_touch(r).await
+    }
+    async fn console_session_delete(&self, id: &str) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.console_session_delete(id).await
     }
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
         self.check()?;

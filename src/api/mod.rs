@@ -14,6 +14,7 @@ pub(crate) mod metrics;
 pub mod openapi;
 pub mod server;
 mod sessions;
+pub mod sign_in;
 
 use std::sync::Arc;
 
@@ -61,6 +62,10 @@ fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
         .routes(routes!(health::openapi_json))
+        .routes(routes!(sign_in::session))
+        .routes(routes!(sign_in::logout))
+        .routes(routes!(sign_in::device_start))
+        .routes(routes!(sign_in::device_poll))
 }
 
 /// The OpenAPI document, as served at `/openapi.json`.
@@ -70,6 +75,7 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let (mut router, _) = documented_routes().split_for_parts();
+    router = router.merge(sign_in::browser_routes());
     if gateway.config.console.enabled {
         router = router.merge(console::router());
     }
@@ -108,13 +114,27 @@ where
     }
 }
 
-/// An authenticated caller of the control API: an operator token (SPEC 4). Missing or bad credentials →
-/// 401 (6001).
+/// An authenticated caller of the control API: an operator token (SPEC 4), or a console session (SPEC
+/// 16) as the `__Host-sealgate` cookie (a change then needs its `X-CSRF-Token`) or as the bearer
+/// identifier of `sealgate login`. Missing or bad credentials → 401 (6001).
 impl FromRequestParts<Arc<Gateway>> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
-        let token = bearer_token(parts)?;
+        let bearer = bearer_credential(parts)?;
+        if let Some(session) = sign_in::presented_session(parts, gw, bearer).await? {
+            // A session exists only where sign-in is configured.
+            let oidc = gw.oidc.as_ref().ok_or_else(|| {
+                ApiError::new(Code::OperatorUnauthenticated, "sign-in is not configured")
+            })?;
+            return session.caller(oidc, &parts.method, &parts.headers);
+        }
+        let token = bearer.ok_or_else(|| {
+            ApiError::new(
+                Code::OperatorUnauthenticated,
+                "missing Authorization: Bearer token",
+            )
+        })?;
         gw.operators
             .verify_with_refresh(token, crate::clock::now_secs())
             .await
@@ -145,17 +165,11 @@ fn caller_of_token(claims: OperatorClaims) -> Caller {
     }
 }
 
-/// The token of `Authorization: Bearer …`.
-fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {
-    let header = parts
-        .headers
-        .get(axum::http::header::AUTHORIZATION)
-        .ok_or_else(|| {
-            ApiError::new(
-                Code::OperatorUnauthenticated,
-                "missing Authorization: Bearer token",
-            )
-        })?;
+/// The credential of `Authorization: Bearer …`; None without the header.
+fn bearer_credential(parts: &Parts) -> Result<Option<&str>, ApiError> {
+    let Some(header) = parts.headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
     header
         .to_str()
         .ok()
@@ -165,6 +179,7 @@ fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {
         })
         .map(str::trim)
         .filter(|t| !t.is_empty())
+        .map(Some)
         .ok_or_else(|| {
             ApiError::new(
                 Code::OperatorUnauthenticated,

@@ -58,6 +58,7 @@ struct ErrorDetail {
         (name = "audit", description = "The audit trail"),
         (name = "agents", description = "The agents' signed calls"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
+        (name = "sign-in", description = "Console sessions of people signed in with the identity provider (SPEC 16)"),
     )
 )]
 struct ApiDoc;

@@ -1,10 +1,14 @@
-// The console's shell: sign-in, the token from a `#token=` link, and hash routing between the pages.
+// The console's shell: sign-in (with the identity provider, or a pasted operator token), the token from
+// a `#token=` link, and hash routing between the pages.
 
-import { api, ApiFailure, el, errorText, field, replace, say, token } from './lib.js';
+import {
+  api, ApiFailure, el, errorText, field, forgetPerson, loadPerson, person, replace, say, token,
+} from './lib.js';
 import { pages } from './pages.js';
 
 const main = document.getElementById('main');
 const signOut = document.getElementById('sign-out');
+const who = document.getElementById('who');
 let leave = () => {};
 
 // `sealgate demo` prints /console/#token=…: the token is taken out of the address bar and the history
@@ -29,8 +33,23 @@ function askToReplace(offered) {
   keep.focus();
 }
 
+// Who is signed in, their teams and scopes, beside the sign-out button.
+function showPerson() {
+  const current = person.current;
+  who.hidden = !current;
+  if (!current) { who.replaceChildren(); return; }
+  const teams = Object.entries(current.scopes).map(([team, scopes]) => el('li', {},
+    el('strong', {}, team === '*' ? 'every team' : `team ${team}`), `: ${scopes.join(', ')}`));
+  who.replaceChildren(
+    el('span', { 'data-testid': 'signed-in-as' }, `Signed in as ${current.name || current.sub} (${current.sub})`),
+    teams.length ? el('ul', { 'data-testid': 'signed-in-scopes' }, ...teams)
+      : el('span', { class: 'bad' }, ' — no role: you may read and do nothing here'));
+}
+
 // A `#token=` link opened in this tab, on load or later.
-function start() {
+async function start() {
+  await loadPerson().catch(() => null);
+  showPerson();
   const offered = takeLinkToken();
   const current = token.get();
   if (offered && current && offered !== current) { askToReplace(offered); return; }
@@ -63,7 +82,10 @@ function signInPage() {
   ...field('Operator token (a JWT; kept in this tab only, never in a cookie)', input),
   el('div', { class: 'actions' }, el('button', { type: 'submit' }, 'Sign in')),
   problem);
-  replace(main, el('h1', {}, 'Sign in'), form);
+  const provider = el('p', {}, el('a', { href: '/console/login', 'data-testid': 'provider-sign-in' },
+    'Sign in with your organisation’s identity provider'));
+  replace(main, el('h1', {}, 'Sign in'), provider,
+    el('p', {}, 'Or, with an operator token:'), form);
   input.focus();
 }
 
@@ -71,7 +93,7 @@ function route() {
   leave();
   leave = () => {};
   say('');
-  const signedIn = Boolean(token.get());
+  const signedIn = Boolean(person.current || token.get());
   signOut.hidden = !signedIn;
   const name = (window.location.hash.match(/^#\/([a-z]+)/) || [])[1] || 'overview';
   for (const link of document.querySelectorAll('nav a')) {
@@ -84,16 +106,21 @@ function route() {
   leave = page(main) || (() => {});
 }
 
-signOut.addEventListener('click', () => {
+signOut.addEventListener('click', async () => {
+  if (person.current) {
+    await api('POST', '/console/logout').catch((error) => say(errorText(error)));
+    forgetPerson();
+    showPerson();
+  }
   token.clear();
   window.location.hash = '#/overview';
   route();
 });
 // A page chosen from the navigation takes the focus, so keyboard and screen-reader users land on it.
 window.addEventListener('hashchange', () => {
-  if (window.location.hash.startsWith('#token=')) { start(); return; }
+  if (window.location.hash.startsWith('#token=') || window.location.hash === '#signed-in') { start(); return; }
   route();
-  if (token.get()) main.focus({ preventScroll: true });
+  if (person.current || token.get()) main.focus({ preventScroll: true });
 });
 window.addEventListener('unhandledrejection', (event) => say(errorText(event.reason)));
 start();

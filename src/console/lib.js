@@ -59,9 +59,43 @@ export class ApiFailure extends Error {
   }
 }
 
+// A person signed in with the identity provider (SPEC 16): GET /console/session's answer. The browser
+// sends the session's HttpOnly cookie by itself; every change carries the session's CSRF token.
+export const person = { current: null };
+
+// Set once a sign-in with the provider came back to this browser (the callback sends it to
+// /console/#signed-in): only then is /console/session asked, so that a console used with pasted tokens
+// never meets its 401. Not a secret: the session itself is the HttpOnly cookie.
+const PROVIDER_KEY = 'sealgate.signed_in_with_provider';
+
+// Who is signed in with the provider, or null (no console session, or sign-in not configured).
+export async function loadPerson() {
+  if (window.location.hash === '#signed-in') {
+    localStorage.setItem(PROVIDER_KEY, '1');
+    window.history.replaceState(null, '', `${window.location.pathname}#/overview`);
+  }
+  person.current = null;
+  if (!localStorage.getItem(PROVIDER_KEY)) return null;
+  const response = await fetch('/console/session', { cache: 'no-store' });
+  if (response.ok) person.current = await response.json();
+  else localStorage.removeItem(PROVIDER_KEY);
+  return person.current;
+}
+
+// After logout: pasted tokens again, without asking /console/session.
+export function forgetPerson() {
+  person.current = null;
+  localStorage.removeItem(PROVIDER_KEY);
+}
+
 // Calls the control API; answers the parsed body, throws ApiFailure on any non-2xx answer.
 export async function api(method, path, body) {
-  const headers = { Authorization: `Bearer ${token.get() || ''}` };
+  const headers = {};
+  if (person.current) {
+    if (method !== 'GET' && method !== 'HEAD') headers['X-CSRF-Token'] = person.current.csrf_token;
+  } else {
+    headers.Authorization = `Bearer ${token.get() || ''}`;
+  }
   const init = { method, headers };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';

@@ -2,12 +2,20 @@
 //! vouched for (`via`), and the scopes they hold per team. Every control API handler receives a
 //! [`Caller`] and asks it before it reads or changes an object of a team.
 
+pub mod console_session;
+pub mod login;
+pub mod oidc;
+mod roles;
 mod scope;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, Code};
 
+pub use console_session::{ConsoleSessions, Person};
+pub use login::stored_credential;
+pub use oidc::{IdTokenCheck, Oidc, OidcConfig};
+pub use roles::{RoleConfig, Roles};
 pub use scope::{
     is_team_name, scopes, TeamFilter, TeamScope, TeamScopes, Teams, DEFAULT_TEAM,
     MAX_TEAM_NAME_BYTES,

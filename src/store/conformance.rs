@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
-    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, LiveCounts,
-    RecordedIdentity, SeenSignature, SessionRecord, Store, StoreError,
+    ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, ConsoleSessionRecord,
+    LiveCounts, RecordedIdentity, SeenSignature, SessionRecord, SignInAttempt, Store, StoreError,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -623,4 +623,75 @@ pub(crate) async fn retention_removes_only_what_is_finished(store: &dyn Store) {
         }
     }
     assert!(store.approval_get("young").await.unwrap().is_some());
+}
+
+fn sign_in(state: &str, created_at_ms: i64) -> SignInAttempt {
+    SignInAttempt {
+        state: state.into(),
+        nonce: format!("nonce-{state}"),
+        pkce_verifier: "verifier".into(),
+        redirect_uri: "https://gw/console/callback".into(),
+        created_at_ms,
+    }
+}
+
+/// A `state` is taken once; attempts made before the horizon are forgotten when another is kept.
+pub(crate) async fn a_sign_in_is_taken_once_and_old_ones_are_forgotten(store: &dyn Store) {
+    store
+        .sign_in_insert(&sign_in("old", 1_000), 0)
+        .await
+        .unwrap();
+    store
+        .sign_in_insert(&sign_in("new", 9_000), 5_000)
+        .await
+        .unwrap();
+    assert_eq!(store.sign_in_take("old").await.unwrap(), None);
+    assert_eq!(
+        store.sign_in_take("new").await.unwrap(),
+        Some(sign_in("new", 9_000))
+    );
+    assert_eq!(store.sign_in_take("new").await.unwrap(), None);
+}
+
+/// Console sessions are found by their hash, touched in place, ended once, and those that ended are
+/// forgotten when another starts.
+pub(crate) async fn console_sessions_are_kept_touched_and_ended(store: &dyn Store) {
+    let session = |id_hash: &str, last_used_ms: i64| ConsoleSessionRecord {
+        id_hash: id_hash.into(),
+        iss: "https://idp".into(),
+        sub: "ann".into(),
+        name: Some("Ann".into()),
+        groups: vec!["security".into()],
+        csrf_token: "csrf".into(),
+        created_at_ms: 1_000,
+        last_used_ms,
+        expires_at_ms: 100_000,
+        idle_ms: 10_000,
+    };
+    store
+        .console_session_insert(&session("a", 1_000), 1_000)
+        .await
+        .unwrap();
+    store
+        .console_session_insert(&session("b", 1_000), 1_000)
+        .await
+        .unwrap();
+    let touched = session("a", 50_000);
+    store.console_session_touch(&touched).await.unwrap();
+    assert_eq!(store.console_session_get("a").await.unwrap(), Some(touched));
+    // "b" ended at 11 000 (idle): starting "c" later forgets it; "a", used at 50 000, stays.
+    store
+        .console_session_insert(&session("c", 55_000), 55_000)
+        .await
+        .unwrap();
+    assert_eq!(store.console_session_get("b").await.unwrap(), None);
+    assert!(store.console_session_delete("a").await.unwrap());
+    assert!(!store.console_session_delete("a").await.unwrap());
+    assert_eq!(store.console_session_get("a").await.unwrap(), None);
+    // Touching an ended session does not bring it back.
+    store
+        .console_session_touch(&session("a", 60_000))
+        .await
+        .unwrap();
+    assert_eq!(store.console_session_get("a").await.unwrap(), None);
 }

@@ -405,6 +405,10 @@ pub struct ApprovalCursor {
     pub approval_id: String,
 }
 
+// Sign-ins in progress and console sessions (SPEC 16) are the identity room's records; the store keeps them.
+pub use crate::identity::console_session::ConsoleSessionRecord;
+pub use crate::identity::oidc::SignInAttempt;
+
 /// A context managed over the API (not from a file), as its JSON spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredContext {
@@ -564,6 +568,27 @@ pub trait Store: AuditBackend {
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+
+    /// Keeps a sign-in in progress under its `state`, and forgets those made before `forget_before_ms`.
+    async fn sign_in_insert(
+        &self,
+        attempt: &SignInAttempt,
+        forget_before_ms: i64,
+    ) -> StoreResult<()>;
+    /// Takes (removes and returns) the sign-in of `state`, atomically: a `state` is good once.
+    async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>>;
+    /// Keeps a new console session, and forgets those that ended before `now_ms`.
+    async fn console_session_insert(
+        &self,
+        record: &ConsoleSessionRecord,
+        now_ms: i64,
+    ) -> StoreResult<()>;
+    async fn console_session_get(&self, id_hash: &str)
+        -> StoreResult<Option<ConsoleSessionRecord>>;
+    /// Replaces the record of a session still kept (a later `last_used_ms`); nothing if it was ended.
+    async fn console_session_touch(&self, record: &ConsoleSessionRecord) -> StoreResult<()>;
+    /// Ends a session; true when there was one.
+    async fn console_session_delete(&self, id_hash: &str) -> StoreResult<bool>;
 
     /// The seq of the oldest event the store still holds (retention removes archived ones), None when
     /// it holds none.

@@ -17,8 +17,8 @@ use serde_json::Value;
 use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    LiveCounts, Page, SessionRecord, SigningKeyRecord, Store, StoreError, StoreResult,
-    StoredContext,
+    ConsoleSessionRecord, LiveCounts, Page, SessionRecord, SignInAttempt, SigningKeyRecord, Store,
+    StoreError, StoreResult, StoredContext,
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0006_gauges_and_retention.sql"),
     include_str!("migrations/postgres/0007_batch_functions.sql"),
     include_str!("migrations/postgres/0008_replay_cover.sql"),
+    include_str!("migrations/postgres/0009_console_sign_in.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -990,6 +991,102 @@ impl Store for PgStore {
         Ok(deleted == 1)
     }
 
+    async fn sign_in_insert(
+        &self,
+        attempt: &SignInAttempt,
+        forget_before_ms: i64,
+    ) -> StoreResult<()> {
+        let conn = self.conn().await?;
+        conn.execute_prepared(
+            "DELETE FROM sign_in_attempts WHERE created_at_ms < $1",
+            &[&forget_before_ms],
+        )
+        .await
+        .map_err(db)?;
+        conn.execute_prepared(
+            "INSERT INTO sign_in_attempts (state, created_at_ms, record) VALUES ($1, $2, $3)",
+            &[&attempt.state, &attempt.created_at_ms, &encode(attempt)?],
+        )
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt_prepared(
+                "DELETE FROM sign_in_attempts WHERE state = $1 RETURNING record",
+                &[&state],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(&row.get::<_, String>(0))).transpose()
+    }
+
+    async fn console_session_insert(
+        &self,
+        record: &ConsoleSessionRecord,
+        now_ms: i64,
+    ) -> StoreResult<()> {
+        let conn = self.conn().await?;
+        conn.execute_prepared(
+            "DELETE FROM console_sessions WHERE ends_at_ms < $1",
+            &[&now_ms],
+        )
+        .await
+        .map_err(db)?;
+        conn.execute_prepared(
+            "INSERT INTO console_sessions (id_hash, ends_at_ms, record) VALUES ($1, $2, $3)",
+            &[&record.id_hash, &record.ends_at_ms(), &encode(record)?],
+        )
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn console_session_get(
+        &self,
+        id_hash: &str,
+    ) -> StoreResult<Option<ConsoleSessionRecord>> {
+        let row = self
+            .conn()
+            .await?
+            .query_opt_prepared(
+                "SELECT record FROM console_sessions WHERE id_hash = $1",
+                &[&id_hash],
+            )
+            .await
+            .map_err(db)?;
+        row.map(|row| decode(&row.get::<_, String>(0))).transpose()
+    }
+
+    async fn console_session_touch(&self, record: &ConsoleSessionRecord) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "UPDATE console_sessions SET ends_at_ms = $2, record = $3 WHERE id_hash = $1",
+                &[&record.id_hash, &record.ends_at_ms(), &encode(record)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn console_session_delete(&self, id_hash: &str) -> StoreResult<bool> {
+        let deleted = self
+            .conn()
+            .await?
+            .execute_prepared(
+                "DELETE FROM console_sessions WHERE id_hash = $1",
+                &[&id_hash],
+            )
+            .await
+            .map_err(db)?;
+        Ok(deleted == 1)
+    }
+
     async fn first_seq(&self) -> StoreResult<Option<u64>> {
         let row = self
             .conn()
@@ -1148,6 +1245,24 @@ mod tests {
     async fn claim_insert_is_insert_if_absent_and_replace_is_compare_and_set() {
         let db = TestDatabase::create().await;
         conformance::claim_insert_is_insert_if_absent_and_replace_is_compare_and_set(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_sign_in_is_taken_once_and_old_ones_are_forgotten() {
+        let db = TestDatabase::create().await;
+        conformance::a_sign_in_is_taken_once_and_old_ones_are_forgotten(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn console_sessions_are_kept_touched_and_ended() {
+        let db = TestDatabase::create().await;
+        conformance::console_sessions_are_kept_touched_and_ended(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
-use url::{Host, Url};
+use url::Url;
 
 use super::key_material::{keys_from_fetched_jwks, PinnedKey, TokenAlg};
 use crate::upstream::{read_capped, CappedReadError};
@@ -304,7 +304,7 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
     if url.host().is_none() {
         return Err("jwks_url has no host".to_owned());
     }
-    let loopback = is_loopback_host(&url);
+    let loopback = crate::outbound::is_loopback_host(&url);
     match url.scheme() {
         "https" => Ok(url),
         "http" if loopback => Ok(url),
@@ -319,17 +319,6 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
     }
 }
 
-/// Whether `url`'s host is this machine (127.0.0.0/8, [::1], localhost), where nobody else can answer
-/// a plain `http://` request.
-pub(crate) fn is_loopback_host(url: &Url) -> bool {
-    match url.host() {
-        Some(Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(Host::Domain(name)) => name == "localhost",
-        None => false,
-    }
-}
-
 /// No redirects and no proxy from the environment: the keys come from the URL configured, directly.
 /// With a CA file, only its certificates are trusted.
 fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, String> {
@@ -341,22 +330,11 @@ fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, St
         if url.scheme() != "https" {
             return Err("ca_file applies only to an https:// jwks_url".to_owned());
         }
-        builder = builder.tls_certs_only(read_ca_file(ca_file)?);
+        builder = builder.tls_certs_only(crate::outbound::read_ca_file(ca_file)?);
     }
     builder
         .build()
         .map_err(|err| format!("cannot build the JWKS client: {err}"))
-}
-
-fn read_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|err| format!("ca_file: cannot read {}: {err}", path.display()))?;
-    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-        .map_err(|err| format!("ca_file {}: not a PEM bundle: {err}", path.display()))?;
-    if certificates.is_empty() {
-        return Err(format!("ca_file {}: holds no certificate", path.display()));
-    }
-    Ok(certificates)
 }
 
 /// A URL as logs may show it: scheme, host, port and path; never userinfo nor query (SPEC 9.1 r3).

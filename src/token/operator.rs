@@ -32,6 +32,12 @@ pub struct OperatorAuthConfig {
     pub keys: Vec<KeyConfig>,
     #[serde(default)]
     pub leeway_secs: u64,
+    /// OpenID Connect sign-in for the console and `sealgate login` (SPEC 16).
+    #[serde(default)]
+    pub oidc: Option<crate::identity::OidcConfig>,
+    /// A signed-in person's scopes: the union of the roles whose group they are in (SPEC 16).
+    #[serde(default)]
+    pub roles: Vec<crate::identity::RoleConfig>,
 }
 
 impl Default for OperatorAuthConfig {
@@ -41,6 +47,8 @@ impl Default for OperatorAuthConfig {
             issuer: None,
             keys: Vec::new(),
             leeway_secs: 0,
+            oidc: None,
+            roles: Vec::new(),
         }
     }
 }

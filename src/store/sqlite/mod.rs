@@ -27,8 +27,8 @@ use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
-    ClaimStatus, LiveCounts, Page, Recovered, SessionRecord, Store, StoreError, StoreResult,
-    StoredContext,
+    ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionRecord, SignInAttempt,
+    Store, StoreError, StoreResult, StoredContext,
 };
 use crate::replay::ReplayCover;
 
@@ -39,6 +39,7 @@ pub const FILE_NAME: &str = "sealgate.db";
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_initial.sql"),
     include_str!("../migrations/sqlite/0002_replay_cover.sql"),
+    include_str!("../migrations/sqlite/0003_console_sign_in.sql"),
 ];
 
 /// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
@@ -729,6 +730,128 @@ impl Store for SqliteStore {
                 texts.iter().map(|text| decode_record(text)).collect()
             })
             .await
+    }
+
+    async fn sign_in_insert(
+        &self,
+        attempt: &SignInAttempt,
+        forget_before_ms: i64,
+    ) -> StoreResult<()> {
+        let (state, created, record) = (
+            attempt.state.clone(),
+            attempt.created_at_ms,
+            encode_record(attempt)?,
+        );
+        self.writer
+            .write(move |w| {
+                w.conn
+                    .prepare_cached("DELETE FROM sign_in_attempts WHERE created_at_ms < ?1")
+                    .and_then(|mut s| s.execute(params![forget_before_ms]))
+                    .map_err(db)?;
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO sign_in_attempts (state, created_at_ms, record) VALUES (?1, ?2, ?3)",
+                    params![state, created, record],
+                )
+                .map(|_| ())
+            })
+            .await?;
+        self.writer.commit().await
+    }
+
+    async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>> {
+        let state = state.to_owned();
+        let taken = self
+            .writer
+            .write(move |w| {
+                get_record(
+                    &w.conn,
+                    "DELETE FROM sign_in_attempts WHERE state = ?1 RETURNING record",
+                    params![state],
+                )
+            })
+            .await?;
+        // Durable before the code is exchanged, so that a restart cannot give the state back.
+        self.writer.commit().await?;
+        Ok(taken)
+    }
+
+    async fn console_session_insert(
+        &self,
+        record: &ConsoleSessionRecord,
+        now_ms: i64,
+    ) -> StoreResult<()> {
+        let (id_hash, ends, text) = (
+            record.id_hash.clone(),
+            record.ends_at_ms(),
+            encode_record(record)?,
+        );
+        self.writer
+            .write(move |w| {
+                w.conn
+                    .prepare_cached("DELETE FROM console_sessions WHERE ends_at_ms < ?1")
+                    .and_then(|mut s| s.execute(params![now_ms]))
+                    .map_err(db)?;
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO console_sessions (id_hash, ends_at_ms, record) VALUES (?1, ?2, ?3)",
+                    params![id_hash, ends, text],
+                )
+                .map(|_| ())
+            })
+            .await?;
+        self.writer.commit().await
+    }
+
+    async fn console_session_get(
+        &self,
+        id_hash: &str,
+    ) -> StoreResult<Option<ConsoleSessionRecord>> {
+        let id_hash = id_hash.to_owned();
+        self.writer
+            .write(move |w| {
+                get_record(
+                    &w.conn,
+                    "SELECT record FROM console_sessions WHERE id_hash = ?1",
+                    params![id_hash],
+                )
+            })
+            .await
+    }
+
+    async fn console_session_touch(&self, record: &ConsoleSessionRecord) -> StoreResult<()> {
+        let (id_hash, ends, text) = (
+            record.id_hash.clone(),
+            record.ends_at_ms(),
+            encode_record(record)?,
+        );
+        // Not committed on its own: a last use lost to a crash only shortens an idle session.
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "UPDATE console_sessions SET ends_at_ms = ?2, record = ?3 WHERE id_hash = ?1",
+                    params![id_hash, ends, text],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    async fn console_session_delete(&self, id_hash: &str) -> StoreResult<bool> {
+        let id_hash = id_hash.to_owned();
+        let deleted = self
+            .writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "DELETE FROM console_sessions WHERE id_hash = ?1",
+                    params![id_hash],
+                )
+            })
+            .await?;
+        self.writer.commit().await?;
+        Ok(deleted)
     }
 
     async fn first_seq(&self) -> StoreResult<Option<u64>> {

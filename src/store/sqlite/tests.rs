@@ -379,3 +379,15 @@ async fn a_packed_event_is_read_by_the_sqlite3_and_zstd_tools() {
     );
     assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), event);
 }
+
+#[tokio::test]
+async fn a_sign_in_is_taken_once_and_old_ones_are_forgotten() {
+    let (_dir, store) = open();
+    conformance::a_sign_in_is_taken_once_and_old_ones_are_forgotten(&store).await;
+}
+
+#[tokio::test]
+async fn console_sessions_are_kept_touched_and_ended() {
+    let (_dir, store) = open();
+    conformance::console_sessions_are_kept_touched_and_ended(&store).await;
+}
