@@ -1048,6 +1048,27 @@ async fn sealgate_login_signs_in_with_the_device_flow_and_keeps_a_private_bearer
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
+
+    // `sealgate approvals` with no token of its own uses the stored credential for that gateway.
+    let approvals = |gateway: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sealgate"))
+            .args(["approvals", "list", "--json", "--gateway", gateway])
+            .env("XDG_CONFIG_HOME", &config_home)
+            .env_remove("SEALGATE_OPERATOR_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let listed = approvals(&gw.base);
+    assert!(listed.status.success(), "{listed:?}");
+    let page: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(page["items"].is_array(), "{page}");
+    let elsewhere = approvals("http://127.0.0.1:9");
+    assert_eq!(elsewhere.status.code(), Some(2), "{elsewhere:?}");
+    assert!(
+        String::from_utf8_lossy(&elsewhere.stderr).contains("sealgate login --gateway"),
+        "{elsewhere:?}"
+    );
+
     assert_eq!(
         bearer(Method::POST, "/console/logout")
             .send()

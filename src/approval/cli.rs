@@ -179,7 +179,7 @@ struct Client {
 impl Client {
     fn new(target: &Target) -> Result<Client, String> {
         let base = gateway_url(&target.gateway)?;
-        let token = operator_token(target.token_file.as_deref())?;
+        let token = operator_token(target.token_file.as_deref(), &target.gateway)?;
         // A proxy from the environment would see the token: the gateway is asked directly.
         let http = target.tls.client(
             crate::outbound::client_builder()
@@ -262,15 +262,21 @@ fn gateway_url(gateway: &str) -> Result<Url, String> {
     }
 }
 
-/// The operator token, from the first source that has one. `sealgate login`'s stored credential
-/// belongs at the end of this list.
-fn operator_token(token_file: Option<&std::path::Path>) -> Result<String, String> {
+/// The credential, from the first source that has one: `--token-file`, `SEALGATE_OPERATOR_TOKEN`, then
+/// what `sealgate login --gateway` stored for this gateway (SPEC 16).
+fn operator_token(token_file: Option<&std::path::Path>, gateway: &str) -> Result<String, String> {
     let token = match token_file {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| format!("--token-file {}: {e}", path.display()))?,
-        None => std::env::var("SEALGATE_OPERATOR_TOKEN").map_err(|_| {
-            "no operator token: give --token-file FILE or set SEALGATE_OPERATOR_TOKEN".to_owned()
-        })?,
+        None => std::env::var("SEALGATE_OPERATOR_TOKEN")
+            .ok()
+            .or_else(|| crate::identity::stored_credential(gateway))
+            .ok_or_else(|| {
+                format!(
+                    "no operator token: give --token-file FILE, set SEALGATE_OPERATOR_TOKEN, or run \
+                     sealgate login --gateway {gateway}"
+                )
+            })?,
     };
     let token = token.trim();
     if token.is_empty() {
