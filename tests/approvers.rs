@@ -88,6 +88,11 @@ fn by_key(sub: &str) -> Value {
     json!({"iss": LOCAL_ISSUER, "sub": sub, "via": "key"})
 }
 
+/// An event's `actor`: the identity, and the team of the object acted on (SPEC 16).
+fn actor_by_key(sub: &str) -> Value {
+    json!({"iss": LOCAL_ISSUER, "sub": sub, "via": "key", "team": "default"})
+}
+
 fn of_type(events: &[Value], kind: &str) -> Vec<Value> {
     events
         .iter()
@@ -207,12 +212,12 @@ async fn two_people_grant_one_after_the_other_and_the_call_then_runs_once() {
     assert_eq!(
         seen,
         [
-            (by_key("ann"), json!(1), json!(2)),
-            (by_key("bob"), json!(2), json!(2))
+            (actor_by_key("ann"), json!(1), json!(2)),
+            (actor_by_key("bob"), json!(2), json!(2))
         ]
     );
     let created = of_type(&trail, "SessionCreated");
-    assert_eq!(created[0]["actor"], by_key(REGISTRANT));
+    assert_eq!(created[0]["actor"], actor_by_key(REGISTRANT));
 }
 
 #[tokio::test]
@@ -261,7 +266,7 @@ async fn the_registrant_may_not_decide_and_a_deny_after_one_grant_denies() {
     assert_eq!(tool.count(), 0);
     let denials = of_type(&gw.events("exec-sod").await, "ApprovalDenied");
     assert_eq!(denials.len(), 1);
-    assert_eq!(denials[0]["actor"], by_key("bob"));
+    assert_eq!(denials[0]["actor"], actor_by_key("bob"));
     assert_eq!(denials[0]["detail"], "too much");
 }
 
