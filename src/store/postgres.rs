@@ -239,6 +239,21 @@ impl PgStore {
         self.pool.get().await.map_err(db)
     }
 
+    /// Removes the rows that `purge` finds before `cutoff`, then inserts one row: the sign-in tables
+    /// hold no more than their records' lifetimes.
+    async fn purge_then_insert(
+        &self,
+        purge: &str,
+        cutoff: i64,
+        insert: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<()> {
+        let conn = self.conn().await?;
+        conn.execute_prepared(purge, &[&cutoff]).await.map_err(db)?;
+        conn.execute_prepared(insert, params).await.map_err(db)?;
+        Ok(())
+    }
+
     /// Applies the migrations this database lacks, each with its version row, in one transaction.
     async fn migrate(&self) -> StoreResult<()> {
         let mut conn = self.conn().await?;
@@ -996,20 +1011,13 @@ impl Store for PgStore {
         attempt: &SignInAttempt,
         forget_before_ms: i64,
     ) -> StoreResult<()> {
-        let conn = self.conn().await?;
-        conn.execute_prepared(
+        self.purge_then_insert(
             "DELETE FROM sign_in_attempts WHERE created_at_ms < $1",
-            &[&forget_before_ms],
-        )
-        .await
-        .map_err(db)?;
-        conn.execute_prepared(
+            forget_before_ms,
             "INSERT INTO sign_in_attempts (state, created_at_ms, record) VALUES ($1, $2, $3)",
             &[&attempt.state, &attempt.created_at_ms, &encode(attempt)?],
         )
         .await
-        .map_err(db)?;
-        Ok(())
     }
 
     async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>> {
@@ -1030,20 +1038,13 @@ impl Store for PgStore {
         record: &ConsoleSessionRecord,
         now_ms: i64,
     ) -> StoreResult<()> {
-        let conn = self.conn().await?;
-        conn.execute_prepared(
+        self.purge_then_insert(
             "DELETE FROM console_sessions WHERE ends_at_ms < $1",
-            &[&now_ms],
-        )
-        .await
-        .map_err(db)?;
-        conn.execute_prepared(
+            now_ms,
             "INSERT INTO console_sessions (id_hash, ends_at_ms, record) VALUES ($1, $2, $3)",
             &[&record.id_hash, &record.ends_at_ms(), &encode(record)?],
         )
         .await
-        .map_err(db)?;
-        Ok(())
     }
 
     async fn console_session_get(

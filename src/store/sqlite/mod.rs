@@ -233,6 +233,21 @@ fn changes_one(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) ->
     Ok(changed == 1)
 }
 
+/// Removes the rows that `purge` finds before `cutoff`, then inserts one row: the sign-in tables hold no
+/// more than their records' lifetimes.
+fn purge_then_insert(
+    conn: &Connection,
+    purge: &str,
+    cutoff: i64,
+    insert: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> StoreResult<()> {
+    conn.prepare_cached(purge)
+        .and_then(|mut s| s.execute(params![cutoff]))
+        .map_err(db)?;
+    changes_one(conn, insert, params).map(|_| ())
+}
+
 /// One record by key, decoded.
 fn get_record<T: serde::de::DeserializeOwned>(
     conn: &Connection,
@@ -744,16 +759,13 @@ impl Store for SqliteStore {
         );
         self.writer
             .write(move |w| {
-                w.conn
-                    .prepare_cached("DELETE FROM sign_in_attempts WHERE created_at_ms < ?1")
-                    .and_then(|mut s| s.execute(params![forget_before_ms]))
-                    .map_err(db)?;
-                changes_one(
+                purge_then_insert(
                     &w.conn,
+                    "DELETE FROM sign_in_attempts WHERE created_at_ms < ?1",
+                    forget_before_ms,
                     "INSERT INTO sign_in_attempts (state, created_at_ms, record) VALUES (?1, ?2, ?3)",
                     params![state, created, record],
                 )
-                .map(|_| ())
             })
             .await?;
         self.writer.commit().await
@@ -788,16 +800,13 @@ impl Store for SqliteStore {
         );
         self.writer
             .write(move |w| {
-                w.conn
-                    .prepare_cached("DELETE FROM console_sessions WHERE ends_at_ms < ?1")
-                    .and_then(|mut s| s.execute(params![now_ms]))
-                    .map_err(db)?;
-                changes_one(
+                purge_then_insert(
                     &w.conn,
+                    "DELETE FROM console_sessions WHERE ends_at_ms < ?1",
+                    now_ms,
                     "INSERT INTO console_sessions (id_hash, ends_at_ms, record) VALUES (?1, ?2, ?3)",
                     params![id_hash, ends, text],
                 )
-                .map(|_| ())
             })
             .await?;
         self.writer.commit().await
