@@ -11,6 +11,21 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
+/// `https://`, or `http://` on a loopback host only, where nobody else can answer or read what is sent.
+/// The reason names neither the URL nor its query (which may hold a credential): the caller prefixes
+/// what it was.
+pub(crate) fn https_or_loopback(url: &url::Url) -> Result<(), String> {
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if is_loopback_host(url) => Ok(()),
+        "http" => Err(
+            "http:// is accepted only for a loopback host (127.0.0.1, [::1], localhost); use https://"
+                .to_owned(),
+        ),
+        other => Err(format!("the scheme is {other:?}; use https://")),
+    }
+}
+
 /// Whether `url`'s host is this machine (127.0.0.0/8, [::1], localhost), where nobody else can answer
 /// a plain `http://` request.
 pub(crate) fn is_loopback_host(url: &url::Url) -> bool {

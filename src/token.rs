@@ -21,7 +21,6 @@ mod operator;
 mod test_support;
 
 pub use crate::identity::scopes;
-pub(crate) use crate::outbound::is_loopback_host;
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
 pub use id_token::{relying_party, IdTokenVerifier};
 pub use keys::{KeyConfig, KeySource};

@@ -248,18 +248,9 @@ impl Client {
 /// the operator's token.
 fn gateway_url(gateway: &str) -> Result<Url, String> {
     let url = Url::parse(gateway).map_err(|e| format!("--gateway {gateway:?}: {e}"))?;
-    match url.scheme() {
-        "https" => Ok(url),
-        "http" if crate::token::is_loopback_host(&url) => Ok(url),
-        "http" => Err(format!(
-            "--gateway {}: http:// is accepted only for a loopback host (127.0.0.1, [::1], \
-             localhost); use https://",
-            crate::redact::url(gateway)
-        )),
-        other => Err(format!(
-            "--gateway must be an http(s):// URL, not {other}://"
-        )),
-    }
+    crate::outbound::https_or_loopback(&url)
+        .map_err(|why| format!("--gateway {}: {why}", crate::redact::url(gateway)))?;
+    Ok(url)
 }
 
 /// The credential, from the first source that has one: `--token-file`, `SEALGATE_OPERATOR_TOKEN`, then

@@ -100,12 +100,7 @@ fn read_jwk(entry: &Value) -> Result<PublicKey, String> {
 /// between could swap the keys that the verdict rests on.
 async fn fetch(source: &str) -> Result<String, String> {
     let url = reqwest::Url::parse(source).map_err(|e| format!("{source} is not a URL: {e}"))?;
-    if url.scheme() == "http" && !crate::token::is_loopback_host(&url) {
-        return Err(format!(
-            "{source}: http:// is accepted only for a loopback host (127.0.0.1, [::1], \
-             localhost); use https://"
-        ));
-    }
+    crate::outbound::https_or_loopback(&url).map_err(|why| format!("{source}: {why}"))?;
     let response = crate::outbound::client_builder()
         .timeout(Duration::from_secs(10))
         .build()

@@ -646,15 +646,9 @@ pub fn callback_on(console_base_url: &str) -> String {
 /// answer.
 fn provider_url(raw: &str) -> Result<Url, String> {
     let url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
-    match url.scheme() {
-        "https" => Ok(url),
-        "http" if crate::outbound::is_loopback_host(&url) => Ok(url),
-        "http" => Err(format!(
-            "{} uses http:// on a host that is not loopback: use https://",
-            crate::redact::url(raw)
-        )),
-        other => Err(format!("{other}:// is not https://")),
-    }
+    crate::outbound::https_or_loopback(&url)
+        .map_err(|why| format!("{}: {why}", crate::redact::url(raw)))?;
+    Ok(url)
 }
 
 fn read_secret(path: &Path) -> Result<String, String> {

@@ -304,19 +304,8 @@ fn parse_jwks_url(raw: &str) -> Result<Url, String> {
     if url.host().is_none() {
         return Err("jwks_url has no host".to_owned());
     }
-    let loopback = crate::outbound::is_loopback_host(&url);
-    match url.scheme() {
-        "https" => Ok(url),
-        "http" if loopback => Ok(url),
-        "http" => Err(
-            "jwks_url: http:// is accepted only for a loopback host (127.0.0.1, [::1], localhost); \
-             use https://"
-                .to_owned(),
-        ),
-        other => Err(format!(
-            "jwks_url: the scheme is {other:?}; use https://"
-        )),
-    }
+    crate::outbound::https_or_loopback(&url).map_err(|why| format!("jwks_url: {why}"))?;
+    Ok(url)
 }
 
 /// No redirects and no proxy from the environment: the keys come from the URL configured, directly.
