@@ -177,6 +177,12 @@ async fn registered(gw: &Gateway) -> Vec<String> {
 
 /// How many console sessions the gateway's store holds (read from the store itself).
 async fn console_sessions_stored(gw: &Gateway) -> i64 {
+    rows_stored(gw, "console_sessions").await
+}
+
+/// How many rows a table of the gateway's store holds (read from the store itself).
+async fn rows_stored(gw: &Gateway, table: &str) -> i64 {
+    let count = format!("SELECT count(*) FROM {table}");
     let config = std::fs::read_to_string(&gw.config_path).unwrap();
     let store = config
         .lines()
@@ -188,10 +194,7 @@ async fn console_sessions_stored(gw: &Gateway) -> i64 {
                 .await
                 .unwrap();
             tokio::spawn(connection);
-            let row = client
-                .query_one("SELECT count(*) FROM console_sessions", &[])
-                .await
-                .unwrap();
+            let row = client.query_one(&count, &[]).await.unwrap();
             row.get(0)
         }
         None => {
@@ -201,10 +204,7 @@ async fn console_sessions_stored(gw: &Gateway) -> i64 {
                 rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
             )
             .unwrap();
-            conn.query_row("SELECT count(*) FROM console_sessions", [], |row| {
-                row.get(0)
-            })
-            .unwrap()
+            conn.query_row(&count, [], |row| row.get(0)).unwrap()
         }
     }
 }
@@ -1290,4 +1290,33 @@ async fn a_console_session_ends_when_idle_and_at_its_absolute_end_even_in_use() 
         lived >= Duration::from_millis(3000),
         "a used session ended as idle after {lived:?}"
     );
+}
+
+/// Starting a sign-in needs no credential and writes to the store: a flood of starts is cut off after a
+/// burst (503 with Retry-After, nothing written), so that it cannot become a flood of syncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_sign_in_starts_is_cut_off_after_a_burst_and_writes_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_provider, gw) = setup(dir.path()).await;
+    let mut browser = Browser::new();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let mut busy = None;
+    for _ in 0..100 {
+        let started = browser.get(&format!("{}/console/login", gw.base)).await;
+        *statuses.entry(started.status).or_default() += 1;
+        if started.status == 503 {
+            busy = Some(started);
+        }
+    }
+    let busy = busy.unwrap_or_else(|| panic!("no start was refused: {statuses:?}"));
+    assert!(busy.body.contains("too many sign-ins"), "{}", busy.body);
+    assert!(busy.location.is_none());
+    let started = statuses[&303];
+    assert!((60..100).contains(&started), "{statuses:?}");
+    assert_eq!(rows_stored(&gw, "sign_in_attempts").await, started as i64);
+
+    let (status, body) = gw
+        .operator(Method::POST, "/console/device", None, None)
+        .await;
+    assert_eq!((status, common::code(&body)), (503, 5006), "{body}");
 }

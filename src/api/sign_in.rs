@@ -121,6 +121,9 @@ pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Respo
     let Some(oidc) = &gw.oidc else {
         return not_configured();
     };
+    if !oidc.starts.take() {
+        return too_many_starts();
+    }
     let Some(redirect_uri) = redirect_uri(&gw, &headers) else {
         return page(
             StatusCode::BAD_REQUEST,
@@ -330,9 +333,16 @@ fn no_session() -> ApiError {
     responses(
         (status = 200, description = "A device authorization started", body = DeviceStart),
         (status = 404, description = "Sign-in is not configured (6003)", body = crate::api::openapi::ErrorBody),
-        (status = 502, description = "The identity provider failed or offers no device flow (5001)", body = crate::api::openapi::ErrorBody)))]
+        (status = 502, description = "The identity provider failed or offers no device flow (5001)", body = crate::api::openapi::ErrorBody),
+        (status = 503, description = "Too many sign-ins are starting at once (5006)", body = crate::api::openapi::ErrorBody)))]
 pub async fn device_start(axum::extract::State(gw): State) -> Result<Json<DeviceStart>, ApiError> {
     let oidc = configured(&gw)?;
+    if !oidc.starts.take() {
+        return Err(ApiError::new(
+            Code::GatewayOverloaded,
+            "too many sign-ins are starting at once: try again in a few seconds",
+        ));
+    }
     oidc.device_start().await.map(Json).map_err(provider_error)
 }
 
@@ -466,6 +476,19 @@ fn failed(gw: &Gateway, err: SignInError) -> Response {
         header::SET_COOKIE,
         set_cookie(gw, LOGIN_COOKIE, "", "Lax", 0),
     );
+    response
+}
+
+/// 503 with `Retry-After`: the budget of sign-in starts is spent for now.
+fn too_many_starts() -> Response {
+    let mut response = page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Sign-in is busy",
+        "too many sign-ins are starting at once: try again in a few seconds",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
     response
 }
 

@@ -7,6 +7,7 @@ pub mod login;
 pub mod oidc;
 mod roles;
 mod scope;
+mod start_budget;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,7 @@ pub use scope::{
     is_team_name, scopes, TeamFilter, TeamScope, TeamScopes, Teams, DEFAULT_TEAM,
     MAX_TEAM_NAME_BYTES,
 };
+pub use start_budget::StartBudget;
 
 /// The `iss` of an operator token that names none (one minted with `sealgate token operator` and no
 /// issuer): the identity is then vouched for by the gateway's own key configuration only.

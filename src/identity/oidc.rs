@@ -16,6 +16,7 @@ use url::Url;
 
 use super::console_session::{ConsoleSessions, Person};
 use super::roles::{RoleConfig, Roles};
+use super::start_budget::StartBudget;
 use crate::envelope::{random_secret, sha256_base64url};
 use crate::upstream::{read_capped, CappedReadError};
 
@@ -204,6 +205,8 @@ pub struct Oidc {
     make_id_token_check: MakeIdTokenCheck,
     pub roles: Roles,
     pub sessions: ConsoleSessions,
+    /// Sign-ins that may start now (`/console/login`, `/console/device`): neither needs a credential.
+    pub starts: StartBudget,
 }
 
 impl Oidc {
@@ -266,6 +269,7 @@ impl Oidc {
             make_id_token_check,
             roles: Roles::new(roles)?,
             sessions: ConsoleSessions::new(config.session_idle_secs, config.session_max_secs),
+            starts: StartBudget::default(),
         })
     }
 
