@@ -26,7 +26,7 @@ if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq && apt-get install -y -qq chromium
 fi
 npm ci --prefix tests/console --no-audit --no-fund --loglevel=error
-# tests/sign_in.rs signs people in with a real OpenID provider: the certified oidc-provider package (npm,
+# tests/sign_in.rs and tests/console.rs sign people in with a real OpenID provider: the certified oidc-provider package (npm,
 # pinned by tests/oidc/package-lock.json; 8.x, which supports the machine's Node 20), run by tests/oidc/server.mjs.
 npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error
 # Python tools from PyPI, each pinned and in a venv of its own under target/venvs (their dependencies

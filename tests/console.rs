@@ -1,12 +1,14 @@
 //! The operator console (`console.enabled`) through the real binary: served only when enabled, with a
 //! strict Content-Security-Policy, and working in a real browser (Debian's Chromium driven by
-//! playwright-core from tests/console/console.test.mjs; scripts/test.sh installs both).
+//! playwright-core from tests/console/console.test.mjs; scripts/test.sh installs both). People sign in
+//! there too, with the real OpenID provider of tests/oidc (tests/console/sign_in.test.mjs).
 
 mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+use common::oidc::{self, Provider};
 use common::{code, tool_call, Gateway};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -267,6 +269,182 @@ async fn the_console_works_in_a_real_browser() {
     assert_eq!(status, 200, "the granted call runs: {body}");
     let (status, body) = gw.call(&pay_key, &pay_token, deny_me).await;
     assert_eq!((status, code(&body)), (403, 4004), "{body}");
+}
+
+/// Two people of team payments at the test provider (each in a group of their own, whose role gives the
+/// approval scopes on payments); pat's role also reads payments' sessions, contexts and audit events.
+const SIGN_IN_ROLES: &str = "\n  roles:\
+    \n    - { group: payments-oncall, team: payments, scopes: [seal.approval.read, seal.approval.decide, \
+    seal.session.read, seal.context.read, seal.audit.read] }\
+    \n    - { group: payments-leads, team: payments, scopes: [seal.approval.read, seal.approval.decide] }";
+const CLIENT_SECRET: &str = "console-client-secret";
+
+/// A context of `team` whose calls wait for `approvers` people, and a session on it; answers the
+/// session's key and agent token, and the approval request of `payment`.
+async fn held_call(
+    gw: &Gateway,
+    (team, context, session): (&str, &str, &str),
+    approvers: u64,
+    payment: &Value,
+) -> (ed25519_dalek::SigningKey, String, String) {
+    let (status, body) = gw
+        .admin(
+            Method::PUT,
+            &format!("/v1/security-contexts/{context}"),
+            Some(
+                json!({"team": team, "capabilities": [{"tool_pattern": "tool.*", "claim": "off",
+                "approval": {"required": true, "expires_secs": 600, "approvers": approvers}}]}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (key, _) = gw
+        .session_with(
+            session,
+            json!({"agent_id": "agent-1", "security_context": context}),
+        )
+        .await;
+    let token = gw
+        .keys
+        .agent_token_from(&gw.keys.agent_claims(session, context));
+    let (status, body) = gw.call(&key, &token, payment.clone()).await;
+    assert_eq!((status, code(&body)), (403, 4003), "{body}");
+    let approval = body["error"]["details"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (key, token, approval)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_people_signed_in_with_the_provider_approve_a_payment_and_see_only_their_team() {
+    let dir = tempfile::tempdir().unwrap();
+    // Browsers take a __Host- cookie only when it is Secure: the console's sign-in needs HTTPS. The
+    // callback is on the request's own origin, so the port is chosen first for the provider to know it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("https://127.0.0.1:{port}");
+    let certificates = sealgate::tls::made::for_loopback().unwrap();
+    for (file, pem) in [
+        ("ca.pem", &certificates.ca),
+        ("cert.pem", &certificates.certificate),
+        ("key.pem", &certificates.private_key),
+        ("client.secret", &format!("{CLIENT_SECRET}\n")),
+    ] {
+        std::fs::write(dir.path().join(file), pem).unwrap();
+    }
+    let provider = Provider::start(
+        vec![oidc::client(
+            "console",
+            Some(CLIENT_SECRET),
+            &[format!("{base}/console/callback")],
+        )],
+        vec![
+            oidc::user("pat", "pat-pw", "Pat Payments", &["payments-oncall"]),
+            oidc::user("quinn", "quinn-pw", "Quinn Lead", &["payments-leads"]),
+        ],
+        true,
+    );
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let agent_keys = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]",
+        keys.agent_public
+    );
+    let operator_auth = format!(
+        "[ {{ alg: EdDSA, public_key_pem: {:?} }} ]\
+         \n  oidc: {{ issuer: {:?}, client_id: console, client_secret_file: client.secret }}{SIGN_IN_ROLES}",
+        keys.operator_public, provider.issuer
+    );
+    let extra = format!("{CONSOLE_ON}tls: {{ cert_file: cert.pem, key_file: key.pem }}\n");
+    let config = common::write_config_with_keys(
+        dir.path(),
+        &agent_keys,
+        &operator_auth,
+        &tool_base,
+        "",
+        &extra,
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\"127.0.0.1:0\"", &format!("\"127.0.0.1:{port}\"")),
+    )
+    .unwrap();
+    let mut gw = Gateway::spawn_binary(
+        common::release_binary(),
+        Vec::new(),
+        dir.path(),
+        &config,
+        keys,
+        |_| {},
+    );
+    assert_eq!(gw.base, base);
+    gw.client = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(certificates.ca.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+
+    // A payment of team payments that needs two people, and a call of team ops that nobody here may see.
+    let payment = tool_call(1, "tool.pay", json!({"amount": 12, "to": "two-people"}));
+    let (pay_key, pay_token, approval) =
+        held_call(&gw, ("payments", "console-pay", "pay"), 2, &payment).await;
+    let ops_call = tool_call(2, "tool.restart", json!({"service": "ledger"}));
+    let (_, _, ops_approval) =
+        held_call(&gw, ("ops", "console-ops", "ops-run"), 1, &ops_call).await;
+
+    let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sign-in-screenshots");
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let output = Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/console/sign_in.test.mjs"
+        ))
+        .env("SIGNIN_BASE", &gw.base)
+        .env("SIGNIN_ISSUER", &provider.issuer)
+        .env("SIGNIN_APPROVAL", &approval)
+        .env("SIGNIN_OTHER_TEAM_APPROVAL", &ops_approval)
+        .env("SIGNIN_TOKEN", gw.keys.operator_token("seal.admin"))
+        .env("SIGNIN_SCREENSHOTS", &screenshots)
+        .env("NODE_EXTRA_CA_CERTS", dir.path().join("ca.pem"))
+        .output()
+        .expect("node runs (scripts/test.sh installs tests/console and Chromium)");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "sign_in.test.mjs failed:\n{printed}"
+    );
+    assert!(printed.contains("sign-in: all checks passed"), "{printed}");
+
+    // What the two people granted is what the gateway holds: the payment runs, once; the same call
+    // again is a new request for two people.
+    let (status, body) = gw.call(&pay_key, &pay_token, payment).await;
+    assert_eq!(status, 200, "the granted call runs: {body}");
+    // The same tool and arguments under another JSON-RPC id: the same call, in an envelope of its own.
+    let again = tool_call(3, "tool.pay", json!({"amount": 12, "to": "two-people"}));
+    let (status, body) = gw.call(&pay_key, &pay_token, again).await;
+    assert_eq!((status, code(&body)), (403, 4003), "{body}");
+    assert_ne!(body["error"]["details"]["approval_id"], json!(approval));
+    // The other team's request was neither seen nor touched.
+    let (status, body) = gw
+        .admin(Method::GET, &format!("/v1/approvals/{ops_approval}"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (
+            body["status"].as_str(),
+            body["grants"].as_array().map(Vec::len)
+        ),
+        (Some("pending"), Some(0)),
+        "{body}"
+    );
 }
 
 #[test]

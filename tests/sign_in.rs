@@ -2,7 +2,9 @@
 //! OpenID provider (`oidc-provider`, tests/oidc): the console session cookie, its CSRF token, logout,
 //! roles from groups, a session shared by replicas, and every refusal — each of which leaves no session
 //! and no cookie behind. ID tokens that no honest provider issues (wrong `aud`, `alg: none`, …) come
-//! from a small fake provider in this file.
+//! from a small fake provider in this file. The same sign-in in a real browser, with two people
+//! approving one payment, is in tests/console.rs (against the release build, like the console's other
+//! browser tests).
 
 mod common;
 
@@ -1093,110 +1095,6 @@ async fn sealgate_login_signs_in_with_the_device_flow_and_keeps_a_private_bearer
         )
         .await;
     assert_eq!((status, common::code(&body)), (401, 6001), "{body}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_signs_in_to_the_console_in_a_real_browser_grants_an_approval_and_signs_out() {
-    let dir = tempfile::tempdir().unwrap();
-    // Browsers take a __Host- cookie only when it is Secure: the console's sign-in needs HTTPS. The
-    // callback is on the request's own origin, so the port is chosen first for the provider to know it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let base = format!("https://127.0.0.1:{port}");
-    let certificates = sealgate::tls::made::for_loopback().unwrap();
-    for (file, pem) in [
-        ("ca.pem", &certificates.ca),
-        ("cert.pem", &certificates.certificate),
-        ("key.pem", &certificates.private_key),
-    ] {
-        std::fs::create_dir_all(dir.path()).unwrap();
-        std::fs::write(dir.path().join(file), pem).unwrap();
-    }
-    let provider = Provider::start(
-        vec![client(
-            "console",
-            Some(CLIENT_SECRET),
-            &[format!("{base}/console/callback")],
-        )],
-        people(),
-        true,
-    );
-    let extra = "console: { enabled: true }\ntls: { cert_file: cert.pem, key_file: key.pem }\n";
-    let (config, keys) = config_for(dir.path(), &provider.issuer, "console", true, extra).await;
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        text.replace("\"127.0.0.1:0\"", &format!("\"127.0.0.1:{port}\"")),
-    )
-    .unwrap();
-    let mut gw = Gateway::spawn(dir.path(), &config, keys);
-    assert_eq!(gw.base, base);
-    gw.client = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(certificates.ca.as_bytes()).unwrap()])
-        .build()
-        .unwrap();
-
-    // A payment held for a person's approval.
-    let (status, body) = gw
-        .admin(
-            Method::PUT,
-            "/v1/security-contexts/console-pay",
-            Some(
-                json!({"capabilities": [{"tool_pattern": "tool.*", "claim": "off",
-                "approval": {"required": true, "expires_secs": 600}}]}),
-            ),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let (pay_key, _) = gw
-        .session_with(
-            "pay",
-            json!({"agent_id": "agent-1", "security_context": "console-pay"}),
-        )
-        .await;
-    let pay_token = gw
-        .keys
-        .agent_token_from(&gw.keys.agent_claims("pay", "console-pay"));
-    let payment = common::tool_call(1, "tool.pay", json!({"amount": 12, "to": "signed-in"}));
-    let (status, body) = gw.call(&pay_key, &pay_token, payment.clone()).await;
-    assert_eq!((status, common::code(&body)), (403, 4003), "{body}");
-    let approval = body["error"]["details"]["approval_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sign-in-screenshots");
-    std::fs::create_dir_all(&screenshots).unwrap();
-    let output = std::process::Command::new("node")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/console/sign_in.test.mjs"
-        ))
-        .env("SIGNIN_BASE", &gw.base)
-        .env("SIGNIN_ISSUER", &provider.issuer)
-        .env("SIGNIN_APPROVAL", &approval)
-        .env("SIGNIN_TOKEN", gw.keys.operator_token("seal.admin"))
-        .env("SIGNIN_SCREENSHOTS", &screenshots)
-        .env("NODE_EXTRA_CA_CERTS", dir.path().join("ca.pem"))
-        .output()
-        .expect("node runs (scripts/test.sh installs tests/console and Chromium)");
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "sign_in.test.mjs failed:\n{printed}"
-    );
-    assert!(printed.contains("sign-in: all checks passed"), "{printed}");
-
-    // What the browser granted is what the gateway holds: the payment runs now.
-    let (status, body) = gw.call(&pay_key, &pay_token, payment).await;
-    assert_eq!(status, 200, "the granted call runs: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,9 @@
 // a `#token=` link, and hash routing between the pages.
 
 import {
-  api, ApiFailure, el, errorText, field, forgetPerson, loadPerson, person, replace, say, token,
+  api, ApiFailure, el, errorText, field, forgetPerson, loadPerson, may, person, replace, say, token,
 } from './lib.js';
-import { pages } from './pages.js';
+import { pages, readScopes } from './pages.js';
 
 const main = document.getElementById('main');
 const signOut = document.getElementById('sign-out');
@@ -97,8 +97,11 @@ function route() {
   signOut.hidden = !signedIn;
   const name = (window.location.hash.match(/^#\/([a-z]+)/) || [])[1] || 'overview';
   for (const link of document.querySelectorAll('nav a')) {
-    if (link.getAttribute('href') === `#/${name}`) link.setAttribute('aria-current', 'page');
+    const target = link.getAttribute('href').slice(2);
+    if (target === name) link.setAttribute('aria-current', 'page');
     else link.removeAttribute('aria-current');
+    // Only the pages the caller may read on some team: a payments approver sees no empty Claims page.
+    link.parentElement.hidden = signedIn && Boolean(readScopes[target]) && !may(readScopes[target]);
   }
   if (!signedIn) { signInPage(); return; }
   const page = pages[name] || pages.overview;

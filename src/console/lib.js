@@ -52,7 +52,8 @@ export function say(message) {
 export class ApiFailure extends Error {
   constructor(status, body, path) {
     const error = body && body.error;
-    const detail = error ? `${error.code} ${error.name || ''}: ${error.message}` : `HTTP ${status}`;
+    // The HTTP status as well as the code: 409 (6004) and 409 for a decided request differ only there.
+    const detail = error ? `HTTP ${status}, ${error.code} ${error.name || ''}: ${error.message}` : `HTTP ${status}`;
     super(`${path}: ${detail}`);
     this.status = status;
     this.body = body;
@@ -88,8 +89,9 @@ export function forgetPerson() {
   localStorage.removeItem(PROVIDER_KEY);
 }
 
-// Calls the control API; answers the parsed body, throws ApiFailure on any non-2xx answer.
-export async function api(method, path, body) {
+// A control API request as the signed-in person (the browser sends their cookie by itself; a change
+// carries the session's CSRF token) or with the pasted token; throws ApiFailure on any non-2xx answer.
+async function send(method, path, body) {
   const headers = {};
   if (person.current) {
     if (method !== 'GET' && method !== 'HEAD') headers['X-CSRF-Token'] = person.current.csrf_token;
@@ -102,11 +104,69 @@ export async function api(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(path, init);
-  const text = await response.text();
-  let parsed = null;
-  try { parsed = text ? JSON.parse(text) : null; } catch { parsed = text; }
-  if (!response.ok) throw new ApiFailure(response.status, parsed, `${method} ${path}`);
-  return parsed;
+  if (!response.ok) throw new ApiFailure(response.status, parsed(await response.text()), `${method} ${path}`);
+  return response;
+}
+
+function parsed(text) {
+  try { return text ? JSON.parse(text) : null; } catch { return text; }
+}
+
+// Calls the control API; answers the parsed body.
+export async function api(method, path, body) {
+  return parsed(await (await send(method, path, body)).text());
+}
+
+// A GET whose answer is not JSON (the audit export, JSON lines): its text.
+export async function apiText(path) {
+  return (await send('GET', path)).text();
+}
+
+// ---- What the caller may do (SPEC 16) ----
+
+// The caller's scopes as {TEAM: [SCOPE, …]} (`*`: every team): the signed-in person's from
+// /console/session, or the pasted token's `scope` claim read without verifying it. Pages use it only to
+// offer the actions the gateway would accept; the gateway decides every request itself. Null when the
+// token's claims cannot be read: then everything is offered and the gateway's answer says what is not.
+function heldScopes() {
+  if (person.current) return person.current.scopes;
+  try {
+    const claims = JSON.parse(new TextDecoder().decode(unb64url(token.get().split('.')[1])));
+    if (claims.scope === undefined) return {};
+    if (typeof claims.scope !== 'string') return null;
+    const byTeam = {};
+    for (const raw of claims.scope.split(' ').filter(Boolean)) {
+      const slash = raw.indexOf('/');
+      const [team, scope] = slash < 0 ? ['*', raw] : [raw.slice(0, slash), raw.slice(slash + 1)];
+      (byTeam[team] ||= []).push(scope);
+    }
+    return byTeam;
+  } catch {
+    return null;
+  }
+}
+
+const grantsScope = (list, scope) => Boolean(list) && (list.includes(scope) || list.includes('seal.admin'));
+
+// The teams on which `scope` is held: ['*'] for every team; null when unknown.
+export function teamsWith(scope) {
+  const held = heldScopes();
+  if (!held) return null;
+  if (grantsScope(held['*'], scope)) return ['*'];
+  return Object.keys(held).filter((team) => grantsScope(held[team], scope));
+}
+
+// Whether `scope` is held on `team` (or, without a team, on at least one).
+export function may(scope, team) {
+  const teams = teamsWith(scope);
+  if (!teams) return true;
+  return team === undefined ? teams.length > 0 : teams.includes('*') || teams.includes(team);
+}
+
+// Whether `scope` is held on every team: what gateway-wide things (metrics, the audit chain) need.
+export function mayEverywhere(scope) {
+  const teams = teamsWith(scope);
+  return !teams || teams.includes('*');
 }
 
 export function query(params) {

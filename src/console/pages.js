@@ -1,11 +1,29 @@
 // The console's pages. Each renders into `main` and returns a function that stops its timers.
 
 import {
-  api, ApiFailure, barChart, diffLines, el, errorText, field, formatNumber, lineChart, parseMetrics,
-  query, quantile, replace, say, signingKeys, span, toYaml, token, validate, verifyCheckpoint, verifyExport,
+  api, ApiFailure, apiText, barChart, diffLines, el, errorText, field, formatNumber, lineChart, may, mayEverywhere,
+  parseMetrics, query, quantile, replace, say, signingKeys, span, teamsWith, toYaml, validate, verifyCheckpoint,
+  verifyExport,
 } from './lib.js';
 
 const POLL_MS = 3000;
+
+// The read scope of each page, so that the navigation offers only the pages the caller may read.
+export const readScopes = {
+  approvals: 'seal.approval.read', claims: 'seal.claim.read', sessions: 'seal.session.read',
+  contexts: 'seal.context.read', audit: 'seal.audit.read',
+};
+
+// "team payments, team ops", or "every team", for messages about what the caller holds.
+function teamNames(scope) {
+  const teams = teamsWith(scope) || ['*'];
+  return teams.includes('*') ? 'every team' : teams.map((team) => `team ${team}`).join(', ');
+}
+
+// Why an action is not offered: the scope it needs on the object's team.
+function notAllowed(scope, team) {
+  return el('p', { class: 'muted', 'data-testid': 'not-allowed' }, `You may not change this: it needs ${scope} on team ${team}.`);
+}
 
 function ageOf(rfc3339) {
   return span(Date.now() - Date.parse(rfc3339));
@@ -78,6 +96,12 @@ function overview(main) {
   replace(main, el('h1', {}, 'Overview'), el('p', { class: 'muted' }, 'From the gateway\'s /metrics, sampled every 3 s while the console is open.'), body);
   return every(POLL_MS, async () => {
     const upstreams = upstreamTable(await upstreamStates());
+    // The counts are the whole gateway's, every team's calls together: a team-bound person is not asked
+    // for a 403.
+    if (!mayEverywhere('seal.metrics.read')) {
+      replace(body, el('p', { class: 'muted', role: 'status' }, 'The gateway\'s counts are of every team\'s calls: they need seal.metrics.read on every team.'), upstreams);
+      return;
+    }
     try {
       // Sent with the token: /metrics needs seal.metrics.read on this listener (SPEC 11 r3).
       const text = await api('GET', '/metrics');
@@ -148,7 +172,7 @@ function approvals(main) {
         cards.set(approval.approval_id, card);
         list.append(card.node);
       }
-      cards.get(approval.approval_id).tick();
+      cards.get(approval.approval_id).update(approval);
     }
   };
   statusSelect.addEventListener('change', () => { cards.clear(); list.replaceChildren(); refresh(); });
@@ -175,6 +199,8 @@ function grantsText(approval) {
 
 function approvalCard(approval, refresh) {
   const left = el('dd', { 'data-testid': 'time-left' });
+  // Several approvers: the grants so far, refreshed by each poll while the request waits for more.
+  const grants = approval.approvers > 1 || approval.grants.length > 0 ? el('dd', { 'data-testid': 'grants' }) : null;
   const reason = el('input', { type: 'text', size: 50 });
   const outcome = el('p', { role: 'alert' });
   const decide = (verb) => async () => {
@@ -182,7 +208,9 @@ function approvalCard(approval, refresh) {
     if (verb === 'deny' && !text) { outcome.className = 'bad'; outcome.textContent = 'A reason is required to deny.'; reason.focus(); return; }
     try {
       const updated = await api('POST', `/v1/approvals/${encodeURIComponent(approval.approval_id)}/${verb}`, text ? { reason: text } : {});
-      say(`Approval ${approval.approval_id} ${updated.status}.`);
+      say(updated.status === 'pending'
+        ? `Grant recorded: approval ${approval.approval_id} has ${updated.grants.length} of ${updated.approvers} and waits for more.`
+        : `Approval ${approval.approval_id} ${updated.status}.`);
       await refresh();
     } catch (error) {
       outcome.className = 'bad';
@@ -190,27 +218,38 @@ function approvalCard(approval, refresh) {
     }
   };
   const pending = approval.status === 'pending';
+  const actions = may('seal.approval.decide', approval.team)
+    ? el('div', {},
+      ...field('Reason (required to deny)', reason),
+      el('div', { class: 'actions' },
+        el('button', { type: 'button', on: { click: decide('grant') } }, 'Grant'),
+        el('button', { type: 'button', class: 'danger', on: { click: decide('deny') } }, 'Deny')))
+    : notAllowed('seal.approval.decide', approval.team);
   const node = el('article', { class: 'card', 'data-approval': approval.approval_id },
     el('h2', {}, approval.tool),
     el('dl', { class: 'facts' },
+      el('dt', {}, 'Team'), el('dd', { 'data-testid': 'team' }, approval.team),
       el('dt', {}, 'Agent'), el('dd', {}, approval.sub),
       el('dt', {}, 'Session'), el('dd', {}, approval.session_id),
       el('dt', {}, 'Context'), el('dd', {}, `${approval.context} (${String(approval.context_version).slice(0, 12)}…)`),
       el('dt', {}, 'Requested'), el('dd', {}, `${approval.requested_at} (${ageOf(approval.requested_at)} ago)`),
       el('dt', {}, pending ? 'Time left' : 'Status'), pending ? left : el('dd', {}, approval.status),
-      approval.approvers > 1 || approval.grants.length > 0
-        ? [el('dt', {}, 'Grants'), el('dd', { 'data-testid': 'grants' }, grantsText(approval))] : null,
-      approval.decided_by ? [el('dt', {}, 'Decided by'), el('dd', {}, `${person(approval.decided_by)} at ${approval.decided_at}`)] : null,
+      grants ? [el('dt', {}, 'Grants'), grants] : null,
+      approval.decided_by ? [el('dt', {}, 'Decided by'), el('dd', { 'data-testid': 'decided-by' }, `${person(approval.decided_by)} at ${approval.decided_at}`)] : null,
       approval.reason ? [el('dt', {}, 'Reason'), el('dd', {}, approval.reason)] : null),
     el('h3', {}, 'Arguments'),
     el('pre', {}, JSON.stringify(approval.arguments, null, 2)),
-    pending ? el('div', {},
-      ...field('Reason (required to deny)', reason),
-      el('div', { class: 'actions' },
-        el('button', { type: 'button', on: { click: decide('grant') } }, 'Grant'),
-        el('button', { type: 'button', class: 'danger', on: { click: decide('deny') } }, 'Deny'))) : null,
+    pending ? actions : null,
     outcome);
-  return { node, tick: () => { left.textContent = span(Date.parse(approval.expires_at) - Date.now()); } };
+  let current = approval;
+  const tick = () => { left.textContent = span(Date.parse(current.expires_at) - Date.now()); };
+  const update = (fresh) => {
+    current = fresh;
+    if (grants) grants.textContent = grantsText(fresh);
+    tick();
+  };
+  update(approval);
+  return { node, tick, update };
 }
 
 // ---------------- Claims ----------------
@@ -222,14 +261,15 @@ function claims(main) {
     try {
       const open = await api('GET', '/v1/claims?status=PENDING&limit=200');
       replace(pending, open.items.length === 0 ? el('p', { class: 'muted' }, 'No PENDING claims.') : table(
-        ['Request id', 'Tool', 'Agent', 'Session', 'Age', ''],
+        ['Request id', 'Tool', 'Agent', 'Session', 'Team', 'Age', ''],
         open.items.map((claim) => pendingRow(claim, refresh)),
         'Claims whose outcome is unknown, oldest first'));
       const done = await api('GET', '/v1/claims?status=COMMITTED&limit=50');
       replace(committed, done.items.length === 0 ? el('p', { class: 'muted' }, 'No COMMITTED claims.') : table(
-        ['Request id', 'Tool', 'Agent', 'Committed', 'Receipt'],
+        ['Request id', 'Tool', 'Agent', 'Team', 'Committed', 'Receipt'],
         done.items.map((claim) => el('tr', {},
           el('td', {}, el('code', {}, claim.request_id)), el('td', {}, claim.action), el('td', {}, claim.agent_id),
+          el('td', {}, claim.team),
           el('td', {}, claim.committed_at || ''),
           el('td', {}, el('details', {}, el('summary', {}, claim.resolution ? `resolved by ${claim.resolution.by || 'an operator'}` : 'result'),
             el('pre', {}, JSON.stringify({ action_ref: claim.action_ref, result: claim.result, resolution: claim.resolution }, null, 2)))))),
@@ -266,8 +306,9 @@ function pendingRow(claim, refresh) {
   el('div', { class: 'actions' }, el('button', { type: 'submit' }, 'Resolve claim')), message);
   const open = el('button', { type: 'button', class: 'secondary', on: { click: () => { form.hidden = !form.hidden; if (!form.hidden) outcome.focus(); } } }, 'Resolve…');
   row.dataset.claim = claim.request_id;
+  const resolve = may('seal.claim.resolve', claim.team) ? [open, form] : [notAllowed('seal.claim.resolve', claim.team)];
   row.append(el('td', {}, el('code', {}, claim.request_id)), el('td', {}, claim.action), el('td', {}, claim.agent_id),
-    el('td', {}, claim.session_id || '–'), el('td', {}, ageOf(claim.claimed_at)), el('td', {}, open, form));
+    el('td', {}, claim.session_id || '–'), el('td', {}, claim.team), el('td', {}, ageOf(claim.claimed_at)), el('td', {}, ...resolve));
   return row;
 }
 
@@ -280,7 +321,7 @@ function sessions(main) {
     try {
       const page = await api('GET', `/v1/seal/sessions${query({ status: status.value, limit: 200 })}`);
       replace(list, page.items.length === 0 ? el('p', { class: 'muted' }, 'No sessions.') : table(
-        ['Session', 'Status', 'Context', 'Agent', 'Expires', 'Calls / budget', ''],
+        ['Session', 'Status', 'Context', 'Team', 'Agent', 'Expires', 'Calls / budget', ''],
         page.items.map((s) => sessionRow(s, refresh)), 'Sessions by id'));
     } catch (error) { replace(list, problem(error)); }
   };
@@ -304,11 +345,11 @@ function sessionRow(session, refresh) {
       el('button', { type: 'button', class: 'secondary', on: { click: () => replace(cell, ask) } }, 'Cancel'));
     cell.querySelector('button').focus();
   } } }, 'Revoke');
-  if (live) cell.append(ask);
+  if (live && may('seal.session.revoke', session.team)) cell.append(ask);
   const budget = session.budget.max_calls === null || session.budget.max_calls === undefined ? '∞' : session.budget.max_calls;
   return el('tr', { 'data-session': session.session_id },
     el('td', {}, el('code', {}, session.session_id)), el('td', {}, session.status), el('td', {}, session.security_context),
-    el('td', {}, session.agent_id || '–'), el('td', {}, `${session.expires_at} (${span(Date.parse(session.expires_at) - Date.now())})`),
+    el('td', {}, session.team), el('td', {}, session.agent_id || '–'), el('td', {}, `${session.expires_at} (${span(Date.parse(session.expires_at) - Date.now())})`),
     el('td', {}, `${session.calls.allowed} / ${budget}`), cell);
 }
 
@@ -335,8 +376,9 @@ function contexts(main) {
   const reload = async (select) => {
     try {
       const page = await api('GET', '/v1/security-contexts');
-      replace(list, table(['Name', 'Source', 'Version', 'Capabilities'], page.items.map((c) => el('tr', {},
+      replace(list, table(['Name', 'Team', 'Source', 'Version', 'Capabilities'], page.items.map((c) => el('tr', { 'data-context': c.name },
         el('td', {}, el('button', { type: 'button', class: 'secondary', on: { click: () => show(c.name) } }, c.name)),
+        el('td', {}, c.team),
         el('td', {}, c.source.kind === 'file' ? `file ${c.source.path}` : 'API (store)'),
         el('td', {}, el('code', {}, c.version.slice(0, 12))), el('td', {}, String(c.capabilities.length)))), 'Loaded contexts'));
       if (select) show(select);
@@ -349,7 +391,8 @@ function contexts(main) {
     if (!name) return;
     renderContext(detail, { name, capabilities: [], source: { kind: 'store' }, version: null }, reload);
   } } }, el('div', {}, ...field('New API-managed context', newName)), el('button', { type: 'submit', class: 'secondary' }, 'Draft it'));
-  replace(main, el('h1', {}, 'Security contexts'), list, create, detail);
+  // A new context needs the write scope on some team (the draft's `team` says which).
+  replace(main, el('h1', {}, 'Security contexts'), list, may('seal.context.write') ? create : null, detail);
   reload();
   return () => {};
 }
@@ -370,9 +413,14 @@ function capabilityTable(spec) {
 
 function renderContext(detail, context, reload) {
   const spec = specOf(context);
-  const editable = context.source.kind === 'store';
+  const inStore = context.source.kind === 'store';
+  // A new draft has no team yet: the save checks the one it names.
+  const writable = context.team === undefined ? may('seal.context.write') : may('seal.context.write', context.team);
+  const editable = inStore && writable;
+  let where = `From the file ${context.source.path}: read-only here; edit the file.`;
+  if (inStore) where = editable ? 'Managed through the API: editable here.' : `Managed through the API; changing it needs seal.context.write on team ${context.team}.`;
   const parts = [el('h2', {}, `Context ${context.name}`),
-    el('p', { class: 'muted' }, editable ? 'Managed through the API: editable here.' : `From the file ${context.source.path}: read-only here; edit the file.`),
+    el('p', { class: 'muted' }, where),
     el('div', { class: 'row' }, el('div', {}, capabilityTable(spec)), el('div', {}, el('h3', {}, 'YAML'), el('pre', { 'data-testid': 'context-yaml' }, toYaml(spec))))];
   const edit = editable ? editor(context, spec, reload) : null;
   if (edit) parts.push(edit.node);
@@ -487,17 +535,14 @@ function audit(main) {
         el('td', {}, String(e.seq)), el('td', {}, e.at), el('td', {}, e.type),
         el('td', {}, e.decision ? `${e.decision}${e.code ? ` ${e.code}` : ''}` : (e.code ? String(e.code) : '')),
         el('td', {}, e.tool || ''), el('td', {}, e.session_id || ''), el('td', {}, e.sub || (e.actor ? person(e.actor) : '')),
+        el('td', {}, e.team || ''),
         el('td', {}, el('details', {}, el('summary', {}, 'event'), el('pre', {}, JSON.stringify(e, null, 2))))));
       if (append && results.querySelector('tbody')) results.querySelector('tbody').append(...rows);
-      else replace(results, page.items.length === 0 ? el('p', { class: 'muted' }, 'No events match.') : table(['Seq', 'At', 'Type', 'Decision', 'Tool', 'Session', 'Agent', ''], rows, 'Events, newest first'));
+      else replace(results, page.items.length === 0 ? el('p', { class: 'muted' }, 'No events match.') : table(['Seq', 'At', 'Type', 'Decision', 'Tool', 'Session', 'Agent', 'Team', ''], rows, 'Events, newest first'));
       replace(more, cursor ? el('button', { type: 'button', class: 'secondary', on: { click: () => load(true) } }, 'Older events') : null);
     } catch (error) { replace(results, problem(error)); }
   };
-  const exportText = async () => {
-    const response = await fetch('/v1/audit/export', { headers: { Authorization: `Bearer ${token.get()}` } });
-    if (!response.ok) throw new ApiFailure(response.status, await response.json().catch(() => null), 'GET /v1/audit/export');
-    return response.text();
-  };
+  const exportText = () => apiText('/v1/audit/export');
   const download = async () => {
     try {
       const blob = new Blob([await exportText()], { type: 'application/x-ndjson' });
@@ -543,6 +588,18 @@ function audit(main) {
   const form = el('form', { class: 'filters', on: { submit: (event) => { event.preventDefault(); load(false); } } },
     Object.entries(filters).map(([k, input]) => el('div', {}, ...field(labels[k], input))),
     el('button', { type: 'submit' }, 'Filter'));
+  // The chain links every team's events together: an export without another team's events would not
+  // verify, so the gateway serves the export and the checkpoints only to a reader of every team (SPEC 16).
+  // Someone bound to some teams reads their events through the query, which the gateway filters.
+  if (!mayEverywhere('seal.audit.read')) {
+    replace(main, el('h1', {}, 'Audit'),
+      el('p', { class: 'muted', 'data-testid': 'chain-status' },
+        `The events of ${teamNames('seal.audit.read')}. The hash chain and its signed checkpoints hold every team's events together, `
+        + 'so they are exported and verified by someone who reads every team (sealgate audit verify).'),
+      el('h2', {}, 'Events'), form, results, more);
+    load(false);
+    return () => {};
+  }
   replace(main, el('h1', {}, 'Audit'),
     el('div', { class: 'actions' }, chain,
       el('button', { type: 'button', class: 'secondary', on: { click: verify } }, 'Verify again'),

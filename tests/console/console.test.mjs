@@ -92,6 +92,7 @@ try {
   await row.waitFor();
   assert.match(await row.textContent(), /test/);
   assert.match(await row.textContent(), /agent-1/);
+  assert.equal(await row.locator('td:nth-child(4)').textContent(), 'default', "the session's team");
   assert.match(await page.locator(`tr[data-session="${KEEP}"]`).textContent(), /2 \/ ∞/, "two calls were allowed: the write and the slow one");
   await shot('sessions');
   // The row's Revoke button is reached by Tab alone, from the top of the page, and works with Enter.
@@ -259,6 +260,15 @@ try {
   await page.goto(`${BASE}/console/#token=${encodeURIComponent(OTHER_TOKEN)}`);
   await page.getByRole('heading', { name: 'Overview' }).waitFor();
   assert.equal(await stored(), OTHER_TOKEN);
+
+  step("a token is offered only the pages and actions of its scopes (its own scope claim)");
+  const nav = page.getByRole('navigation', { name: 'Console pages' });
+  assert.equal(await nav.getByRole('link', { name: 'Sessions' }).isVisible(), true);
+  assert.equal(await nav.getByRole('link', { name: 'Approvals' }).isVisible(), false, 'no Approvals without seal.approval.read');
+  await nav.getByRole('link', { name: 'Sessions' }).click();
+  const kept = page.locator(`tr[data-session="${KEEP}"]`);
+  await kept.waitFor();
+  assert.equal(await kept.getByRole('button', { name: 'Revoke' }).count(), 0, 'no Revoke without seal.session.revoke');
 
   step('no errors in the browser console');
   assert.deepEqual(problems.map((p) => `${p.text} (${p.url})`), []);
