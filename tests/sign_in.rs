@@ -177,6 +177,17 @@ async fn registered(gw: &Gateway) -> Vec<String> {
         .collect()
 }
 
+/// The value of `name` in the query of `url`.
+fn query_param(url: &str, name: &str) -> String {
+    url::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("{url} has no {name}"))
+        .1
+        .into_owned()
+}
+
 /// How many console sessions the gateway's store holds (read from the store itself).
 async fn console_sessions_stored(gw: &Gateway) -> i64 {
     rows_stored(gw, "console_sessions").await
@@ -501,24 +512,12 @@ async fn a_wrong_missing_or_reused_state_a_replayed_code_or_the_providers_error_
     let callback = until_callback(&mut browser, &gw, "ann", "ann-pw").await;
     let page = browser.get(&callback).await;
     assert_eq!(page.status, 200, "{}", page.body);
-    let used_code = url::Url::parse(&callback)
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "code")
-        .unwrap()
-        .1
-        .into_owned();
+    let used_code = query_param(&callback, "code");
     refused(&mut browser, &gw, &callback, "unknown or was used already").await;
 
     // A code already exchanged, brought back with a new sign-in's state: the provider refuses it.
     let fresh = until_callback(&mut browser, &gw, "ann", "ann-pw").await;
-    let fresh_state = url::Url::parse(&fresh)
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "state")
-        .unwrap()
-        .1
-        .into_owned();
+    let fresh_state = query_param(&fresh, "state");
     refused(
         &mut browser,
         &gw,
@@ -532,13 +531,7 @@ async fn a_wrong_missing_or_reused_state_a_replayed_code_or_the_providers_error_
 
     // The provider's error answer, with a live state: shown, and the state is used up.
     let login = browser.get(&format!("{}/console/login", gw.base)).await;
-    let state = url::Url::parse(login.location.as_deref().unwrap())
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "state")
-        .unwrap()
-        .1
-        .into_owned();
+    let state = query_param(login.location.as_deref().unwrap(), "state");
     let denied =
         format!("{base}?error=access_denied&error_description=End-User+aborted&state={state}");
     refused(
@@ -558,13 +551,7 @@ async fn a_wrong_missing_or_reused_state_a_replayed_code_or_the_providers_error_
 
     // An answer that names another issuer (RFC 9207 mix-up).
     let login = browser.get(&format!("{}/console/login", gw.base)).await;
-    let state = url::Url::parse(login.location.as_deref().unwrap())
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "state")
-        .unwrap()
-        .1
-        .into_owned();
+    let state = query_param(login.location.as_deref().unwrap(), "state");
     refused(
         &mut browser,
         &gw,

@@ -153,6 +153,13 @@ async fn trail(teams: &Teams) -> Vec<Value> {
         .collect()
 }
 
+/// A refusal with the status and code expected, whose message names `needle`.
+fn refused_naming(status: u16, body: &Value, expected: (u16, u64), needle: &str) {
+    assert_eq!((status, code(body)), expected, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(needle), "{needle:?} not in {body}");
+}
+
 fn items(page: &Value) -> Vec<Value> {
     page["items"].as_array().unwrap().clone()
 }
@@ -494,14 +501,7 @@ async fn registering_a_session_needs_the_create_scope_on_its_contexts_team() {
         .gw
         .register(Some(&reader), registration("s-ops", "ops"))
         .await;
-    assert_eq!((status, code(&forbidden)), (403, 6002), "{forbidden}");
-    assert!(
-        forbidden["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("team ops"),
-        "{forbidden}"
-    );
+    refused_naming(status, &forbidden, (403, 6002), "team ops");
     for id in ["s-ops", "s-test"] {
         let (status, _) = teams
             .gw
@@ -539,14 +539,7 @@ async fn writing_a_context_needs_the_write_scope_on_its_team_before_and_after() 
     let (status, body) = teams
         .call(&payments, Method::PUT, path, Some(spec("ops", "*")))
         .await;
-    assert_eq!((status, code(&body)), (403, 6002), "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("team ops"),
-        "{body}"
-    );
+    refused_naming(status, &body, (403, 6002), "team ops");
     let (status, _) = teams.gw.admin(Method::GET, path, None).await;
     assert_eq!(status, 404);
 
@@ -578,14 +571,7 @@ async fn writing_a_context_needs_the_write_scope_on_its_team_before_and_after() 
     let (status, body) = teams
         .call(&payments, Method::PUT, path, Some(spec("pay ments", "*")))
         .await;
-    assert_eq!((status, code(&body)), (422, 6005), "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("\"pay ments\""),
-        "{body}"
-    );
+    refused_naming(status, &body, (422, 6005), "\"pay ments\"");
 
     // Moving needs both teams; then the old team no longer finds it.
     let both = teams
@@ -679,25 +665,11 @@ async fn standalone_claims_belong_to_the_team_of_the_services_scope() {
             Some(claim("job-2", Some("pay ments"))),
         )
         .await;
-    assert_eq!((status, code(&body)), (422, 6005), "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("\"pay ments\""),
-        "{body}"
-    );
+    refused_naming(status, &body, (422, 6005), "\"pay ments\"");
     let (status, body) = teams
         .call(&several, Method::POST, "/claim", Some(claim("job-2", None)))
         .await;
-    assert_eq!((status, code(&body)), (422, 6005), "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("ops, payments"),
-        "{body}"
-    );
+    refused_naming(status, &body, (422, 6005), "ops, payments");
     let (status, body) = teams
         .call(
             &several,
@@ -750,14 +722,7 @@ async fn the_export_and_checkpoints_need_the_audit_scope_on_every_team() {
     let payments = teams.gw.keys.operator_token("payments/seal.audit.read");
     for path in ["/v1/audit/export", "/v1/audit/checkpoints"] {
         let (status, body) = teams.call(&payments, Method::GET, path, None).await;
-        assert_eq!((status, code(&body)), (403, 6002), "{path}: {body}");
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("every team"),
-            "{body}"
-        );
+        refused_naming(status, &body, (403, 6002), "every team");
     }
     let star = teams.gw.keys.operator_token("*/seal.audit.read");
     let (status, _) = teams
