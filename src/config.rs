@@ -42,6 +42,8 @@ pub struct Config {
     pub metrics: crate::telemetry::MetricsConfig,
     /// Archiving old audit events and removing old settled records (SPEC 12 r3).
     pub retention: crate::retention::RetentionConfig,
+    /// MCP hosts over the network with OAuth (SPEC 17).
+    pub mcp_server: crate::mcp_server::McpServerConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -154,6 +156,7 @@ impl Default for Config {
             telemetry: crate::otel::TelemetryConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
             retention: crate::retention::RetentionConfig::default(),
+            mcp_server: crate::mcp_server::McpServerConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
