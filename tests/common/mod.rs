@@ -4,6 +4,7 @@
 
 pub mod dockerfile;
 pub mod mcp;
+pub mod mcp_hosts;
 pub mod oidc;
 pub mod page;
 pub mod redirect;
