@@ -49,6 +49,8 @@ python_tools schemathesis schemathesis==4.32.5
 # (@modelcontextprotocol/sdk, pinned by tests/connect-clients/package-lock.json) does too.
 python_tools mcp mcp==2.3.0
 npm ci --prefix tests/connect-clients --no-audit --no-fund --loglevel=error
+# The TypeScript SDK and the MCP Inspector CLI as OAuth MCP hosts of tests/mcp_oauth.rs (tests/mcp-hosts/package-lock.json).
+npm ci --prefix tests/mcp-hosts --no-audit --no-fund --loglevel=error
 # standardwebhooks checks the signed approval webhooks as a receiver would (tests/approvals.rs, and the
 # Quickstart page's receiver in tests/quickstart.rs).
 python_tools standardwebhooks standardwebhooks==1.1.0

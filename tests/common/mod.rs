@@ -4,6 +4,7 @@
 
 pub mod dockerfile;
 pub mod mcp;
+pub mod mcp_hosts;
 pub mod oidc;
 pub mod page;
 pub mod redirect;
@@ -447,6 +448,16 @@ pub fn launch_binary(
     config_path: &Path,
     adjust: impl FnOnce(&mut Command),
 ) -> (Child, String) {
+    launch_command(serve_command(binary, wrapper, config_path, adjust))
+}
+
+/// The `serve` command of [`launch_binary`], not started yet.
+pub fn serve_command(
+    binary: &Path,
+    wrapper: &[String],
+    config_path: &Path,
+    adjust: impl FnOnce(&mut Command),
+) -> Command {
     let mut command = match wrapper.split_first() {
         None => Command::new(binary),
         Some((program, args)) => {
@@ -462,11 +473,16 @@ pub fn launch_binary(
         .env("SEALGATE_LOG__LEVEL", "warn")
         .stderr(Stdio::inherit());
     adjust(&mut command);
-    launch_command(command)
+    command
 }
 
 /// Starts a prepared `sealgate serve` command and waits for its ready line; returns the child and its base URL.
-pub fn launch_command(mut command: Command) -> (Child, String) {
+pub fn launch_command(command: Command) -> (Child, String) {
+    try_launch_command(command).unwrap_or_else(|failure| panic!("{failure}"))
+}
+
+/// Like [`launch_command`], with a start that ends before the ready line as an error.
+pub fn try_launch_command(mut command: Command) -> Result<(Child, String), String> {
     let mut child = command
         .stdout(Stdio::piped())
         .spawn()
@@ -480,12 +496,15 @@ pub fn launch_command(mut command: Command) -> (Child, String) {
                     break url;
                 }
             }
-            other => panic!("sealgate exited before it was ready: {other:?}"),
+            other => {
+                let _ = child.wait();
+                return Err(format!("sealgate exited before it was ready: {other:?}"));
+            }
         }
     };
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    (child, base)
+    Ok((child, base))
 }
 
 /// The base URL of a ready line: `sealgate ready on URL`, or with `log.format: json`
@@ -562,6 +581,53 @@ impl Gateway {
         let gateway =
             Gateway::spawn_binary(release_binary(), Vec::new(), dir, &config, keys, |_| {});
         (gateway, tool)
+    }
+
+    /// Like [`Gateway::start_release`] with `extra_upstreams`, listening on a loopback port chosen before
+    /// it starts, which `extra_config` gets: for a configuration that names the gateway's own URL
+    /// (`mcp_server.resource`, which MCP hosts compare with the URL they connect to). The one exception
+    /// to port 0: the port is found free and let go just before the start, so another process may take
+    /// it in between; a start that fails is tried once more on a new port.
+    pub async fn start_release_on_known_port(
+        dir: &Path,
+        extra_upstreams: &str,
+        extra_config: impl Fn(u16) -> String,
+    ) -> (Gateway, Arc<Tool>) {
+        let (tool, tool_base) = start_tool().await;
+        let keys = Arc::new(Keys::new());
+        let binary = release_binary();
+        let mut failures = Vec::new();
+        for _ in 0..2 {
+            let port = mcp::free_port();
+            let config = write_config(dir, &keys, &tool_base, extra_upstreams, &extra_config(port));
+            let text = std::fs::read_to_string(&config).unwrap().replacen(
+                "listen: \"127.0.0.1:0\"",
+                &format!("listen: \"127.0.0.1:{port}\""),
+                1,
+            );
+            std::fs::write(&config, text).unwrap();
+            match try_launch_command(serve_command(&binary, &[], &config, |_| {})) {
+                Ok((child, base)) => {
+                    assert_eq!(base, format!("http://127.0.0.1:{port}"));
+                    let gateway = Gateway {
+                        child,
+                        binary,
+                        wrapper: Vec::new(),
+                        base,
+                        dir: dir.to_path_buf(),
+                        config_path: config,
+                        keys,
+                        client: reqwest::Client::builder()
+                            .timeout(Duration::from_secs(20))
+                            .build()
+                            .unwrap(),
+                    };
+                    return (gateway, tool);
+                }
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("the gateway did not start on a chosen port: {failures:#?}");
     }
 
     pub async fn start_with(

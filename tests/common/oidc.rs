@@ -1,7 +1,9 @@
 //! A real OpenID provider for the tests: `tests/oidc/server.mjs` (the certified `oidc-provider` package
 //! pinned by tests/oidc/package-lock.json; `npm ci --prefix tests/oidc`), started on a free loopback
 //! port, and a [`Browser`] that signs a person in by driving the provider's HTML forms, so that Rust
-//! tests need no browser.
+//! tests need no browser. The provider can also be the authorization server of MCP hosts (RFC 8707
+//! resource indicators, RFC 7591 registration, a signing key the test holds: [`Provider::start_with`]),
+//! and [`forge`] makes the tokens that no honest provider issues.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -43,13 +45,18 @@ impl Provider {
     /// Starts the provider with `clients` and `users`; `groups_in_id_token: false` leaves the groups to
     /// the userinfo endpoint.
     pub fn start(clients: Vec<Value>, users: Vec<Value>, groups_in_id_token: bool) -> Provider {
+        Provider::start_with(json!({"clients": clients, "users": users,
+                                    "groups_in_id_token": groups_in_id_token}))
+    }
+
+    /// Starts the provider with the whole OIDC_SETUP object that tests/oidc/server.mjs reads (its
+    /// `resource_scopes`, `registration` and `signing_key_pem` among the rest).
+    pub fn start_with(setup: Value) -> Provider {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
         assert!(
             dir.join("node_modules/oidc-provider").exists(),
             "the test OpenID provider is not installed: run `npm ci --prefix tests/oidc`"
         );
-        let setup = json!({"clients": clients, "users": users,
-                           "groups_in_id_token": groups_in_id_token});
         let mut child = Command::new("node")
             .arg(dir.join("server.mjs"))
             .env("OIDC_SETUP", setup.to_string())
@@ -68,6 +75,100 @@ impl Provider {
             "provider said {line:?}"
         );
         Provider { issuer, child }
+    }
+
+    /// The provider's JWK Set URL.
+    pub fn jwks_url(&self) -> String {
+        format!("{}/jwks", self.issuer)
+    }
+}
+
+/// The `kid` under which the provider publishes its signing key (tests/oidc/server.mjs).
+pub const PROVIDER_KID: &str = "test-key-1";
+
+/// An RSA key pair made by openssl, for the provider to sign with (`signing_key_pem`) and for a test to
+/// forge tokens that the provider's published key verifies.
+pub struct RsaKey {
+    /// PKCS#8 PEM.
+    pub private_pem: String,
+    /// SPKI PEM.
+    pub public_pem: String,
+}
+
+impl RsaKey {
+    pub fn generate(dir: &std::path::Path) -> RsaKey {
+        let private = dir.join("provider.key");
+        let public = dir.join("provider.pub.pem");
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let (private_arg, public_arg) = (private.to_str().unwrap(), public.to_str().unwrap());
+        run(&[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            private_arg,
+        ]);
+        run(&["pkey", "-in", private_arg, "-pubout", "-out", public_arg]);
+        RsaKey {
+            private_pem: std::fs::read_to_string(private).unwrap(),
+            public_pem: std::fs::read_to_string(public).unwrap(),
+        }
+    }
+}
+
+/// Tokens signed (or not) by the test itself, for the refusals: with the provider's own key and any
+/// claims, HS256 keyed with the provider's public key (the old algorithm confusion), `alg: none`.
+pub mod forge {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    use serde_json::Value;
+
+    use super::RsaKey;
+
+    /// RS256 with `key`, under `kid`.
+    pub fn rs256(key: &RsaKey, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(kid.to_owned());
+        let key = EncodingKey::from_rsa_pem(key.private_pem.as_bytes()).unwrap();
+        encode(&header, claims, &key).unwrap()
+    }
+
+    /// HS256 whose secret is the bytes of `public_pem`, under `kid`: a verifier that let the token
+    /// choose its algorithm would check it with the RSA key's PEM as an HMAC secret.
+    pub fn hs256_with_public_key(public_pem: &str, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some(kid.to_owned());
+        let key = EncodingKey::from_secret(public_pem.as_bytes()).unwrap();
+        encode(&header, claims, &key).unwrap()
+    }
+
+    /// `alg: none`, no signature (jsonwebtoken rightly refuses to make one).
+    pub fn unsigned(kid: &str, claims: &Value) -> String {
+        let header = serde_json::json!({"alg": "none", "typ": "JWT", "kid": kid});
+        format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        )
+    }
+
+    /// The claims of a JWT, read without checking anything.
+    pub fn claims(token: &str) -> Value {
+        let payload = token.split('.').nth(1).expect("a JWT has three parts");
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
     }
 }
 

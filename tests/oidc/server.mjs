@@ -3,19 +3,30 @@
 // environment variable OIDC_SETUP (JSON):
 //   {"clients": [{"client_id", "client_secret"?, "redirect_uris": [...]}],
 //    "users": [{"sub", "password", "name"?, "email"?, "groups": [...]}],
-//    "groups_in_id_token": true}   // false: the groups claim only from the userinfo endpoint
+//    "groups_in_id_token": true,   // false: the groups claim only from the userinfo endpoint
+//    "resource_scopes": ["mcp:tools"],   // optional: RFC 8707 resource indicators, see below
+//    "registration": true,               // optional: RFC 7591 dynamic client registration, open to all
+//    "signing_key_pem": "-----BEGIN PRIVATE KEY-----…"}  // optional: the RSA key it signs with
 // It prints its issuer URL on one stdout line once it listens. The login and consent pages are small
 // HTML forms of its own, so that a password is really checked (the package's development pages take
 // any login); the device flow (RFC 8628) is enabled.
+// With `resource_scopes`, it is also the authorization server of MCP hosts (tests/mcp_oauth.rs): a
+// `resource` that is an http://127.0.0.1:* URL gets JWT access tokens whose `aud` is that resource, whose
+// `scope` holds what was granted of `resource_scopes`, with the person's `groups` and `email`. A request
+// without `resource` gets what it got before (no default resource is chosen for it).
 import { createServer } from 'node:http';
-import { generateKeyPairSync } from 'node:crypto';
-import Provider from 'oidc-provider';
+import { createPrivateKey, generateKeyPairSync } from 'node:crypto';
+import Provider, { errors } from 'oidc-provider';
 
 const setup = JSON.parse(process.env.OIDC_SETUP ?? '{}');
 const users = new Map((setup.users ?? []).map((user) => [user.sub, user]));
 const groupsInIdToken = setup.groups_in_id_token ?? true;
 
-const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+// A key given by the test lets it forge tokens that the provider's published key verifies.
+const privateKey = setup.signing_key_pem
+  ? createPrivateKey(setup.signing_key_pem)
+  : generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
+const resourceScopes = setup.resource_scopes ?? null;
 const signingKey = { ...privateKey.export({ format: 'jwk' }), kid: 'test-key-1', alg: 'RS256', use: 'sig' };
 
 const clients = (setup.clients ?? []).map((client) => ({
@@ -39,6 +50,9 @@ const provider = new Provider(issuer, {
   // asks for it in userinfo only.
   claims: { openid: ['sub', 'groups'], profile: ['name'], email: ['email'] },
   conformIdTokenClaims: !groupsInIdToken,
+  // Hosts register with the scope they will ask for (RFC 7591 `scope`), which must be one the provider
+  // names.
+  ...(resourceScopes ? { scopes: ['openid', 'offline_access', ...resourceScopes] } : {}),
   findAccount: (_ctx, sub) => {
     const user = users.get(sub);
     if (!user) return undefined;
@@ -50,6 +64,31 @@ const provider = new Provider(issuer, {
   features: {
     devInteractions: { enabled: false },
     deviceFlow: { enabled: true },
+    // Hosts register themselves as MCP hosts do (public clients with PKCE among them).
+    registration: { enabled: Boolean(setup.registration) },
+    resourceIndicators: {
+      enabled: true,
+      // Left as the package has it: no resource is chosen for a request that names none.
+      defaultResource: async (_ctx, _client, oneOf) => oneOf,
+      getResourceServerInfo: async (_ctx, resource) => {
+        if (!resourceScopes || !/^http:\/\/127\.0\.0\.1:\d+(\/|$)/.test(resource)) {
+          throw new errors.InvalidTarget();
+        }
+        return {
+          scope: resourceScopes.join(' '),
+          audience: resource,
+          accessTokenFormat: 'jwt',
+          accessTokenTTL: 600,
+          jwt: { sign: { alg: 'RS256' } },
+        };
+      },
+    },
+  },
+  // The people rules of the gateway read these from the access token, not from userinfo.
+  extraTokenClaims: async (_ctx, token) => {
+    if (!token.resourceServer) return undefined;
+    const user = users.get(token.accountId);
+    return user ? { groups: user.groups ?? [], email: user.email } : undefined;
   },
   interactions: { url: (_ctx, interaction) => `/interaction/${interaction.uid}` },
   cookies: { keys: ['sealgate-test-provider'] },
