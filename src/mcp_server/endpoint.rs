@@ -370,7 +370,7 @@ async fn run(
         .await
     {
         Ok(session) => session,
-        Err(no_session) => return Err(refused_person(no_session, method)),
+        Err(no_session) => return answer(method, refused_person(no_session)),
     };
     let payload = pipeline_payload(message, method);
     let Ok(slot) = gw.call_slots.clone().try_acquire_owned() else {
@@ -433,8 +433,8 @@ fn pipeline_payload(message: &Map<String, Value>, method: &str) -> Value {
     payload
 }
 
-/// Why a person has no session, as the host is told: a tool result for a call, an error for a list.
-fn refused_person(no_session: NoSession, method: &str) -> Value {
+/// Why a person has no session, as the pipeline would refuse a call.
+fn refused_person(no_session: NoSession) -> Answer {
     let error = match no_session {
         NoSession::Revoked { until_ms } => ApiError::new(
             Code::SessionInactive,
@@ -449,10 +449,7 @@ fn refused_person(no_session: NoSession, method: &str) -> Value {
         ),
         NoSession::Store(why) => ApiError::new(Code::StoreUnavailable, why),
     };
-    match answer(method, Answer::Refused(error_object(&error))) {
-        Ok(result) => result,
-        Err(error) => error,
-    }
+    Answer::Refused(error_object(&error))
 }
 
 /// The SPEC error object (`code`, `name`, `message`, …) as the envelope endpoint's body carries it.
