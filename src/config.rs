@@ -134,6 +134,22 @@ impl Default for Sessions {
     }
 }
 
+impl Config {
+    /// What the MCP endpoint (SPEC 17) reads of the rest of the configuration.
+    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::Surroundings<'_> {
+        crate::mcp_server::Surroundings {
+            base_dir: &self.base_dir,
+            groups_claim: self
+                .operator_auth
+                .oidc
+                .as_ref()
+                .map_or("groups", |oidc| oidc.groups_claim.as_str()),
+            skew_secs: self.limits.max_clock_skew_secs.unsigned_abs(),
+            max_lifetime_secs: self.sessions.max_lifetime_secs,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {

@@ -121,16 +121,7 @@ impl Gateway {
         )?;
         let mcp_server = crate::mcp_server::McpServer::new(
             &config.mcp_server,
-            &crate::mcp_server::Surroundings {
-                base_dir: &config.base_dir,
-                groups_claim: config
-                    .operator_auth
-                    .oidc
-                    .as_ref()
-                    .map_or("groups", |oidc| oidc.groups_claim.as_str()),
-                skew_secs: config.limits.max_clock_skew_secs.unsigned_abs(),
-                max_lifetime_secs: config.sessions.max_lifetime_secs,
-            },
+            &config.mcp_server_surroundings(),
         )?;
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;

@@ -483,3 +483,31 @@ async fn a_revoked_person_is_refused_until_their_session_would_have_ended() {
     assert_ne!(current, first);
     assert_eq!(s.tool.count(), 2);
 }
+
+#[tokio::test]
+async fn a_mistake_in_mcp_server_stops_serve_and_serve_check_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = common::Keys::new();
+    let mistakes = [
+        (
+            "resource: \"http://127.0.0.1/other\"",
+            "mcp_server.resource: \"http://127.0.0.1/other\" must end in mcp_server.path",
+        ),
+        (
+            "resource: \"http://gateway.example/mcp\"",
+            "mcp_server.resource: \"http://gateway.example/mcp\": http:// is accepted only for a loopback host",
+        ),
+        (
+            "resource: \"http://127.0.0.1/mcp\", people: [ { claim: email, context: test } ]",
+            "mcp_server.people[0]: give either `group`, or `claim` with `pattern`",
+        ),
+    ];
+    for (keys_yaml, expected) in mistakes {
+        let extra = format!(
+            "mcp_server: {{ enabled: true, {keys_yaml}, authorization_servers: [\"http://127.0.0.1:9\"], \
+             keys: [ {{ jwks_url: \"http://127.0.0.1:9/jwks\" }} ] }}\n"
+        );
+        let config = common::write_config(dir.path(), &keys, "http://127.0.0.1:9", "", &extra);
+        common::assert_refused_at_start_up(&config, expected, "tool-secret");
+    }
+}
