@@ -37,6 +37,8 @@ pub struct Gateway {
     pub mcp_server: Option<crate::mcp_server::McpServer>,
     pub minter: Option<TokenMinter>,
     pub upstreams: Upstreams,
+    /// The pinned definitions of the MCP upstreams' tools (SPEC 18), checked on every call.
+    pub tools: crate::tools::Pins,
     pub audit: AuditLog,
     pub metrics: PrometheusHandle,
     /// Announces new approval requests (SPEC 13).
@@ -72,6 +74,8 @@ impl Gateway {
                 })
                 .await
                 .map_err(|e| format!("store: {e}"))?;
+            // Tool definitions accepted through another replica apply here within 2 s (SPEC 18).
+            spawn_pin_poll(&gateway);
             // Contexts put or deleted through another replica's API apply here within 2 s (SPEC 12).
             spawn_context_poll(&gateway, store, loaded);
             return Ok(gateway);
@@ -204,6 +208,12 @@ impl Gateway {
         }
         .map_err(|e| format!("audit: {e}"))?;
 
+        let tools = crate::tools::Pins::new(
+            store.clone(),
+            audit.clone(),
+            &upstreams.pinned(),
+            store.tool_pins().await.map_err(|e| format!("store: {e}"))?,
+        )?;
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
         let gateway = Arc::new(Gateway {
             call_slots: Arc::new(tokio::sync::Semaphore::new(
@@ -220,6 +230,7 @@ impl Gateway {
             mcp_server,
             minter,
             upstreams,
+            tools,
             audit,
             metrics,
             notifier,
@@ -228,8 +239,31 @@ impl Gateway {
             _policy_watcher: policy_watcher,
         });
         gateway.spawn_upkeep();
+        gateway.spawn_relisting();
         Ok((gateway, stored))
     }
+}
+
+/// Reads the tool pins every [`CONTEXT_POLL`], so that a definition accepted through another replica is
+/// callable here too (the check on a call reads memory only).
+fn spawn_pin_poll(gateway: &Arc<Gateway>) {
+    if gateway.upstreams.pinned().is_empty() {
+        return;
+    }
+    let gateway = Arc::downgrade(gateway);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CONTEXT_POLL);
+        loop {
+            tick.tick().await;
+            let Some(gateway) = gateway.upgrade() else {
+                return;
+            };
+            match gateway.store.tool_pins().await {
+                Ok(pins) => gateway.tools.apply(pins),
+                Err(e) => tracing::warn!(error = %e, "could not poll the tool pins"),
+            }
+        }
+    });
 }
 
 /// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed. Each
@@ -386,6 +420,48 @@ impl Gateway {
                 crate::telemetry::fold_samples();
             }
         });
+    }
+
+    /// Lists the tools again whenever an MCP upstream says they changed, so that a changed definition is
+    /// withheld (and its event written) before any host lists or calls it (SPEC 18).
+    fn spawn_relisting(self: &Arc<Self>) {
+        if self.upstreams.pinned().is_empty() {
+            return;
+        }
+        let changes = self.upstreams.tool_list_changes();
+        let gateway = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                changes.notified().await;
+                let Some(gateway) = gateway.upgrade() else {
+                    return;
+                };
+                gateway.listed_tools().await;
+            }
+        });
+    }
+
+    /// Every upstream's tools, without the withheld ones: the upstreams' lists, screened against the
+    /// pins (SPEC 18).
+    pub async fn listed_tools(&self) -> crate::upstream::ToolList {
+        let mut list = self.upstreams.list_tools().await;
+        let listed: Vec<String> = self
+            .upstreams
+            .pinned()
+            .into_keys()
+            .filter(|name| !list.left_out.iter().any(|left| &left.upstream == name))
+            .collect();
+        list.tools = self.tools.screen(list.tools, &listed).await;
+        list
+    }
+
+    /// SPEC 18's check of a call, before anything is sent: an upstream not listed yet by this process
+    /// is listed first, so that no call is judged without its tool's definition.
+    pub async fn check_tool(&self, tool: &str) -> Result<(), crate::tools::Withheld> {
+        if self.tools.unobserved(tool) {
+            self.listed_tools().await;
+        }
+        self.tools.check(tool)
     }
 
     /// The store, audit trail and webhook that the approval steps work with.

@@ -452,6 +452,15 @@ async fn after_verification(
             format!("no upstream serves {tool:?}"),
         ));
     }
+    // SPEC 18: a tool whose definition is not the pinned one is refused before anything is sent.
+    gw.check_tool(&tool).await.map_err(|withheld| {
+        Box::new(Refusal {
+            error: ApiError::new(Code::ToolDefinitionChanged, withheld.message())
+                .with_details(withheld.details()),
+            rule: None,
+            event: None,
+        })
+    })?;
     facts.phases.enter(Phase::Claim);
     let claim_record = new_claim(
         caller.sub(),
@@ -1230,7 +1239,7 @@ async fn list_tools(
         .await
         .map_err(store_refusal)?;
     let started = Instant::now();
-    let listed = gw.upstreams.list_tools().await;
+    let listed = gw.listed_tools().await; // SPEC 18: withheld tools left out
     let tools: Vec<Value> = listed
         .tools
         .into_iter()

@@ -14,7 +14,7 @@ use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, SessionRecord, SignInAttempt, SqliteStore, Store, StoreError,
-    StoreResult, StoredContext,
+    StoreResult, StoredContext, ToolPin,
 };
 use serde_json::{json, Value};
 
@@ -121,6 +121,22 @@ impl Store for SwitchableStore {
     async fn console_session_delete(&self, id: &str) -> StoreResult<bool> {
         self.check()?;
         self.inner.console_session_delete(id).await
+    }
+    async fn tool_pin_first(&self, pin: &ToolPin) -> StoreResult<ToolPin> {
+        self.check()?;
+        self.inner.tool_pin_first(pin).await
+    }
+    async fn tool_pin_put(&self, pin: &ToolPin) -> StoreResult<()> {
+        self.check()?;
+        self.inner.tool_pin_put(pin).await
+    }
+    async fn tool_pins(&self) -> StoreResult<Vec<ToolPin>> {
+        self.check()?;
+        self.inner.tool_pins().await
+    }
+    async fn tool_sighting_first(&self, u: &str, t: &str, sha: &str, at: i64) -> StoreResult<bool> {
+        self.check()?;
+        self.inner.tool_sighting_first(u, t, sha, at).await
     }
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
         self.check()?;

@@ -14,6 +14,7 @@ pub(crate) mod metrics;
 pub mod openapi;
 pub mod server;
 mod sessions;
+mod tools;
 pub mod sign_in;
 
 use std::sync::Arc;
@@ -57,6 +58,8 @@ fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(audit::query))
         .routes(routes!(audit::export))
         .routes(routes!(audit::checkpoints))
+        .routes(routes!(tools::list))
+        .routes(routes!(tools::accept))
         .routes(routes!(keys::keys))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))

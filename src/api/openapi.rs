@@ -56,6 +56,7 @@ struct ErrorDetail {
         (name = "claims", description = "Claims: list, read, resolve; the standalone claim API"),
         (name = "approvals", description = "Approval requests of risky calls: list, read, grant, deny"),
         (name = "audit", description = "The audit trail"),
+        (name = "tools", description = "The MCP upstreams' tool definitions: pinned, changed, accepted (SPEC 18)"),
         (name = "agents", description = "The agents' signed calls"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "sign-in", description = "Console sessions of people signed in with the identity provider (SPEC 16)"),

@@ -17,10 +17,14 @@ pub mod scopes {
     pub const APPROVAL_DECIDE: &str = "seal.approval.decide";
     /// `GET /metrics` on the main listener (SPEC 11 r3).
     pub const METRICS_READ: &str = "seal.metrics.read";
+    /// `GET /v1/tools`: the MCP upstreams' tool definitions (SPEC 18).
+    pub const TOOL_READ: &str = "seal.tool.read";
+    /// Accepting a tool definition (SPEC 18).
+    pub const TOOL_REVIEW: &str = "seal.tool.review";
     /// Grants every other scope.
     pub const ADMIN: &str = "seal.admin";
     /// Every name above, for tools that refuse a misspelt scope before it becomes a useless token.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 14] = [
         SESSION_CREATE,
         SESSION_REVOKE,
         SESSION_READ,
@@ -32,6 +36,8 @@ pub mod scopes {
         APPROVAL_READ,
         APPROVAL_DECIDE,
         METRICS_READ,
+        TOOL_READ,
+        TOOL_REVIEW,
         ADMIN,
     ];
 }

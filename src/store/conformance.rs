@@ -7,6 +7,7 @@ use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, ConsoleSessionRecord,
     LiveCounts, RecordedIdentity, SeenSignature, SessionRecord, SignInAttempt, Store, StoreError,
+    ToolPin,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -696,4 +697,41 @@ pub(crate) async fn console_sessions_are_kept_touched_and_ended(store: &dyn Stor
         .await
         .unwrap();
     assert_eq!(store.console_session_get("a").await.unwrap(), None);
+}
+
+fn tool_pin(tool: &str, sha: &str, ms: i64) -> ToolPin {
+    ToolPin {
+        upstream: "fs".into(),
+        tool: tool.into(),
+        definition_sha256: sha.into(),
+        definition: json!({"name": tool, "description": sha, "inputSchema": {"type": "object"}}),
+        pinned_at_ms: ms,
+        accepted_by: None,
+    }
+}
+
+/// SPEC 18: the first pin of a tool wins (replicas racing at first sight agree on it), an accepted one
+/// replaces it, and a withheld definition is reported once.
+pub(crate) async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_once(
+    store: &dyn Store,
+) {
+    assert!(store.tool_pins().await.unwrap().is_empty());
+    let first = tool_pin("read", "aa", 1);
+    assert_eq!(store.tool_pin_first(&first).await.unwrap(), first);
+    // A second first sighting (another replica) gets the pin that won.
+    assert_eq!(
+        store.tool_pin_first(&tool_pin("read", "bb", 2)).await.unwrap(),
+        first
+    );
+    let other = tool_pin("write", "cc", 3);
+    store.tool_pin_first(&other).await.unwrap();
+    let mut accepted = tool_pin("read", "bb", 4);
+    accepted.accepted_by = Some(RecordedIdentity::Sub("alice".into()));
+    store.tool_pin_put(&accepted).await.unwrap();
+    assert_eq!(store.tool_pins().await.unwrap(), vec![accepted, other]);
+
+    assert!(store.tool_sighting_first("fs", "read", "bb", 5).await.unwrap());
+    assert!(!store.tool_sighting_first("fs", "read", "bb", 6).await.unwrap());
+    assert!(store.tool_sighting_first("fs", "read", "cc", 7).await.unwrap());
+    assert!(store.tool_sighting_first("web", "read", "bb", 8).await.unwrap());
 }

@@ -427,6 +427,21 @@ pub struct StoredContext {
     pub spec: Value,
 }
 
+/// A pinned tool definition (SPEC 18): the definition of an MCP upstream's tool that calls are allowed
+/// against. Its upstream and `tool` (the upstream's own name) are its key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolPin {
+    pub upstream: String,
+    pub tool: String,
+    /// hex(SHA-256(JCS(definition))).
+    pub definition_sha256: String,
+    pub definition: Value,
+    pub pinned_at_ms: i64,
+    /// Who accepted it; None when it was pinned on first use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_by: Option<RecordedIdentity>,
+}
+
 /// One admitted call's writes before it may be forwarded (SPEC 3 check 8's replay record, SPEC 6.3 rate and
 /// budget, then 7 claim), done by one store call so that a networked store can do them in one transaction.
 #[derive(Debug, Clone, Default)]
@@ -579,6 +594,23 @@ pub trait Store: AuditBackend {
     /// True when something was deleted.
     async fn context_delete(&self, name: &str) -> StoreResult<bool>;
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+
+    /// SPEC 18: pins `pin` unless its tool has a pin, and returns the tool's pin as stored (on replicas,
+    /// another's first sighting may have won).
+    async fn tool_pin_first(&self, pin: &ToolPin) -> StoreResult<ToolPin>;
+    /// Pins `pin` over whatever its tool had (an accepted definition).
+    async fn tool_pin_put(&self, pin: &ToolPin) -> StoreResult<()>;
+    /// Every pin, by upstream and tool.
+    async fn tool_pins(&self) -> StoreResult<Vec<ToolPin>>;
+    /// Remembers that a withheld definition (`sha256`) of the tool was seen: true the first time on any
+    /// replica, so that one event is written per definition.
+    async fn tool_sighting_first(
+        &self,
+        upstream: &str,
+        tool: &str,
+        sha256: &str,
+        seen_at_ms: i64,
+    ) -> StoreResult<bool>;
 
     /// Keeps a sign-in in progress under its `state`, and forgets those made before `forget_before_ms`.
     async fn sign_in_insert(

@@ -18,7 +18,7 @@ use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, Page, SessionRecord, SignInAttempt, SigningKeyRecord, Store,
-    StoreError, StoreResult, StoredContext,
+    StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0007_batch_functions.sql"),
     include_str!("migrations/postgres/0008_replay_cover.sql"),
     include_str!("migrations/postgres/0009_console_sign_in.sql"),
+    include_str!("migrations/postgres/0011_tool_pins.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -1006,6 +1007,73 @@ impl Store for PgStore {
         Ok(deleted == 1)
     }
 
+    async fn tool_pin_first(&self, pin: &ToolPin) -> StoreResult<ToolPin> {
+        // The statement's snapshot cannot see its own insert: the new row comes from RETURNING, an
+        // existing one from the SELECT.
+        let row = self
+            .conn()
+            .await?
+            .query_opt_prepared(
+                "WITH inserted AS (INSERT INTO tool_pins (upstream, tool, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (upstream, tool) DO NOTHING RETURNING record) \
+                 SELECT record FROM inserted UNION ALL \
+                 SELECT record FROM tool_pins WHERE upstream = $1 AND tool = $2 LIMIT 1",
+                &[&pin.upstream, &pin.tool, &encode(pin)?],
+            )
+            .await
+            .map_err(db)?;
+        match row {
+            Some(row) => decode(&row.get::<_, String>(0)),
+            None => Err(StoreError::unavailable("the tool's pin vanished")),
+        }
+    }
+
+    async fn tool_pin_put(&self, pin: &ToolPin) -> StoreResult<()> {
+        self.conn()
+            .await?
+            .execute_prepared(
+                "INSERT INTO tool_pins (upstream, tool, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (upstream, tool) DO UPDATE SET record = EXCLUDED.record",
+                &[&pin.upstream, &pin.tool, &encode(pin)?],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tool_pins(&self) -> StoreResult<Vec<ToolPin>> {
+        let rows = self
+            .conn()
+            .await?
+            .query_prepared(
+                "SELECT record FROM tool_pins ORDER BY upstream, tool",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter().map(|row| decode(row.get(0))).collect()
+    }
+
+    async fn tool_sighting_first(
+        &self,
+        upstream: &str,
+        tool: &str,
+        sha256: &str,
+        seen_at_ms: i64,
+    ) -> StoreResult<bool> {
+        let inserted = self
+            .conn()
+            .await?
+            .execute_prepared(
+                "INSERT INTO tool_sightings (upstream, tool, definition_sha256, seen_at_ms) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&upstream, &tool, &sha256, &seen_at_ms],
+            )
+            .await
+            .map_err(db)?;
+        Ok(inserted == 1)
+    }
+
     async fn sign_in_insert(
         &self,
         attempt: &SignInAttempt,
@@ -1255,6 +1323,15 @@ mod tests {
     async fn a_sign_in_is_taken_once_and_old_ones_are_forgotten() {
         let db = TestDatabase::create().await;
         conformance::a_sign_in_is_taken_once_and_old_ones_are_forgotten(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_once() {
+        let db = TestDatabase::create().await;
+        conformance::tool_pins_are_first_wins_then_replaced_and_sightings_count_once(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

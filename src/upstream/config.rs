@@ -30,6 +30,8 @@ pub struct UpstreamConfig {
     /// the config loader before they reach this module.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// How an MCP upstream's tool definitions are pinned (SPEC 18); default `pin: first_use`.
+    pub tools: Option<crate::tools::ToolsConfig>,
 }
 
 /// `http: {url}`.
@@ -209,6 +211,14 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
     }
     if cfg.timeout_ms == 0 {
         return Err(fail("timeout_ms must be at least 1".into()));
+    }
+    if let Some(tools) = &cfg.tools {
+        if cfg.mcp.is_none() {
+            return Err(fail(
+                "tools: only an `mcp` upstream's tool definitions are pinned".into(),
+            ));
+        }
+        crate::tools::compile_denylist(name, &tools.description_denylist)?;
     }
     let target = match (&cfg.http, &cfg.mcp) {
         (Some(_), Some(_)) => {

@@ -57,6 +57,8 @@ pub(crate) enum McpTarget {
 #[derive(Clone)]
 struct GatewayClient {
     tools_changed: Arc<AtomicBool>,
+    /// Wakes the task that lists the tools again (their definitions are pinned: SPEC 18).
+    relist: Arc<tokio::sync::Notify>,
 }
 
 impl ClientHandler for GatewayClient {
@@ -65,6 +67,7 @@ impl ClientHandler for GatewayClient {
         _context: NotificationContext<RoleClient>,
     ) -> impl std::future::Future<Output = ()> + Send + '_ {
         self.tools_changed.store(true, Ordering::Release);
+        self.relist.notify_one();
         std::future::ready(())
     }
 
@@ -273,6 +276,7 @@ pub(crate) struct McpUpstream {
     target: McpTarget,
     timeout: Duration,
     tools_changed: Arc<AtomicBool>,
+    relist: Arc<tokio::sync::Notify>,
     /// The live connection; only read and swapped, never held across an await.
     current: Mutex<Option<Arc<Connection>>>,
     /// Serialises starts, and remembers how long to wait after a failed one.
@@ -288,12 +292,14 @@ impl McpUpstream {
         target: McpTarget,
         timeout: Duration,
         tools_changed: Arc<AtomicBool>,
+        relist: Arc<tokio::sync::Notify>,
     ) -> Self {
         Self {
             name: Arc::from(name),
             target,
             timeout,
             tools_changed,
+            relist,
             current: Mutex::new(None),
             start_guard: tokio::sync::Mutex::new(RestartBackoff::default()),
             shut_down: AtomicBool::new(false),
@@ -474,6 +480,7 @@ impl McpUpstream {
     async fn start(&self, start: Start) -> Result<Connection, StartFailure> {
         let handler = GatewayClient {
             tools_changed: self.tools_changed.clone(),
+            relist: self.relist.clone(),
         };
         let watch = Arc::new(TransportWatch::new(self.timeout));
         match &self.target {

@@ -117,6 +117,8 @@ struct Upstream {
     /// Set by an MCP `notifications/tools/list_changed` (or a new session).
     tools_changed: Arc<AtomicBool>,
     tools: Mutex<Option<CachedTools>>,
+    /// Its `tools:` settings (SPEC 18).
+    pins: crate::tools::ToolsConfig,
 }
 
 /// An MCP upstream's server as the gateway last saw it (SPEC 20 r11), for `GET /readyz?verbose` and the
@@ -148,6 +150,7 @@ pub struct LeftOut {
 /// All configured upstreams, keyed by name. Cheap to share behind an `Arc`; calls run concurrently.
 pub struct Upstreams {
     routes: BTreeMap<String, Arc<Upstream>>,
+    tool_list_changes: Arc<tokio::sync::Notify>,
 }
 
 /// Splits a tool name into the upstream name and the tool's own name there.
@@ -169,6 +172,7 @@ impl Upstreams {
     /// Validates every entry (the error names the upstream); nothing is started or contacted here.
     pub fn new(cfg: &BTreeMap<String, UpstreamConfig>) -> Result<Upstreams, String> {
         let mut routes = BTreeMap::new();
+        let tool_list_changes = Arc::new(tokio::sync::Notify::new());
         for (name, entry) in cfg {
             let validated = config::validate(name, entry)?;
             let tools_changed = Arc::new(AtomicBool::new(false));
@@ -185,12 +189,14 @@ impl Upstreams {
                     },
                     validated.timeout,
                     tools_changed.clone(),
+                    tool_list_changes.clone(),
                 )),
                 Target::McpStdio(command) => Client::Mcp(McpUpstream::new(
                     name,
                     McpTarget::Stdio(command),
                     validated.timeout,
                     tools_changed.clone(),
+                    tool_list_changes.clone(),
                 )),
             };
             let upstream = Upstream {
@@ -199,10 +205,29 @@ impl Upstreams {
                 latency: crate::telemetry::UpstreamLatency::new(name),
                 tools_changed,
                 tools: Mutex::new(None),
+                pins: entry.tools.clone().unwrap_or_default(),
             };
             routes.insert(name.clone(), Arc::new(upstream));
         }
-        Ok(Upstreams { routes })
+        Ok(Upstreams {
+            routes,
+            tool_list_changes,
+        })
+    }
+
+    /// Every MCP upstream with its `tools:` settings (SPEC 18: their tool definitions are pinned).
+    pub fn pinned(&self) -> BTreeMap<String, crate::tools::ToolsConfig> {
+        self.routes
+            .values()
+            .filter(|upstream| matches!(upstream.client, Client::Mcp(_)))
+            .map(|upstream| (upstream.name.clone(), upstream.pins.clone()))
+            .collect()
+    }
+
+    /// Woken when an MCP upstream sends `notifications/tools/list_changed`: its tools are then listed
+    /// again (SPEC 18), without waiting for a host to ask.
+    pub fn tool_list_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.tool_list_changes.clone()
     }
 
     /// Whether the tool name's first segment names a configured upstream.

@@ -28,7 +28,7 @@ use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
     ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionRecord, SignInAttempt,
-    Store, StoreError, StoreResult, StoredContext,
+    Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
 
@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_initial.sql"),
     include_str!("../migrations/sqlite/0002_replay_cover.sql"),
     include_str!("../migrations/sqlite/0003_console_sign_in.sql"),
+    include_str!("../migrations/sqlite/0005_tool_pins.sql"),
 ];
 
 /// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
@@ -743,6 +744,74 @@ impl Store for SqliteStore {
                     .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
                     .map_err(db)?;
                 texts.iter().map(|text| decode_record(text)).collect()
+            })
+            .await
+    }
+
+    async fn tool_pin_first(&self, pin: &ToolPin) -> StoreResult<ToolPin> {
+        let pin = pin.clone();
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO tool_pins (upstream, tool, record) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (upstream, tool) DO NOTHING",
+                    params![pin.upstream, pin.tool, encode_record(&pin)?],
+                )?;
+                let text: String = w
+                    .conn
+                    .prepare_cached("SELECT record FROM tool_pins WHERE upstream = ?1 AND tool = ?2")
+                    .and_then(|mut s| s.query_row(params![pin.upstream, pin.tool], |row| row.get(0)))
+                    .map_err(db)?;
+                decode_record(&text)
+            })
+            .await
+    }
+
+    async fn tool_pin_put(&self, pin: &ToolPin) -> StoreResult<()> {
+        let pin = pin.clone();
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO tool_pins (upstream, tool, record) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (upstream, tool) DO UPDATE SET record = excluded.record",
+                    params![pin.upstream, pin.tool, encode_record(&pin)?],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    async fn tool_pins(&self) -> StoreResult<Vec<ToolPin>> {
+        self.writer
+            .write(|w| {
+                let texts: Vec<String> = w
+                    .conn
+                    .prepare_cached("SELECT record FROM tool_pins ORDER BY upstream, tool")
+                    .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
+                    .map_err(db)?;
+                texts.iter().map(|text| decode_record(text)).collect()
+            })
+            .await
+    }
+
+    async fn tool_sighting_first(
+        &self,
+        upstream: &str,
+        tool: &str,
+        sha256: &str,
+        seen_at_ms: i64,
+    ) -> StoreResult<bool> {
+        let (upstream, tool, sha256) = (upstream.to_owned(), tool.to_owned(), sha256.to_owned());
+        self.writer
+            .write(move |w| {
+                changes_one(
+                    &w.conn,
+                    "INSERT INTO tool_sightings (upstream, tool, definition_sha256, seen_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                    params![upstream, tool, sha256, seen_at_ms],
+                )
             })
             .await
     }

@@ -391,3 +391,9 @@ async fn console_sessions_are_kept_touched_and_ended() {
     let (_dir, store) = open();
     conformance::console_sessions_are_kept_touched_and_ended(&store).await;
 }
+
+#[tokio::test]
+async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_once() {
+    let (_dir, store) = open();
+    conformance::tool_pins_are_first_wins_then_replaced_and_sightings_count_once(&store).await;
+}
