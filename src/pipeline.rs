@@ -452,14 +452,12 @@ async fn after_verification(
             format!("no upstream serves {tool:?}"),
         ));
     }
-    // SPEC 18: a tool whose definition is not the pinned one is refused before anything is sent.
+    // SPEC 18: a tool whose definition is not the pinned one is refused before anything is sent (its
+    // event names the capability that allowed the call; nothing was charged).
     gw.check_tool(&tool).await.map_err(|withheld| {
-        Box::new(Refusal {
-            error: ApiError::new(Code::ToolDefinitionChanged, withheld.message())
-                .with_details(withheld.details()),
-            rule: None,
-            event: None,
-        })
+        let error = ApiError::new(Code::ToolDefinitionChanged, withheld.message())
+            .with_details(withheld.details());
+        decided_by(Box::new(Refusal { error, rule: None, event: None }), &rule)
     })?;
     facts.phases.enter(Phase::Claim);
     let claim_record = new_claim(
