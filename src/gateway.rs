@@ -444,23 +444,38 @@ impl Gateway {
     /// Every upstream's tools, without the withheld ones: the upstreams' lists, screened against the
     /// pins (SPEC 18).
     pub async fn listed_tools(&self) -> crate::upstream::ToolList {
-        let mut list = self.upstreams.list_tools().await;
-        let listed: Vec<String> = self
-            .upstreams
-            .pinned()
-            .into_keys()
+        let list = self.upstreams.list_tools().await;
+        self.screened(list, self.upstreams.pinned().into_keys().collect())
+            .await
+    }
+
+    /// `list` without its withheld tools, its `upstreams` (those of them that listed) observed whole.
+    async fn screened(
+        &self,
+        mut list: crate::upstream::ToolList,
+        upstreams: Vec<String>,
+    ) -> crate::upstream::ToolList {
+        let listed: Vec<String> = upstreams
+            .into_iter()
             .filter(|name| !list.left_out.iter().any(|left| &left.upstream == name))
             .collect();
         list.tools = self.tools.screen(list.tools, &listed).await;
         list
     }
 
-    /// SPEC 18's check of a call, before anything is sent: an upstream not listed yet by this process
-    /// is listed first, so that no call is judged without its tool's definition.
-    pub async fn check_tool(&self, tool: &str) -> Result<(), crate::tools::Withheld> {
+    /// Lists the tool's upstream when this process has not listed it yet (SPEC 18), so that no call or
+    /// accept is judged without its tool's definition.
+    pub async fn observe_upstream_of(&self, tool: &str) {
         if self.tools.unobserved(tool) {
-            self.listed_tools().await;
+            let upstream = tool.split_once('.').map_or(tool, |(upstream, _)| upstream);
+            let list = self.upstreams.list_tools_of(upstream).await;
+            self.screened(list, vec![upstream.to_owned()]).await;
         }
+    }
+
+    /// SPEC 18's check of a call, before anything is sent; in memory once the upstream was listed.
+    pub async fn check_tool(&self, tool: &str) -> Result<(), crate::tools::Withheld> {
+        self.observe_upstream_of(tool).await;
         self.tools.check(tool)
     }
 

@@ -44,7 +44,7 @@ pub mod strict_json;
 pub mod telemetry;
 pub mod tls;
 pub mod token;
-pub mod tools;
 pub mod tool_meta;
+pub mod tools;
 pub mod trace;
 pub mod upstream;

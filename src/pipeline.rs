@@ -457,7 +457,14 @@ async fn after_verification(
     gw.check_tool(&tool).await.map_err(|withheld| {
         let error = ApiError::new(Code::ToolDefinitionChanged, withheld.message())
             .with_details(withheld.details());
-        decided_by(Box::new(Refusal { error, rule: None, event: None }), &rule)
+        decided_by(
+            Box::new(Refusal {
+                error,
+                rule: None,
+                event: None,
+            }),
+            &rule,
+        )
     })?;
     facts.phases.enter(Phase::Claim);
     let claim_record = new_claim(

@@ -503,3 +503,84 @@ fn the_demo_prints_a_console_link_whose_token_reads_and_cannot_change() {
         "console page, session list, audit, revoke, context delete"
     );
 }
+
+/// SPEC 18 in the browser: an MCP server (the official Python SDK's, tests/mcp-servers/changing_server.py)
+/// hides an instruction in tag characters after its tools were pinned; the Tools page shows the definition
+/// seen beside the pinned one, and its Accept button pins it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tools_page_shows_a_changed_definition_beside_the_pinned_one_and_accepts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tool, tool_base) = common::start_tool().await;
+    let keys = std::sync::Arc::new(common::Keys::new());
+    let phase = dir.path().join("phase");
+    std::fs::write(&phase, "base").unwrap();
+    let python = common::pinned_tool("mcp", "python", "MCP_PYTHON");
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/mcp-servers/changing_server.py"
+    );
+    let args = json!([server, phase, dir.path().join("calls")]);
+    let changing =
+        format!("  ch: {{ mcp: {{ command: {python:?}, args: {args} }}, timeout_ms: 20000 }}\n");
+    let config = common::write_config(dir.path(), &keys, &tool_base, &changing, CONSOLE_ON);
+    let gw = Gateway::spawn_binary(
+        common::release_binary(),
+        Vec::new(),
+        dir.path(),
+        &config,
+        keys,
+        |_| {},
+    );
+    let status_of = |tools: &Value, name: &str| {
+        tools["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|tool| tool["tool"] == name)
+            .map(|tool| tool["status"].clone())
+    };
+    // Listed once as they are (first_use pins them), then changed by the server.
+    let (status, tools) = gw.admin(Method::GET, "/v1/tools", None).await;
+    assert_eq!(status, 200, "{tools}");
+    assert_eq!(
+        status_of(&tools, "ch.read"),
+        Some(json!("pinned")),
+        "{tools}"
+    );
+    std::fs::write(&phase, "tag_characters").unwrap();
+    common::until(
+        std::time::Duration::from_secs(30),
+        "ch.read is seen changed",
+        || async {
+            let (_, tools) = gw.admin(Method::GET, "/v1/tools", None).await;
+            status_of(&tools, "ch.read") == Some(json!("changed"))
+        },
+    )
+    .await;
+
+    let screenshots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let output = Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/console/tools.test.mjs"
+        ))
+        .env("CONSOLE_BASE", &gw.base)
+        .env("CONSOLE_TOKEN", gw.keys.operator_token("seal.admin"))
+        .env("CONSOLE_SCREENSHOTS", &screenshots)
+        .output()
+        .expect("node runs (scripts/test.sh installs tests/console and Chromium)");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "tools.test.mjs failed:\n{printed}");
+    assert!(
+        printed.contains("console tools: all checks passed"),
+        "{printed}"
+    );
+    let accepted = gw.audit_events("type=ToolDefinitionAccepted").await;
+    assert_eq!(accepted.len(), 1, "{accepted:#?}");
+    assert_eq!(accepted[0]["tool"], "ch.read");
+}

@@ -14,8 +14,8 @@ pub(crate) mod metrics;
 pub mod openapi;
 pub mod server;
 mod sessions;
-mod tools;
 pub mod sign_in;
+mod tools;
 
 use std::sync::Arc;
 

@@ -56,9 +56,7 @@ pub async fn accept(
 ) -> Result<Response, ApiError> {
     caller.require_everywhere(scopes::TOOL_REVIEW)?;
     let request: Accept = json_body(&body)?;
-    if gw.tools.unobserved(&tool) {
-        gw.listed_tools().await;
-    }
+    gw.observe_upstream_of(&tool).await;
     match gw
         .tools
         .accept(&tool, &request.definition_sha256, &caller.identity)

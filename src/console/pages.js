@@ -11,7 +11,7 @@ const POLL_MS = 3000;
 // The read scope of each page, so that the navigation offers only the pages the caller may read.
 export const readScopes = {
   approvals: 'seal.approval.read', claims: 'seal.claim.read', sessions: 'seal.session.read',
-  contexts: 'seal.context.read', audit: 'seal.audit.read',
+  contexts: 'seal.context.read', audit: 'seal.audit.read', tools: 'seal.tool.read',
 };
 
 // "team payments, team ops", or "every team", for messages about what the caller holds.
@@ -504,6 +504,73 @@ function tryCall(name, currentDraft) {
   return el('div', { class: 'card' }, form);
 }
 
+// ---------------- Tools (SPEC 18) ----------------
+
+// Format characters (zero-width, bidi controls, the tag block) shown as escapes: the reviewer must see
+// what a model would read.
+function visible(text) {
+  return text.replace(/\p{Cf}/gu, (c) => `\\u{${c.codePointAt(0).toString(16).toUpperCase()}}`);
+}
+
+function definitionText(view) {
+  return view ? visible(JSON.stringify(view.definition, null, 2)) : '';
+}
+
+// The pinned definition beside the one seen, each line marked where they differ.
+function sideBySide(tool) {
+  const lines = diffLines(definitionText(tool.pinned), definitionText(tool.seen));
+  const column = (title, view, shown, mark) => el('div', {},
+    el('h3', {}, title),
+    el('p', { class: 'muted' }, view ? `sha256 ${view.definition_sha256}` : 'none'),
+    el('pre', { class: 'diff', 'data-testid': `${mark === 'del' ? 'pinned' : 'seen'}-definition` },
+      lines.filter((l) => l.op === ' ' || l.op === shown)
+        .map((l) => el('span', { class: l.op === ' ' ? '' : mark }, `${l.op === ' ' ? ' ' : l.op} ${l.line}\n`))));
+  return el('div', { class: 'row' },
+    column('Pinned', tool.pinned, '-', 'del'),
+    column('Seen now', tool.seen, '+', 'add'));
+}
+
+function toolCard(tool, refresh) {
+  const message = el('p', { role: 'alert' });
+  const accept = async () => {
+    try {
+      await api('POST', `/v1/tools/${encodeURIComponent(tool.tool)}/accept`, { definition_sha256: tool.seen.definition_sha256 });
+      say(`${tool.tool}: the definition seen is pinned.`);
+      refresh();
+    } catch (error) { message.className = 'bad'; message.textContent = `Not accepted: ${errorText(error)}`; }
+  };
+  const actions = !tool.seen ? el('p', { class: 'muted' }, 'The upstream does not list it now.')
+    : mayEverywhere('seal.tool.review')
+      ? el('div', { class: 'actions' }, el('button', { type: 'button', 'data-testid': 'accept-tool', on: { click: accept } }, 'Accept the definition seen'))
+      : el('p', { class: 'muted', 'data-testid': 'not-allowed' }, 'You may not accept it: it needs seal.tool.review on every team.');
+  return el('div', { class: 'card', 'data-testid': 'withheld-tool' },
+    el('h2', {}, `${tool.tool} — withheld: ${tool.reason.replace('_', ' ')}`),
+    sideBySide(tool), actions, message);
+}
+
+function tools(main) {
+  const list = el('div', { 'aria-live': 'polite' });
+  const refresh = async () => {
+    let page;
+    try { page = await api('GET', '/v1/tools'); } catch (error) { replace(list, problem(error)); return; }
+    if (page.items.length === 0) { replace(list, el('p', { class: 'muted' }, 'No MCP upstream lists any tool.')); return; }
+    const rows = page.items.map((tool) => el('tr', { 'data-testid': 'tool-row' },
+      el('td', {}, el('code', {}, tool.tool)),
+      el('td', { class: tool.withheld ? 'bad' : 'ok' }, tool.status),
+      el('td', {}, tool.withheld ? `withheld: ${tool.reason}` : 'listed'),
+      el('td', {}, tool.pinned ? el('code', {}, tool.pinned.definition_sha256.slice(0, 16)) : 'none')));
+    replace(list,
+      table(['tool', 'status', 'calls', 'pinned sha256'], rows, 'Every tool of every MCP upstream'),
+      ...page.items.filter((tool) => tool.withheld).map((tool) => toolCard(tool, refresh)));
+  };
+  replace(main, el('h1', {}, 'Tools'),
+    el('p', { class: 'muted' }, 'A tool whose definition is not the pinned one is left out of tools/list and its calls are refused (2009) until it is accepted.'),
+    list);
+  refresh();
+  // No polling: a card being read must not move under the reader; the page reloads after an accept.
+  return () => {};
+}
+
 // ---------------- Audit ----------------
 
 const EVENT_TYPES = ['SessionCreated', 'SessionRevoked', 'ToolCallAuthorized', 'PolicyViolationBlocked', 'SignatureVerificationFailed',
@@ -611,4 +678,4 @@ function audit(main) {
   return () => {};
 }
 
-export const pages = { overview, approvals, claims, sessions, contexts, audit };
+export const pages = { overview, approvals, claims, sessions, contexts, audit, tools };

@@ -720,7 +720,10 @@ pub(crate) async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_o
     assert_eq!(store.tool_pin_first(&first).await.unwrap(), first);
     // A second first sighting (another replica) gets the pin that won.
     assert_eq!(
-        store.tool_pin_first(&tool_pin("read", "bb", 2)).await.unwrap(),
+        store
+            .tool_pin_first(&tool_pin("read", "bb", 2))
+            .await
+            .unwrap(),
         first
     );
     let other = tool_pin("write", "cc", 3);
@@ -730,8 +733,20 @@ pub(crate) async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_o
     store.tool_pin_put(&accepted).await.unwrap();
     assert_eq!(store.tool_pins().await.unwrap(), vec![accepted, other]);
 
-    assert!(store.tool_sighting_first("fs", "read", "bb", 5).await.unwrap());
-    assert!(!store.tool_sighting_first("fs", "read", "bb", 6).await.unwrap());
-    assert!(store.tool_sighting_first("fs", "read", "cc", 7).await.unwrap());
-    assert!(store.tool_sighting_first("web", "read", "bb", 8).await.unwrap());
+    assert!(store
+        .tool_sighting_first("fs", "read", "bb", 5)
+        .await
+        .unwrap());
+    assert!(!store
+        .tool_sighting_first("fs", "read", "bb", 6)
+        .await
+        .unwrap());
+    assert!(store
+        .tool_sighting_first("fs", "read", "cc", 7)
+        .await
+        .unwrap());
+    assert!(store
+        .tool_sighting_first("web", "read", "bb", 8)
+        .await
+        .unwrap());
 }

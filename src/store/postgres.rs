@@ -1045,10 +1045,7 @@ impl Store for PgStore {
         let rows = self
             .conn()
             .await?
-            .query_prepared(
-                "SELECT record FROM tool_pins ORDER BY upstream, tool",
-                &[],
-            )
+            .query_prepared("SELECT record FROM tool_pins ORDER BY upstream, tool", &[])
             .await
             .map_err(db)?;
         rows.iter().map(|row| decode(row.get(0))).collect()

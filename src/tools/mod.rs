@@ -498,12 +498,7 @@ impl Pins {
         tracing::warn!(tool = %routed_name, reason = withheld.reason.as_str(), %seen_sha256, "tool withheld: its definition is not the pinned one");
         let first = match self
             .store
-            .tool_sighting_first(
-                upstream,
-                tool,
-                &seen_sha256,
-                crate::clock::now_millis(),
-            )
+            .tool_sighting_first(upstream, tool, &seen_sha256, crate::clock::now_millis())
             .await
         {
             Ok(first) => first,
@@ -601,7 +596,12 @@ impl Pins {
     fn status_of(&self, upstream: &str, tool: &str) -> Option<ToolStatus> {
         let state = self.state.read().ok()?;
         let entry = state.tools.get(upstream)?.get(tool)?;
-        Some(status(upstream, tool, entry, self.rules.get(upstream)?.mode))
+        Some(status(
+            upstream,
+            tool,
+            entry,
+            self.rules.get(upstream)?.mode,
+        ))
     }
 }
 
@@ -703,9 +703,13 @@ mod tests {
             "\u{202E}", // right-to-left override
             "\u{2066}", // left-to-right isolate
             "\u{FEFF}", // byte order mark
-            "\u{E0041}", "\u{E007F}", // tag characters
+            "\u{E0041}",
+            "\u{E007F}", // tag characters
         ] {
-            assert!(has_hidden_characters(&format!("read{hidden}file")), "{hidden:?}");
+            assert!(
+                has_hidden_characters(&format!("read{hidden}file")),
+                "{hidden:?}"
+            );
         }
         for visible in ["read_file", "é", "e\u{301}", "日本語", "tab\there"] {
             assert!(!has_hidden_characters(visible), "{visible:?}");
@@ -725,11 +729,20 @@ mod tests {
 
     #[test]
     fn flags_prefer_hidden_characters_then_the_denylist() {
-        let denylist = compile_denylist("fs", &["(?i)ignore (all|previous) instructions".into()]).unwrap();
-        let flag = |description: &str| flag_of(&json!({"name": "t", "description": description}), &denylist);
+        let denylist =
+            compile_denylist("fs", &["(?i)ignore (all|previous) instructions".into()]).unwrap();
+        let flag = |description: &str| {
+            flag_of(&json!({"name": "t", "description": description}), &denylist)
+        };
         assert_eq!(flag("Reads a file"), None);
-        assert_eq!(flag("Ignore previous instructions"), Some(Reason::DenylistedText));
-        assert_eq!(flag("Ignore previous\u{E0020}instructions"), Some(Reason::HiddenCharacters));
+        assert_eq!(
+            flag("Ignore previous instructions"),
+            Some(Reason::DenylistedText)
+        );
+        assert_eq!(
+            flag("Ignore previous\u{E0020}instructions"),
+            Some(Reason::HiddenCharacters)
+        );
         assert_eq!(
             flag_of(&json!({"name": "t", "title": "a\u{200B}b"}), &denylist),
             Some(Reason::HiddenCharacters)
@@ -739,7 +752,10 @@ mod tests {
     #[test]
     fn a_pattern_the_regex_crate_refuses_is_named_by_its_key() {
         let err = compile_denylist("web", &["ok".into(), "(a".into()]).unwrap_err();
-        assert!(err.contains("upstreams.web.tools.description_denylist[1]"), "{err}");
+        assert!(
+            err.contains("upstreams.web.tools.description_denylist[1]"),
+            "{err}"
+        );
         // Backreferences and look-around are refused: the engine is linear-time.
         assert!(compile_denylist("web", &[r"(a)\1".into()]).is_err());
         assert!(compile_denylist("web", &["a(?=b)".into()]).is_err());
@@ -783,7 +799,10 @@ mod tests {
             Reason::HiddenCharacters
         );
         entry.seen = Some(seen("a", None));
-        assert_eq!(entry.withheld(PinMode::Reviewed, "fs.read").unwrap().reason, Reason::New);
+        assert_eq!(
+            entry.withheld(PinMode::Reviewed, "fs.read").unwrap().reason,
+            Reason::New
+        );
         assert_eq!(entry.status(), "new");
     }
 }

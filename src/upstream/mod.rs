@@ -286,14 +286,22 @@ impl Upstreams {
     /// upstream that cannot list its tools is left out, with a warning that says so (SPEC 20 r11);
     /// lists are cached per upstream.
     pub async fn list_tools(&self) -> ToolList {
+        Self::list_of(self.routes.values().collect()).await
+    }
+
+    /// The tools of one upstream, as [`Upstreams::list_tools`] gives them; empty when none has that name.
+    pub async fn list_tools_of(&self, upstream: &str) -> ToolList {
+        Self::list_of(self.routes.get(upstream).into_iter().collect()).await
+    }
+
+    async fn list_of(routes: Vec<&Arc<Upstream>>) -> ToolList {
         let lists =
-            futures_util::future::join_all(self.routes.values().map(|upstream| upstream.tools()))
-                .await;
+            futures_util::future::join_all(routes.iter().map(|upstream| upstream.tools())).await;
         let mut list = ToolList {
             tools: Vec::new(),
             left_out: Vec::new(),
         };
-        for (upstream, tools) in self.routes.values().zip(lists) {
+        for (upstream, tools) in routes.into_iter().zip(lists) {
             match tools {
                 Ok(tools) => list.tools.extend(tools.iter().cloned()),
                 Err(e) => list.left_out.push(LeftOut {

@@ -760,8 +760,12 @@ impl Store for SqliteStore {
                 )?;
                 let text: String = w
                     .conn
-                    .prepare_cached("SELECT record FROM tool_pins WHERE upstream = ?1 AND tool = ?2")
-                    .and_then(|mut s| s.query_row(params![pin.upstream, pin.tool], |row| row.get(0)))
+                    .prepare_cached(
+                        "SELECT record FROM tool_pins WHERE upstream = ?1 AND tool = ?2",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row(params![pin.upstream, pin.tool], |row| row.get(0))
+                    })
                     .map_err(db)?;
                 decode_record(&text)
             })
