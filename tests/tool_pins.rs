@@ -99,7 +99,9 @@ fn write_policy(dir: &Path) {
 
 async fn start(dir: &Path, server: &Server, tools: &str) -> Gateway {
     write_policy(dir);
-    Gateway::start_with(dir, &server.upstream(tools), "").await.0
+    Gateway::start_with(dir, &server.upstream(tools), "")
+        .await
+        .0
 }
 
 struct Agent {
@@ -216,7 +218,11 @@ async fn a_changed_description_is_withheld_until_its_hash_is_accepted() {
     let (status, body) = call(&gw, &agent, "ch.read").await;
     let details = assert_withheld(status, &body, "ch.read", "changed");
     assert_eq!(details["pinned_sha256"], pinned_sha);
-    assert_eq!(server.calls(), ["read"], "the withheld call reached the tool");
+    assert_eq!(
+        server.calls(),
+        ["read"],
+        "the withheld call reached the tool"
+    );
     // The other tool is untouched.
     let (status, body) = call(&gw, &agent, "ch.write").await;
     assert_eq!(status, 200, "{body}");
@@ -358,7 +364,10 @@ async fn hidden_characters_and_denylisted_text_withhold_a_tool() {
     until_listed(&gw, &agent, &["ch.read"]).await;
     let (status, body) = call(&gw, &agent, "ch.write").await;
     assert_withheld(status, &body, "ch.write", "hidden_characters");
-    assert_eq!(tool_status(&gw, "ch.write").await["reason"], "hidden_characters");
+    assert_eq!(
+        tool_status(&gw, "ch.write").await["reason"],
+        "hidden_characters"
+    );
 
     // Text an operator's pattern names.
     server.set("denylisted");
@@ -375,7 +384,15 @@ async fn hidden_characters_and_denylisted_text_withhold_a_tool() {
     let reasons: Vec<String> = events(&gw, "ToolDefinitionChanged")
         .await
         .iter()
-        .map(|e| e["detail"].as_str().unwrap().split(' ').next().unwrap().to_owned())
+        .map(|e| {
+            e["detail"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(
         reasons,
@@ -485,7 +502,9 @@ struct Host {
 
 impl Host {
     async fn start(program: &Path, script: &str, plan: &Value) -> Host {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/connect-clients").join(script);
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/connect-clients")
+            .join(script);
         let mut child = tokio::process::Command::new(program)
             .arg(script)
             .arg(plan.to_string())
@@ -568,18 +587,27 @@ async fn hosts_through_connect_see_a_changed_tool_vanish_and_return() {
         server.set(phase);
         let deadline = std::time::Instant::now() + WITHIN;
         while host.list().await != ["ch.write"] {
-            assert!(std::time::Instant::now() < deadline, "{script}: ch.read still listed");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{script}: ch.read still listed"
+            );
         }
         let refused = host.ask("call ch.read").await;
         assert_eq!(refused["isError"], true, "{script}: {refused}");
-        assert_eq!(refused["_meta"]["sealgate/error"]["code"], 2009, "{script}: {refused}");
+        assert_eq!(
+            refused["_meta"]["sealgate/error"]["code"], 2009,
+            "{script}: {refused}"
+        );
 
         let seen = tool_status(&gw, "ch.read").await["seen"]["definition_sha256"].clone();
         let (status, body) = accept(&gw, "ch.read", &seen).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(host.list().await, ["ch.read", "ch.write"], "{script}");
         let answer = host.ask("call ch.read").await;
-        assert_eq!(answer["content"][0]["text"], "ok:read", "{script}: {answer}");
+        assert_eq!(
+            answer["content"][0]["text"], "ok:read",
+            "{script}: {answer}"
+        );
         host.quit(script).await;
     }
 }
