@@ -59,6 +59,8 @@ pub enum PinMode {
 struct Rules {
     mode: PinMode,
     denylist: Vec<Regex>,
+    /// Held while a list of this upstream is taken in.
+    observing: tokio::sync::Mutex<()>,
 }
 
 /// Compiles a denylist; the error names the key and the pattern the `regex` crate refused.
@@ -156,16 +158,17 @@ struct Entry {
 impl Entry {
     /// Why calls to this tool are refused; None when its seen definition is the pinned one (or it has
     /// not been seen: the upstream does not list it, and answers for itself).
-    fn withheld(&self, mode: PinMode, routed: &str) -> Option<Withheld> {
+    fn withheld(&self, routed: &str) -> Option<Withheld> {
         let seen = self.seen.as_ref()?;
         let pinned = self.pin.as_ref().map(|pin| pin.definition_sha256.clone());
         if pinned.as_deref() == Some(seen.sha256.as_str()) {
             return None;
         }
-        let reason = seen.flag.unwrap_or(match (&pinned, mode) {
-            (Some(_), _) => Reason::Changed,
-            // Under first_use a clean tool is pinned when seen; without a pin its write failed.
-            (None, _) => Reason::New,
+        // Without a pin: `reviewed`, or under `first_use` a first pin that could not be written.
+        let reason = seen.flag.unwrap_or(if pinned.is_some() {
+            Reason::Changed
+        } else {
+            Reason::New
         });
         Some(Withheld {
             tool: routed.to_owned(),
@@ -269,6 +272,7 @@ impl Pins {
                 Rules {
                     mode: config.pin,
                     denylist: compile_denylist(upstream, &config.description_denylist)?,
+                    observing: tokio::sync::Mutex::new(()),
                 },
             );
         }
@@ -315,7 +319,7 @@ impl Pins {
         };
         let entry = state.tools.get(upstream).and_then(|tools| tools.get(tool));
         match entry {
-            Some(entry) if entry.seen.is_some() => match entry.withheld(rules.mode, routed_tool) {
+            Some(entry) if entry.seen.is_some() => match entry.withheld(routed_tool) {
                 Some(withheld) => Err(withheld),
                 None => Ok(()),
             },
@@ -326,16 +330,12 @@ impl Pins {
         }
     }
 
-    /// Replaces the pins in memory with the store's (start-up, and a replica's poll).
+    /// Takes in the store's pins (start-up, and a replica's poll). Pins are never removed, and of two pins
+    /// of a tool the later one holds: a poll read just before this replica's own accept must not undo it.
     pub fn apply(&self, pins: Vec<ToolPin>) {
         let Ok(mut state) = self.state.write() else {
             return;
         };
-        for tools in state.tools.values_mut() {
-            for entry in tools.values_mut() {
-                entry.pin = None;
-            }
-        }
         for pin in pins {
             let entry = state
                 .tools
@@ -343,7 +343,13 @@ impl Pins {
                 .or_default()
                 .entry(pin.tool.clone())
                 .or_default();
-            entry.pin = Some(pin);
+            if entry
+                .pin
+                .as_ref()
+                .is_none_or(|held| held.pinned_at_ms <= pin.pinned_at_ms)
+            {
+                entry.pin = Some(pin);
+            }
         }
     }
 
@@ -383,18 +389,19 @@ impl Pins {
             .collect()
     }
 
-    /// Records the definitions an upstream listed (its own tool names), whole.
+    /// Records the definitions an upstream listed (its own tool names), whole. One list of an upstream
+    /// is taken in at a time, so that a call judged after one waits for its first pins to be written.
     async fn observe(&self, upstream: &str, listed: Vec<(String, Value)>) {
         let Some(rules) = self.rules.get(upstream) else {
             return;
         };
+        let _turn = rules.observing.lock().await;
         let mut to_pin = Vec::new();
         let mut to_report = Vec::new();
         {
             let Ok(mut state) = self.state.write() else {
                 return;
             };
-            state.observed.insert(upstream.to_owned());
             let names: HashSet<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
             let tools = state.tools.entry(upstream.to_owned()).or_default();
             // A tool no longer listed is no longer seen; its pin stays.
@@ -453,7 +460,10 @@ impl Pins {
             }
         }
         for name in to_report {
-            self.report(upstream, &name, rules.mode).await;
+            self.report(upstream, &name).await;
+        }
+        if let Ok(mut state) = self.state.write() {
+            state.observed.insert(upstream.to_owned());
         }
     }
 
@@ -472,7 +482,7 @@ impl Pins {
 
     /// Writes the one `ToolDefinitionChanged` event of a withheld definition, on the replica whose
     /// sighting was the first.
-    async fn report(&self, upstream: &str, tool: &str, mode: PinMode) {
+    async fn report(&self, upstream: &str, tool: &str) {
         let routed_name = routed(upstream, tool);
         let withheld = {
             let Ok(state) = self.state.read() else {
@@ -481,7 +491,7 @@ impl Pins {
             let Some(entry) = state.tools.get(upstream).and_then(|t| t.get(tool)) else {
                 return;
             };
-            let Some(withheld) = entry.withheld(mode, &routed_name) else {
+            let Some(withheld) = entry.withheld(&routed_name) else {
                 return;
             };
             let key = (
@@ -580,14 +590,14 @@ impl Pins {
             return Vec::new();
         };
         let mut all = Vec::new();
-        for (upstream, rules) in &self.rules {
+        for upstream in self.rules.keys() {
             let Some(tools) = state.tools.get(upstream) else {
                 continue;
             };
             let mut names: Vec<&String> = tools.keys().collect();
             names.sort();
             for name in names {
-                all.push(status(upstream, name, &tools[name], rules.mode));
+                all.push(status(upstream, name, &tools[name]));
             }
         }
         all
@@ -596,12 +606,7 @@ impl Pins {
     fn status_of(&self, upstream: &str, tool: &str) -> Option<ToolStatus> {
         let state = self.state.read().ok()?;
         let entry = state.tools.get(upstream)?.get(tool)?;
-        Some(status(
-            upstream,
-            tool,
-            entry,
-            self.rules.get(upstream)?.mode,
-        ))
+        Some(status(upstream, tool, entry))
     }
 }
 
@@ -666,9 +671,9 @@ pub struct PinnedView {
     pub accepted_by: Option<Value>,
 }
 
-fn status(upstream: &str, tool: &str, entry: &Entry, mode: PinMode) -> ToolStatus {
+fn status(upstream: &str, tool: &str, entry: &Entry) -> ToolStatus {
     let routed_name = routed(upstream, tool);
-    let withheld = entry.withheld(mode, &routed_name);
+    let withheld = entry.withheld(&routed_name);
     ToolStatus {
         tool: routed_name,
         upstream: upstream.to_owned(),
@@ -780,10 +785,10 @@ mod tests {
             pin: Some(pin("a")),
             seen: Some(seen("a", None)),
         };
-        assert_eq!(entry.withheld(PinMode::FirstUse, "fs.read"), None);
+        assert_eq!(entry.withheld("fs.read"), None);
         assert_eq!(entry.status(), "pinned");
         entry.seen = Some(seen("b", None));
-        let withheld = entry.withheld(PinMode::FirstUse, "fs.read").unwrap();
+        let withheld = entry.withheld("fs.read").unwrap();
         assert_eq!(withheld.reason, Reason::Changed);
         assert_eq!(
             withheld.details(),
@@ -792,17 +797,14 @@ mod tests {
         assert_eq!(entry.status(), "changed");
         // An accepted definition with hidden characters is pinned, and so no longer withheld.
         entry.seen = Some(seen("a", Some(Reason::HiddenCharacters)));
-        assert_eq!(entry.withheld(PinMode::Reviewed, "fs.read"), None);
+        assert_eq!(entry.withheld("fs.read"), None);
         entry.pin = None;
         assert_eq!(
-            entry.withheld(PinMode::Reviewed, "fs.read").unwrap().reason,
+            entry.withheld("fs.read").unwrap().reason,
             Reason::HiddenCharacters
         );
         entry.seen = Some(seen("a", None));
-        assert_eq!(
-            entry.withheld(PinMode::Reviewed, "fs.read").unwrap().reason,
-            Reason::New
-        );
+        assert_eq!(entry.withheld("fs.read").unwrap().reason, Reason::New);
         assert_eq!(entry.status(), "new");
     }
 }
