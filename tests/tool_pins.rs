@@ -264,7 +264,17 @@ async fn a_changed_description_is_withheld_until_its_hash_is_accepted() {
     assert_eq!(body["error"]["code"], 6004, "{body}");
     let (status, body) = accept(&gw, "ch.nothing", &pinned_sha).await;
     assert_eq!(status, 404, "{body}");
+    // Tools belong to no team: a scope bound to one team does not reach them.
+    let bound = gw.keys.operator_token("payments/seal.tool.read");
+    let (status, body) = gw
+        .operator(Method::GET, "/v1/tools", Some(&bound), None)
+        .await;
+    assert_eq!(status, 403, "{body}");
     let token = gw.keys.operator_token("seal.tool.read");
+    let (status, body) = gw
+        .operator(Method::GET, "/v1/tools", Some(&token), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
     let (status, body) = gw
         .operator(
             Method::POST,
