@@ -403,7 +403,12 @@ impl Pins {
                 return;
             };
             let names: HashSet<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
-            let tools = state.tools.entry(upstream.to_owned()).or_default();
+            let State {
+                tools: all,
+                reported,
+                ..
+            } = &mut *state;
+            let tools = all.entry(upstream.to_owned()).or_default();
             // A tool no longer listed is no longer seen; its pin stays.
             for (name, entry) in tools.iter_mut() {
                 if !names.contains(name.as_str()) {
@@ -413,7 +418,16 @@ impl Pins {
             for (name, definition) in &listed {
                 let sha256 = crate::envelope::jcs_sha256_hex(definition);
                 let entry = tools.entry(name.clone()).or_default();
-                if entry.seen.as_ref().is_some_and(|s| s.sha256 == sha256) {
+                if let Some(seen) = entry.seen.as_ref().filter(|s| s.sha256 == sha256) {
+                    // Seen before: only what failed then is tried again (a first pin, a sighting).
+                    if entry.pin.is_none() && seen.flag.is_none() && rules.mode == PinMode::FirstUse
+                    {
+                        to_pin.push((name.clone(), definition.clone(), sha256));
+                    } else if entry.withheld(name).is_some()
+                        && !reported.contains(&(upstream.to_owned(), name.clone(), sha256))
+                    {
+                        to_report.push(name.clone());
+                    }
                     continue;
                 }
                 let flag = flag_of(definition, &rules.denylist);
