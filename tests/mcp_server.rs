@@ -340,6 +340,9 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     assert_eq!(items[0]["kind"], "mcp");
     assert_eq!(items[0]["iss"], json!(s.provider.issuer));
     assert_eq!(items[0]["sub"], "pat");
+    // The person registered it: separation of duties keeps them from approving their own calls.
+    assert_eq!(items[0]["registered_by"]["sub"], "pat");
+    assert_eq!(items[0]["registered_by"]["via"], "jwks");
     assert_eq!(items[0]["security_context"], "test");
     assert_eq!(items[0]["budget"]["max_calls"], 10);
     let session_id = items[0]["session_id"].as_str().unwrap();
