@@ -43,7 +43,7 @@ pub struct Config {
     /// Archiving old audit events and removing old settled records (SPEC 12 r3).
     pub retention: crate::retention::RetentionConfig,
     /// MCP hosts over the network with OAuth (SPEC 17).
-    pub mcp_server: crate::mcp_server::McpServerConfig,
+    pub mcp_server: crate::mcp_server::config::McpServerConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -136,8 +136,8 @@ impl Default for Sessions {
 
 impl Config {
     /// What the MCP endpoint (SPEC 17) reads of the rest of the configuration.
-    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::Surroundings<'_> {
-        crate::mcp_server::Surroundings {
+    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::config::Surroundings<'_> {
+        crate::mcp_server::config::Surroundings {
             base_dir: &self.base_dir,
             groups_claim: self
                 .operator_auth
@@ -172,7 +172,7 @@ impl Default for Config {
             telemetry: crate::otel::TelemetryConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
             retention: crate::retention::RetentionConfig::default(),
-            mcp_server: crate::mcp_server::McpServerConfig::default(),
+            mcp_server: crate::mcp_server::config::McpServerConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
