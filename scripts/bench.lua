@@ -2,6 +2,8 @@
 --   wrk ... -s bench.lua URL -- once  PREFIX        each line of PREFIX.<thread> once (pre-signed envelopes)
 --   wrk ... -s bench.lua URL -- cycle PREFIX        the same, starting over at the end (a proxy that checks nothing)
 --   wrk ... -s bench.lua URL -- claim RUN [TOKEN]   POST /claim bodies with a request_id unique to each request
+--   wrk ... -s bench.lua URL -- mcp TOKEN SESSION   MCP tools/call bodies (unique ids and arguments) with a
+--                                                   bearer token and an Mcp-Session-Id (SPEC 17)
 
 local threads = {}
 
@@ -20,6 +22,10 @@ function init(args)
     if args[3] then
       headers["Authorization"] = "Bearer " .. args[3]
     end
+  elseif mode == "mcp" then
+    headers["Authorization"] = "Bearer " .. args[2]
+    headers["Mcp-Session-Id"] = args[3]
+    headers["Accept"] = "application/json, text/event-stream"
   else
     file = assert(io.open(args[2] .. "." .. index, "r"))
   end
@@ -39,6 +45,10 @@ function request()
   if mode == "claim" then
     sent = sent + 1
     body = string.format('{"request_id":"%s-%d-%d","action":"bench.claim"}', run, index, sent)
+  elseif mode == "mcp" then
+    sent = sent + 1
+    local n = index * 1000000000 + sent
+    body = string.format('{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"bench.echo","arguments":{"n":%d}}}', n, n)
   else
     body = next_line()
     if body == nil then

@@ -333,6 +333,12 @@ main() {
         ROW_PID=$gw_pid wrk_row "$mode" "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/v1/invoke" once "$LOAD/$mode"
         rm -f "$LOAD/$mode".*
     done
+    # The MCP endpoint (SPEC 17): the same calls from a host with a bearer token instead of a signature,
+    # under the `claim: off` context (issue 33's target: at most 1.2 × the envelope row's CPU per call).
+    say "sealgate MCP endpoint, tools/call with a bearer token, $(label off), ${SECS}s"
+    local mcp; mcp=$("$BIN" bench mcp-session --dir "$WORK/gw" --gateway "$GW_URL")
+    local mcp_token=${mcp#token=}; mcp_token=${mcp_token%% *}
+    ROW_PID=$gw_pid wrk_row mcp "$THREADS" "$CONNECTIONS" "$SECS" "$GW_URL/mcp" mcp "$mcp_token" "${mcp##*session=}"
     for mode in off claim; do
         say "sealgate, $(label $mode), at a fixed $RATE req/s, ${SECS}s"
         record "rate_$mode" "$("$BIN" bench rate --dir "$WORK/gw" --gateway "$GW_URL" --context "bench-$mode" \
@@ -473,6 +479,7 @@ print_table() {
     echo
     local f50=${R[fsync.p50_us]} f99=${R[fsync.p99_us]}
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
+    echo "- MCP endpoint (SPEC 17), \`tools/call\` with a bearer token, $(label off): $(num "$(rps mcp)") req/s, p50 $(ms "${R[mcp.p50_us]}"), p99 $(ms "${R[mcp.p99_us]}"), gateway CPU per call $(num "${R[mcp.cpu_us]}") µs = $(ratio "${R[mcp.cpu_us]}" "${R[off.cpu_us]}") × the envelope row's ($(errors mcp) errors; target ≤ 1.2 ×)"
     echo "- signing (SPEC 14): a call's signed receipt costs $(us_of_ns "${R[sign.receipt_ns]}") of CPU, of which its one Ed25519 signature $(us_of_ns "${R[sign.signature_ns]}") (mean of ${R[sign.receipts]}, in the request's own task); checkpoints add one signature per \`audit.checkpoint_every\` events. Every row above includes it."
     for row in off claim; do
         local r=rate_$row

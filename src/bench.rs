@@ -54,6 +54,15 @@ pub enum BenchCommand {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Open an MCP session at the gateway's MCP endpoint (SPEC 17) as a bench person, and print
+    /// `token=TOKEN session=MCP-SESSION-ID`: what `scripts/bench.lua`'s `mcp` mode sends with each call.
+    McpSession {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The gateway's base URL.
+        #[arg(long)]
+        gateway: String,
+    },
     /// Register sessions and write COUNT unique pre-signed envelopes, one per line, spread over FILES files
     /// named OUT.0, OUT.1, … (one per load-generator thread).
     Envelopes {
@@ -151,6 +160,10 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Setup { dir, upstream } => setup(&dir, &upstream),
         BenchCommand::OperatorToken { dir } => {
             println!("{}", operator_token(&dir, token::scopes::CLAIM_RESOLVE)?);
+            Ok(())
+        }
+        BenchCommand::McpSession { dir, gateway } => {
+            println!("{}", mcp_session(&dir, &gateway).await?);
             Ok(())
         }
         BenchCommand::Envelopes {
@@ -317,8 +330,11 @@ fn setup(dir: &Path, upstream: &str) -> Result<(), String> {
     std::fs::create_dir_all(dir.join("policies")).map_err(|e| e.to_string())?;
     let (operator_private, operator_public) = token::ed25519_keypair_pem()?;
     let (agent_private, agent_public) = token::ed25519_keypair_pem()?;
+    let (person_private, person_public) = token::ed25519_keypair_pem()?;
     write_file(&dir.join("operator.pem"), &operator_private)?;
     write_file(&dir.join("agent.pem"), &agent_private)?;
+    // The key of an authorization server of its own, whose access tokens the MCP endpoint accepts.
+    write_file(&dir.join("mcp-person.pem"), &person_private)?;
     for (name, claim) in CONTEXTS {
         write_file(
             &dir.join(format!("policies/{name}.yaml")),
@@ -331,7 +347,11 @@ fn setup(dir: &Path, upstream: &str) -> Result<(), String> {
          agent_tokens:\n  issuer: {AGENT_ISSUER}\n  audience: {AGENT_AUDIENCE}\n  \
          keys: [ {{ alg: EdDSA, public_key_pem: {agent_public:?} }} ]\n\
          operator_auth:\n  keys: [ {{ alg: EdDSA, public_key_pem: {operator_public:?} }} ]\n\
-         upstreams:\n  bench: {{ http: {{ url: {upstream:?} }}, timeout_ms: 10000 }}\n"
+         upstreams:\n  bench: {{ http: {{ url: {upstream:?} }}, timeout_ms: 10000 }}\n\
+         mcp_server:\n  enabled: true\n  resource: {MCP_RESOURCE:?}\n  \
+         authorization_servers: [{MCP_ISSUER:?}]\n  \
+         keys: [ {{ alg: EdDSA, public_key_pem: {person_public:?} }} ]\n  \
+         people: [ {{ claim: sub, pattern: \"bench-*\", context: bench-off }} ]\n"
     );
     write_file(&dir.join("sealgate.yaml"), &config)
 }
@@ -344,6 +364,45 @@ fn operator_token(dir: &Path, scope: &str) -> Result<String, String> {
                 "iat": now, "exp": now + LIFETIME_SECS, "jti": uuid::Uuid::new_v4().to_string()}),
         None,
     )
+}
+
+/// The bench gateway's MCP endpoint, as its tokens name it (the port does not matter to a bench client).
+const MCP_RESOURCE: &str = "http://127.0.0.1/mcp";
+const MCP_ISSUER: &str = "http://127.0.0.1";
+
+/// A person's access token from the bench's authorization server, and the `Mcp-Session-Id` that
+/// `initialize` gives it.
+async fn mcp_session(dir: &Path, gateway: &str) -> Result<String, String> {
+    let now = clock::now_secs();
+    let token = token::sign_eddsa_for_tests_and_cli(
+        &read_file(&dir.join("mcp-person.pem"))?,
+        &json!({"iss": MCP_ISSUER, "sub": "bench-person", "aud": MCP_RESOURCE, "scope": "mcp:tools",
+                "azp": "bench-host", "iat": now, "exp": now + LIFETIME_SECS,
+                "jti": uuid::Uuid::new_v4().to_string()}),
+        None,
+    )?;
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "sealgate-bench", "version": "1"}}});
+    let response = client()?
+        .post(format!("{gateway}/mcp"))
+        .bearer_auth(&token)
+        .json(&initialize)
+        .send()
+        .await
+        .map_err(|e| format!("initialize: {e}"))?;
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|id| id.to_str().ok())
+        .ok_or_else(|| {
+            format!(
+                "initialize answered {} without an Mcp-Session-Id",
+                response.status()
+            )
+        })?
+        .to_owned();
+    Ok(format!("token={token} session={session}"))
 }
 
 /// A registered session: the agent's key and its token.

@@ -42,6 +42,8 @@ pub struct Config {
     pub metrics: crate::telemetry::MetricsConfig,
     /// Archiving old audit events and removing old settled records (SPEC 12 r3).
     pub retention: crate::retention::RetentionConfig,
+    /// MCP hosts over the network with OAuth (SPEC 17).
+    pub mcp_server: crate::mcp_server::McpServerConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -132,6 +134,22 @@ impl Default for Sessions {
     }
 }
 
+impl Config {
+    /// What the MCP endpoint (SPEC 17) reads of the rest of the configuration.
+    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::Surroundings<'_> {
+        crate::mcp_server::Surroundings {
+            base_dir: &self.base_dir,
+            groups_claim: self
+                .operator_auth
+                .oidc
+                .as_ref()
+                .map_or("groups", |oidc| oidc.groups_claim.as_str()),
+            skew_secs: self.limits.max_clock_skew_secs.unsigned_abs(),
+            max_lifetime_secs: self.sessions.max_lifetime_secs,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -154,6 +172,7 @@ impl Default for Config {
             telemetry: crate::otel::TelemetryConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
             retention: crate::retention::RetentionConfig::default(),
+            mcp_server: crate::mcp_server::McpServerConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }

@@ -39,6 +39,11 @@ pub fn unusable_features(config: &Config, contexts: usize) -> Vec<String> {
                 .to_owned(),
         );
     }
+    if config.mcp_server.enabled && config.mcp_server.people.is_empty() {
+        found.push(
+            "mcp_server.people: no rule: every person who connects is refused (403)".to_owned(),
+        );
+    }
     if config.upstreams.is_empty() {
         found.push(
             "upstreams: none configured: every call that a context allows is refused (5004)"
@@ -94,6 +99,10 @@ fn check(config: &Config) -> Report {
     }
     let skew = config.limits.max_clock_skew_secs.unsigned_abs();
     if let Err(e) = crate::token::relying_party(&config.operator_auth, &config.base_dir, skew) {
+        problems.push(e);
+    }
+    let surroundings = config.mcp_server_surroundings();
+    if let Err(e) = crate::mcp_server::McpServer::new(&config.mcp_server, &surroundings) {
         problems.push(e);
     }
     if let Err(e) = crate::approval::Notifier::new(&config.approvals) {

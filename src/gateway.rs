@@ -33,6 +33,8 @@ pub struct Gateway {
     pub operators: OperatorVerifier,
     /// OpenID Connect sign-in, roles and console sessions (SPEC 16), when `operator_auth.oidc` is set.
     pub oidc: Option<crate::identity::Oidc>,
+    /// The MCP endpoint for hosts over the network (SPEC 17), when `mcp_server.enabled`.
+    pub mcp_server: Option<crate::mcp_server::McpServer>,
     pub minter: Option<TokenMinter>,
     pub upstreams: Upstreams,
     pub audit: AuditLog,
@@ -116,6 +118,10 @@ impl Gateway {
             &config.operator_auth,
             &config.base_dir,
             config.limits.max_clock_skew_secs.unsigned_abs(),
+        )?;
+        let mcp_server = crate::mcp_server::McpServer::new(
+            &config.mcp_server,
+            &config.mcp_server_surroundings(),
         )?;
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
@@ -211,6 +217,7 @@ impl Gateway {
             agent_tokens,
             operators,
             oidc,
+            mcp_server,
             minter,
             upstreams,
             audit,

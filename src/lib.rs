@@ -27,6 +27,8 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod identity;
 pub mod logging;
+pub mod mcp_reply;
+pub mod mcp_server;
 pub mod otel;
 pub mod outbound;
 pub mod pipeline;

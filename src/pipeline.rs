@@ -24,7 +24,7 @@ use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, SecurityContext};
 use crate::session::LiveSession;
 use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
-use crate::token::{AgentClaims, TokenError};
+use crate::token::{AccessClaims, AgentClaims, TokenError};
 use crate::upstream::UpstreamError;
 
 /// What a call came to: the answer and its receipt, or a refusal with its SPEC code and the tool called
@@ -38,6 +38,57 @@ pub enum Outcome {
         error: ApiError,
         tool: Option<String>,
     },
+}
+
+/// What the caller sent, as the call's events record it: an envelope's timestamp and payload, or an MCP
+/// host's request (SPEC 17), which has no envelope.
+struct Sent<'a> {
+    envelope_timestamp: Option<i64>,
+    payload: &'a Value,
+}
+
+/// Who a call comes from, once verified: an agent's token (checks 2–9), or a person's OAuth access token
+/// at the MCP endpoint (SPEC 17).
+#[derive(Clone)]
+enum Verified {
+    Agent(Arc<AgentClaims>),
+    Person(Arc<AccessClaims>),
+}
+
+impl Verified {
+    /// The `sub` that claims are derived under and receipts name.
+    fn sub(&self) -> &str {
+        match self {
+            Verified::Agent(claims) => &claims.sub,
+            Verified::Person(person) => &person.sub,
+        }
+    }
+
+    /// The event fields that say who called: the token's, never the token (SPEC 9.1, 17).
+    fn describe(&self, mut event: AuditEvent) -> AuditEvent {
+        match self {
+            Verified::Agent(claims) => {
+                event = event
+                    .sub(&claims.sub)
+                    .scp(&claims.scp)
+                    .jti(&claims.jti)
+                    .session_id(&claims.exec_id);
+                if let Some(wid) = &claims.wid {
+                    event = event.wid(wid);
+                }
+            }
+            Verified::Person(person) => {
+                event = event.auth("oauth").iss(&person.iss).sub(&person.sub);
+                if let Some(client_id) = &person.client_id {
+                    event = event.client_id(client_id);
+                }
+                if let Some(jti) = &person.jti {
+                    event = event.jti(jti);
+                }
+            }
+        }
+        event
+    }
 }
 
 /// A refusal, with the rule that made it when the policy decided.
@@ -80,7 +131,7 @@ struct CallFacts {
     session_id: Option<String>,
     /// The session's team (SPEC 16), once the session is found: the team of every event of the call.
     team: Option<String>,
-    claims: Option<Arc<AgentClaims>>,
+    caller: Option<Verified>,
     tool: Option<String>,
     /// The session's security context, when it exists (with its version: the receipt's `context`).
     context: Option<String>,
@@ -104,19 +155,13 @@ struct CallFacts {
 }
 
 impl CallFacts {
-    fn event(&self, gw: &Gateway, kind: EventType, env: &Envelope) -> AuditEvent {
-        let mut event = AuditEvent::new(kind)
-            .envelope_timestamp(env.timestamp)
-            .payload_sha256(&self.payload_sha256);
-        if let Some(claims) = &self.claims {
-            event = event
-                .sub(&claims.sub)
-                .scp(&claims.scp)
-                .jti(&claims.jti)
-                .session_id(&claims.exec_id);
-            if let Some(wid) = &claims.wid {
-                event = event.wid(wid);
-            }
+    fn event(&self, gw: &Gateway, kind: EventType, sent: &Sent) -> AuditEvent {
+        let mut event = AuditEvent::new(kind).payload_sha256(&self.payload_sha256);
+        if let Some(timestamp) = sent.envelope_timestamp {
+            event = event.envelope_timestamp(timestamp);
+        }
+        if let Some(caller) = &self.caller {
+            event = caller.describe(event);
         }
         if let Some(signature) = &self.signature {
             event = event.signature(signature);
@@ -146,7 +191,7 @@ impl CallFacts {
             event = event.approval_id(approval_id);
         }
         if gw.config.audit.include_payloads {
-            event = event.payload(env.payload.clone());
+            event = event.payload(sent.payload.clone());
         }
         event
     }
@@ -170,7 +215,7 @@ impl CallFacts {
             },
             code: code.map(Code::number),
             session_id: self.session_id.as_deref(),
-            sub: self.claims.as_ref().map(|claims| claims.sub.as_str()),
+            sub: self.caller.as_ref().map(Verified::sub),
             tool: self.tool.as_deref().filter(|tool| *tool != LIST_TOOLS),
             payload_sha256: &self.payload_sha256,
             answer,
@@ -239,7 +284,55 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
             .then(|| env.signature.clone()),
         ..CallFacts::default()
     };
-    let refusal = match run(gw, &env, &message, &mut facts, started).await {
+    let sent = Sent {
+        envelope_timestamp: Some(env.timestamp),
+        payload: &env.payload,
+    };
+    let result = run(gw, &env, &sent, &message, &mut facts, started).await;
+    conclude(gw, &sent, facts, result, client, started).await
+}
+
+/// SPEC 17: a person's `tools/call` or `tools/list` from an MCP host, with the access token already
+/// verified and the person's session found: the pipeline from check 9 on, as if the gateway had received
+/// a verified envelope of that session. `payload` is the JSON-RPC request the host's call amounts to.
+pub async fn call_as_person(
+    gw: &Gateway,
+    person: Arc<AccessClaims>,
+    session: Arc<LiveSession>,
+    payload: &Value,
+) -> Outcome {
+    let started = Instant::now();
+    let mut facts = CallFacts {
+        payload_sha256: envelope::jcs_sha256_hex(payload),
+        session_id: Some(session.record.session_id.clone()),
+        team: Some(session.record.team.clone()),
+        caller: Some(Verified::Person(person)),
+        // No envelope, so nothing to replay: every answer carries a receipt (SPEC 14, 17).
+        in_window: true,
+        signature_new: true,
+        ..CallFacts::default()
+    };
+    let sent = Sent {
+        envelope_timestamp: None,
+        payload,
+    };
+    let result = match require_live(&session, clock::now_secs()) {
+        Ok(()) => after_verification(gw, &sent, &mut facts, &session, started).await,
+        Err(refusal) => Err(refusal),
+    };
+    conclude(gw, &sent, facts, result, None, started).await
+}
+
+/// The call's outcome, its refusal recorded first (and its replay record written) when it was refused.
+async fn conclude(
+    gw: &Gateway,
+    sent: &Sent<'_>,
+    mut facts: CallFacts,
+    result: Result<Outcome, Refused>,
+    client: Option<std::net::SocketAddr>,
+    started: Instant,
+) -> Outcome {
+    let refusal = match result {
         Ok(outcome) => {
             crate::otel::record_call(facts.traced());
             return outcome;
@@ -248,7 +341,7 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
     };
     facts.phases.enter(Phase::Settle);
     let refusal = remember_before_refusing(gw, &mut facts, refusal).await;
-    let error = record_refusal(gw, &env, &facts, *refusal, client, started).await;
+    let error = record_refusal(gw, sent, &facts, *refusal, client, started).await;
     crate::otel::record_call(facts.traced());
     Outcome::Refused {
         error,
@@ -296,10 +389,11 @@ fn replayed() -> Refused {
     )
 }
 
-/// The spine: checks 2–9, the policy, the claim, the forward and the settlement, in SPEC order.
+/// The spine: checks 2–9, then the policy, the claim, the forward and the settlement, in SPEC order.
 async fn run(
     gw: &Gateway,
     env: &Envelope,
+    sent: &Sent<'_>,
     message: &[u8],
     facts: &mut CallFacts,
     started: Instant,
@@ -307,7 +401,7 @@ async fn run(
     let now = clock::now_secs();
     facts.phases.enter(Phase::Verify);
     let claims = verify_token(gw, env, now).await?; // checks 2–4
-    facts.claims = Some(claims.clone());
+    facts.caller = Some(Verified::Agent(claims.clone()));
     let session = session_of(gw, &claims).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
     facts.team = Some(session.record.team.clone()); // a refused call's event is its team's too
@@ -315,15 +409,31 @@ async fn run(
     let signature = verify_signature(env, message, &session)?; // checks 6–7
     check_window(gw, env, &signature, now, facts)?; // check 8 (its replay record: at admission)
     bind_token(env, &claims, &session)?; // check 9
+    after_verification(gw, sent, facts, &session, started).await
+}
+
+/// Everything after the caller is verified, for envelopes and MCP hosts alike (SPEC 17: one pipeline):
+/// the payload's call, the policy, rate, budget, approval and claim, the forward and the settlement.
+async fn after_verification(
+    gw: &Gateway,
+    sent: &Sent<'_>,
+    facts: &mut CallFacts,
+    session: &Arc<LiveSession>,
+    started: Instant,
+) -> Result<Outcome, Refused> {
+    let caller = facts
+        .caller
+        .clone()
+        .ok_or_else(|| store_refusal("no verified caller"))?;
     let call =
-        envelope::parse_call(&env.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
+        envelope::parse_call(sent.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
     let context = gw.contexts.get(&session.record.security_context);
     facts.context = context.as_ref().map(|c| c.spec.name.clone());
     facts.context_version = context.as_ref().map(|c| c.version.clone());
     let (id, tool, arguments, idempotency_key) = match call {
         Call::ToolsList { id } => {
             facts.phases.enter(Phase::Forward);
-            return list_tools(gw, env, facts, context, &session, id).await;
+            return list_tools(gw, sent, facts, context, session, id).await;
         }
         Call::ToolsCall {
             id,
@@ -334,7 +444,7 @@ async fn run(
     };
     facts.tool = Some(tool.clone());
     facts.phases.enter(Phase::Decide);
-    let (context, index, rule) = decide(context, &session, &tool, &arguments)?; // SPEC 6.3
+    let (context, index, rule) = decide(context, session, &tool, &arguments)?; // SPEC 6.3
     let capability = &context.capabilities[index];
     if !gw.upstreams.has_route(&tool) {
         return Err(refuse(
@@ -344,8 +454,8 @@ async fn run(
     }
     facts.phases.enter(Phase::Claim);
     let claim_record = new_claim(
-        &claims,
-        &session,
+        caller.sub(),
+        session,
         capability,
         &tool,
         &arguments,
@@ -364,7 +474,7 @@ async fn run(
     let (admitted, grant) = match capability.approval {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
         None => (
-            admit(gw, facts, &session, &context, index, claim_record)
+            admit(gw, facts, session, &context, index, claim_record)
                 .await
                 .map_err(with_rule)?,
             None,
@@ -372,7 +482,7 @@ async fn run(
         Some(approval_rule) => {
             let call = crate::approval::Call {
                 session_id: &session.record.session_id,
-                sub: &claims.sub,
+                sub: caller.sub(),
                 tool: &tool,
                 arguments: &arguments,
                 call_digest: &claim::call_digest(&tool, &arguments),
@@ -383,7 +493,7 @@ async fn run(
                 team: &session.record.team,
             };
             refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
-            admit(gw, facts, &session, &context, index, None)
+            admit(gw, facts, session, &context, index, None)
                 .await
                 .map_err(with_rule)?;
             claim_after_approval(gw, facts, &call, &rule, claim_record).await?
@@ -401,7 +511,7 @@ async fn run(
         Some(Taken::Skip(record)) => {
             facts.note_claim(&record, "SKIP");
             facts.phases.enter(Phase::Settle);
-            return skip(gw, env, facts, (&context, index, &rule), &record, &id).await;
+            return skip(gw, sent, facts, (&context, index, &rule), &record, &id).await;
         }
         Some(Taken::Pending(record)) => {
             facts.note_claim(&record, "PENDING");
@@ -426,7 +536,7 @@ async fn run(
         }
     };
     // Durable before the forward when claimed.
-    if let Err(refusal) = authorize(gw, env, facts, &rule, pending.as_ref()).await {
+    if let Err(refusal) = authorize(gw, sent, facts, &rule, pending.as_ref()).await {
         if let Some(used) = &grant {
             let _ = crate::approval::restore(gw.store.as_ref(), used).await;
         }
@@ -451,7 +561,7 @@ async fn run(
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
-    settle(gw, env, facts, pending.as_ref(), answer, started).await
+    settle(gw, sent, facts, pending.as_ref(), answer, started).await
 }
 
 /// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
@@ -781,7 +891,7 @@ fn missing_context() -> Refused {
 
 /// The PENDING record this call would take, or None when its capability takes no claim (SPEC 7.1).
 fn new_claim(
-    claims: &AgentClaims,
+    sub: &str,
     session: &LiveSession,
     capability: &Capability,
     tool: &str,
@@ -790,8 +900,8 @@ fn new_claim(
 ) -> Option<ClaimRecord> {
     let request_id = claim::request_id(
         capability.claim,
-        &claims.sub,
-        &claims.exec_id,
+        sub,
+        &session.record.session_id,
         tool,
         arguments,
         idempotency_key,
@@ -800,7 +910,7 @@ fn new_claim(
         ClaimKind::Invoke,
         &request_id,
         tool,
-        &claims.sub,
+        sub,
         Some(&session.record.session_id),
         Some(claim::call_digest(tool, arguments)),
         &session.record.team,
@@ -875,13 +985,13 @@ async fn admit(
 /// before anything is sent (SPEC 7.2). Without one it is only queued; the reply's event makes it durable.
 async fn authorize(
     gw: &Gateway,
-    env: &Envelope,
+    sent: &Sent<'_>,
     facts: &CallFacts,
     rule: &policy::Rule,
     pending: Option<&ClaimRecord>,
 ) -> Result<(), Refused> {
     let event = facts
-        .event(gw, EventType::ToolCallAuthorized, env)
+        .event(gw, EventType::ToolCallAuthorized, sent)
         .decision(Verdict::Allow)
         .rule(serde_json::to_value(rule).unwrap_or(Value::Null));
     let Some(pending) = pending else {
@@ -899,7 +1009,7 @@ async fn authorize(
 /// durable by the final event before the reply leaves.
 async fn settle(
     gw: &Gateway,
-    env: &Envelope,
+    sent: &Sent<'_>,
     facts: &CallFacts,
     pending: Option<&ClaimRecord>,
     answer: Result<Value, UpstreamError>,
@@ -918,7 +1028,7 @@ async fn settle(
         }
     };
     let mut completed = facts
-        .event(gw, EventType::ToolCallCompleted, env)
+        .event(gw, EventType::ToolCallCompleted, sent)
         .decision(Verdict::Allow)
         .duration_ms(started.elapsed().as_millis() as u64);
     if gw.config.audit.include_payloads {
@@ -982,7 +1092,7 @@ fn upstream_refusal(err: &UpstreamError) -> Refused {
 /// A COMMITTED claim: the stored answer with this caller's id, held to today's response cap.
 async fn skip(
     gw: &Gateway,
-    env: &Envelope,
+    sent: &Sent<'_>,
     facts: &CallFacts,
     (context, capability_index, rule): (&SecurityContext, usize, &policy::Rule),
     record: &ClaimRecord,
@@ -1010,7 +1120,7 @@ async fn skip(
         .audit
         .record(
             facts
-                .event(gw, EventType::ClaimSkipped, env)
+                .event(gw, EventType::ClaimSkipped, sent)
                 .decision(Verdict::Allow)
                 .rule(serde_json::to_value(rule).unwrap_or(Value::Null)),
         )
@@ -1046,7 +1156,7 @@ fn with_receipt(gw: &Gateway, facts: &CallFacts, error: ApiError, recorded: &Rec
 /// returns the refusal to answer (5005 when the event could not be made durable).
 async fn record_refusal(
     gw: &Gateway,
-    env: &Envelope,
+    sent: &Sent<'_>,
     facts: &CallFacts,
     refusal: Refusal,
     client: Option<std::net::SocketAddr>,
@@ -1065,7 +1175,7 @@ async fn record_refusal(
         return refusal.error;
     }
     let mut event = facts
-        .event(gw, kind, env)
+        .event(gw, kind, sent)
         .code(code.number())
         .detail(&refusal.error.message)
         .duration_ms(started.elapsed().as_millis() as u64);
@@ -1099,7 +1209,7 @@ async fn record_refusal(
 /// `tools/list`: the routed tools this session could ever be allowed to call. No claim; audited like a call.
 async fn list_tools(
     gw: &Gateway,
-    env: &Envelope,
+    sent: &Sent<'_>,
     facts: &mut CallFacts,
     context: Option<Arc<SecurityContext>>,
     session: &LiveSession,
@@ -1114,7 +1224,7 @@ async fn list_tools(
     gw.audit
         .record_deferred(
             facts
-                .event(gw, EventType::ToolCallAuthorized, env)
+                .event(gw, EventType::ToolCallAuthorized, sent)
                 .decision(Verdict::Allow),
         )
         .await
@@ -1149,7 +1259,7 @@ async fn list_tools(
         .audit
         .record(
             facts
-                .event(gw, EventType::ToolCallCompleted, env)
+                .event(gw, EventType::ToolCallCompleted, sent)
                 .decision(Verdict::Allow)
                 .duration_ms(started.elapsed().as_millis() as u64),
         )

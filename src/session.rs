@@ -13,7 +13,7 @@ use crate::clock;
 use crate::envelope::SessionKey;
 use crate::identity::Identity;
 use crate::policy::Pattern;
-use crate::store::{SessionRecord, Store, StoreError, StoreResult};
+use crate::store::{Person, SessionRecord, Store, StoreError, StoreResult};
 
 /// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5). Fields are read as JSON
 /// values so that a wrong type is named precisely; the schema says what each must be.
@@ -204,6 +204,7 @@ impl NewSession {
             created_at_ms: now_ms,
             revoked_at_ms: None,
             registered_by: Some(registered_by.clone()),
+            person: None,
         }
     }
 
@@ -318,6 +319,20 @@ pub struct SessionView {
     /// Who registered the session (SPEC 13 r4); absent for a session registered before r4.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<Identity>,
+    /// `agent` for a session an orchestrator registered, `mcp` for a person's (SPEC 17).
+    pub kind: SessionKind,
+    /// The person of an `mcp` session, as their authorization server names them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionKind {
+    Agent,
+    Mcp,
 }
 
 /// What the session has used.
@@ -346,7 +361,44 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         created_at: clock::rfc3339_millis(record.created_at_ms),
         revoked_at: record.revoked_at_ms.map(clock::rfc3339_millis),
         registered_by: record.registered_by.clone(),
+        kind: if record.person.is_some() {
+            SessionKind::Mcp
+        } else {
+            SessionKind::Agent
+        },
+        iss: record.person.as_ref().map(|person| person.iss.clone()),
+        sub: record.person.as_ref().map(|person| person.sub.clone()),
     }
+}
+
+/// The session a person's MCP host gets at their first call (SPEC 17): no key (calls come with a bearer
+/// token, not a signature), the context of the first matching `people` rule, in that context's team.
+pub fn for_person(person: Person, session_id: String, context: PersonContext<'_>) -> SessionRecord {
+    SessionRecord {
+        session_id,
+        public_key: None,
+        security_context: context.name.to_owned(),
+        expires_at: context.now_ms / 1000 + context.expires_secs,
+        agent_id: None,
+        workload_id: None,
+        allowed_tool_patterns: vec!["*".to_owned()],
+        max_calls: context.budget,
+        security_token: None,
+        created_at_ms: context.now_ms,
+        revoked_at_ms: None,
+        team: context.team.to_owned(),
+        registered_by: None,
+        person: Some(person),
+    }
+}
+
+/// What a person's session is made under: the context, its team, and `mcp_server.session`.
+pub struct PersonContext<'a> {
+    pub name: &'a str,
+    pub team: &'a str,
+    pub expires_secs: i64,
+    pub budget: Option<u64>,
+    pub now_ms: i64,
 }
 
 /// The revoked form of a record: key and token erased.

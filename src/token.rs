@@ -6,6 +6,7 @@
 //! (shape → signature and claims → time), so a token that is both forged and expired reports the forgery.
 //! All key bytes and JWT crypto stay inside this module.
 
+mod access;
 mod agent;
 mod cache;
 mod claims;
@@ -21,6 +22,7 @@ mod operator;
 mod test_support;
 
 pub use crate::identity::scopes;
+pub use access::{AccessClaims, AccessRefusal, AccessTokenVerifier};
 pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
 pub use id_token::{relying_party, IdTokenVerifier};
 pub use keys::{KeyConfig, KeySource};

@@ -296,6 +296,7 @@ impl Rig {
                 revoked_at_ms: None,
                 team: "default".into(),
                 registered_by: None,
+                person: None,
             })
             .await
             .unwrap();

@@ -79,6 +79,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     if gateway.config.console.enabled {
         router = router.merge(console::router());
     }
+    router = router.merge(crate::mcp_server::routes(&gateway));
     router
         // The SPEC's older name of the agent endpoint, kept working; documented under /v1/invoke.
         .route("/v1/seal/invoke", axum::routing::post(invoke::invoke))

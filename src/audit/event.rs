@@ -301,6 +301,9 @@ pub struct AuditEvent {
     scp: Option<String>,
     wid: Option<String>,
     jti: Option<String>,
+    auth: Option<String>,
+    iss: Option<String>,
+    client_id: Option<String>,
     tool: Option<String>,
     signature: Option<String>,
     envelope_timestamp: Option<i64>,
@@ -351,6 +354,9 @@ impl AuditEvent {
             scp: None,
             wid: None,
             jti: None,
+            auth: None,
+            iss: None,
+            client_id: None,
             tool: None,
             signature: None,
             envelope_timestamp: None,
@@ -393,6 +399,12 @@ impl AuditEvent {
         wid,
         /// The token's `jti`.
         jti,
+        /// How a call's caller proved itself when not by a signed envelope: `oauth` (SPEC 17).
+        auth,
+        /// The access token's `iss` (SPEC 17).
+        iss,
+        /// The access token's `azp` or `client_id`: the MCP host's OAuth client (SPEC 17).
+        client_id,
         /// The tool name as called.
         tool,
         /// The envelope's signature, as received.
@@ -549,6 +561,9 @@ impl AuditEvent {
             ("scp", self.scp),
             ("wid", self.wid),
             ("jti", self.jti),
+            ("auth", self.auth),
+            ("iss", self.iss),
+            ("client_id", self.client_id),
             ("tool", self.tool),
             ("signature", self.signature),
             ("payload_sha256", self.payload_sha256),

@@ -15,8 +15,8 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 
-use super::gateway::{Answer, GatewayClient};
-use super::reply;
+use super::gateway::GatewayClient;
+use crate::mcp_reply::{self as reply, Answer};
 
 /// The name hosts see in `serverInfo`.
 pub const SERVER_NAME: &str = "sealgate-connect";

@@ -13,20 +13,10 @@ use tokio::sync::Mutex;
 use super::token_file::TokenFile;
 use crate::clock;
 use crate::envelope;
+use crate::mcp_reply::Answer;
 
 /// How long connecting to the gateway may take, when `--timeout` allows as much.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What the gateway said about one envelope.
-#[derive(Debug, PartialEq)]
-pub enum Answer {
-    /// `status: success`: the JSON-RPC response of the tool (or of `tools/list`) and its receipt.
-    Success { payload: Value, receipt: Value },
-    /// `status: error`: the error object (`code`, `name`, `message`, `details`, …).
-    Refused(Value),
-    /// No `seal/v1` answer at all: why, without the URL's secrets.
-    Unreachable(String),
-}
 
 /// TLS towards an `https://` gateway (SPEC 15): a CA to trust instead of the system's, a client
 /// certificate for mutual TLS.

@@ -8,7 +8,6 @@
 
 mod bridge;
 mod gateway;
-mod reply;
 mod token_file;
 
 use std::net::{Ipv4Addr, SocketAddr};

@@ -136,6 +136,7 @@ pub(crate) fn session(id: &str, context: &str, agent: Option<&str>) -> SessionRe
         revoked_at_ms: None,
         team: "default".into(),
         registered_by: None,
+        person: None,
     }
 }
 
@@ -216,6 +217,7 @@ pub(crate) async fn sessions_insert_once_and_replace_by_compare_and_set(store: &
         // A team other than `default` is written, and read back (SPEC 16).
         team: "payments".into(),
         registered_by: None,
+        person: None,
     };
     assert_eq!(store.session_insert(&record).await.unwrap(), None);
     let mut other = record.clone();

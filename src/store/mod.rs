@@ -195,6 +195,17 @@ pub struct SessionRecord {
     /// None, so that such a record still matches its stored bytes in a compare-and-set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<Identity>,
+    /// The person whose MCP host made this session at their first call (SPEC 17); None for a session
+    /// that an orchestrator registered. Left out when None, as `registered_by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub person: Option<Person>,
+}
+
+/// A person as an authorization server names them (SPEC 17): the access token's `iss` and `sub`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Person {
+    pub iss: String,
+    pub sub: String,
 }
 
 /// An identity as a record keeps it. Before r4 a record kept only the operator's `sub`; such a record

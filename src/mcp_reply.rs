@@ -1,13 +1,24 @@
-//! What the host is told (SPEC 15): the gateway's answers turned into MCP results and JSON-RPC errors.
-//! A refusal is a tool result that a model can read and act on; a refused `tools/list` is a JSON-RPC
-//! error, since there is no tool result to carry it.
+//! What an MCP host is told, by `sealgate connect` (SPEC 15) and by the gateway's own MCP endpoint
+//! (SPEC 17) alike: the gateway's answers turned into MCP results and JSON-RPC errors. A refusal is a tool
+//! result that a model can read and act on; a refused `tools/list` is a JSON-RPC error, since there is no
+//! tool result to carry it.
 
 use rmcp::model::{CallToolResult, ErrorCode, ListToolsResult};
 use rmcp::ErrorData as McpError;
 use serde_json::{json, Map, Value};
 
-use super::gateway::Answer;
 use crate::tool_meta::{self, ERROR_KEY, RECEIPT_KEY, WARNINGS_KEY};
+
+/// What the gateway said about one envelope.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// `status: success`: the JSON-RPC response of the tool (or of `tools/list`) and its receipt.
+    Success { payload: Value, receipt: Value },
+    /// `status: error`: the error object (`code`, `name`, `message`, `details`, …).
+    Refused(Value),
+    /// No `seal/v1` answer at all: why, without the URL's secrets.
+    Unreachable(String),
+}
 
 /// The start of every text that says the gateway could not be reached.
 pub const UNREACHABLE: &str = "sealgate is unreachable";
