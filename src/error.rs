@@ -46,6 +46,9 @@ code_table! {
     NoMatchingCapability => (2006, "POLICY_VIOLATION_NO_MATCHING_CAPABILITY", 403),
     ResponseTooLarge => (2007, "POLICY_VIOLATION_RESPONSE_TOO_LARGE", 502),
     BudgetExhausted => (2008, "POLICY_VIOLATION_BUDGET_EXHAUSTED", 403),
+    ToolDefinitionChanged => (2009, "TOOL_DEFINITION_CHANGED", 403),
+    FlowBlocked => (2010, "FLOW_BLOCKED", 403),
+    AnswerWithheld => (2011, "ANSWER_WITHHELD", 502),
     AttestationScopeMismatch => (3001, "ATTESTATION_SCOPE_MISMATCH", 401),
     ClaimPending => (4001, "CLAIM_PENDING", 409),
     IdempotencyKeyReused => (4002, "IDEMPOTENCY_KEY_REUSED", 422),
@@ -191,7 +194,7 @@ mod tests {
     #[test]
     fn numbers_are_unique_and_round_trip() {
         let mut seen = std::collections::HashSet::new();
-        assert_eq!(Code::ALL.len(), 34);
+        assert_eq!(Code::ALL.len(), 37);
         for &code in Code::ALL {
             assert!(seen.insert(code.number()), "duplicate {}", code.number());
             assert_eq!(Code::from_number(code.number()), Some(code));

@@ -372,8 +372,13 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
 }
 
 /// The session a person's MCP host gets at their first call (SPEC 17): no key (calls come with a bearer
-/// token, not a signature), the context of the first matching `people` rule, in that context's team.
-pub fn for_person(person: Person, session_id: String, context: PersonContext<'_>) -> SessionRecord {
+/// token, not a signature), the context of the first matching `people` rule, in that context's team. The
+/// person registered it, so separation of duties keeps them from approving their own calls (SPEC 13 r4).
+pub fn for_person(
+    person: Identity,
+    session_id: String,
+    context: PersonContext<'_>,
+) -> SessionRecord {
     SessionRecord {
         session_id,
         public_key: None,
@@ -387,8 +392,11 @@ pub fn for_person(person: Person, session_id: String, context: PersonContext<'_>
         created_at_ms: context.now_ms,
         revoked_at_ms: None,
         team: context.team.to_owned(),
-        registered_by: None,
-        person: Some(person),
+        person: Some(Person {
+            iss: person.iss.clone(),
+            sub: person.sub.clone(),
+        }),
+        registered_by: Some(person),
     }
 }
 

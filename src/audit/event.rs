@@ -38,6 +38,12 @@ pub enum EventType {
     ApprovalUsed,
     ApprovalExpired,
     AuditCheckpoint,
+    /// An MCP upstream lists a tool whose definition differs from the pinned one (SPEC 18 r4).
+    ToolDefinitionChanged,
+    /// A person accepted a tool's new definition (SPEC 18 r4).
+    ToolDefinitionAccepted,
+    /// The answer guard changed or withheld an answer (SPEC 18 r4): kinds and counts, never values.
+    AnswerGuarded,
 }
 
 impl EventType {
@@ -67,9 +73,12 @@ impl EventType {
             | Code::RateLimitExceeded
             | Code::NoMatchingCapability
             | Code::BudgetExhausted
+            | Code::ToolDefinitionChanged
+            | Code::FlowBlocked
             | Code::ApprovalRequired
             | Code::ApprovalDenied => Some(EventType::PolicyViolationBlocked),
             Code::ResponseTooLarge
+            | Code::AnswerWithheld
             | Code::UpstreamUnavailable
             | Code::UpstreamTimeout
             | Code::UpstreamBadResponse
@@ -85,7 +94,7 @@ impl EventType {
     }
 
     /// Every type, in the order of SPEC 9.1.
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 25] = [
         EventType::SessionCreated,
         EventType::SessionRevoked,
         EventType::ToolCallAuthorized,
@@ -108,6 +117,9 @@ impl EventType {
         EventType::ApprovalUsed,
         EventType::ApprovalExpired,
         EventType::AuditCheckpoint,
+        EventType::ToolDefinitionChanged,
+        EventType::ToolDefinitionAccepted,
+        EventType::AnswerGuarded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -134,6 +146,9 @@ impl EventType {
             EventType::ApprovalUsed => "ApprovalUsed",
             EventType::ApprovalExpired => "ApprovalExpired",
             EventType::AuditCheckpoint => "AuditCheckpoint",
+            EventType::ToolDefinitionChanged => "ToolDefinitionChanged",
+            EventType::ToolDefinitionAccepted => "ToolDefinitionAccepted",
+            EventType::AnswerGuarded => "AnswerGuarded",
         }
     }
 
@@ -178,7 +193,11 @@ impl EventType {
             | EventType::ApprovalDenied
             | EventType::ApprovalUsed
             | EventType::ApprovalExpired
-            | EventType::AuditCheckpoint => CodeRule::Forbidden,
+            | EventType::AuditCheckpoint
+            | EventType::ToolDefinitionChanged
+            | EventType::ToolDefinitionAccepted => CodeRule::Forbidden,
+            // A withheld answer is recorded by the call's ToolCallFailed (2011); a rewritten one by this.
+            EventType::AnswerGuarded => CodeRule::Optional(&[2011]),
         }
     }
 }

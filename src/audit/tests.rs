@@ -103,6 +103,9 @@ fn event_type_names_are_the_spec_strings() {
         "ApprovalUsed",
         "ApprovalExpired",
         "AuditCheckpoint",
+        "ToolDefinitionChanged",
+        "ToolDefinitionAccepted",
+        "AnswerGuarded",
     ];
     assert_eq!(EventType::ALL.len(), names.len());
     for (event_type, name) in EventType::ALL.iter().zip(names) {

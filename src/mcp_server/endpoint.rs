@@ -489,6 +489,7 @@ mod tests {
             client_id: None,
             jti: None,
             scopes: vec![],
+            key_source: crate::token::KeySource::Fetched,
             claims: Map::new(),
         }
     }

@@ -12,9 +12,10 @@ use serde_json::{Map, Value};
 use super::{McpServerConfig, Surroundings};
 use crate::audit::{AuditEvent, EventType};
 use crate::gateway::Gateway;
+use crate::identity::{Identity, Via};
 use crate::session::{self, LiveSession, PersonContext};
 use crate::store::{Person, SessionRecord, StoreResult};
-use crate::token::AccessClaims;
+use crate::token::{AccessClaims, KeySource};
 
 /// One rule of `mcp_server.people`: a group of the token's, or a claim matching a pattern, names the
 /// context of the person's session.
@@ -133,7 +134,7 @@ impl People {
                     return Err(NoSession::Store("the new session could not be read".into()));
                 }
                 // Made now, or by another replica a moment before: either way, read it next.
-                self.start(gw, person, &who, id, context).await?;
+                self.start(gw, person, id, context).await?;
                 started = true;
                 continue;
             };
@@ -173,15 +174,27 @@ impl People {
         &self,
         gw: &Gateway,
         person: &AccessClaims,
-        who: &Person,
         id: String,
         context: &str,
     ) -> Result<(), NoSession> {
         let Some(found) = gw.contexts.get(context) else {
             return Err(NoSession::NoContext(context.to_owned()));
         };
+        let registrant = Identity {
+            iss: person.iss.clone(),
+            sub: person.sub.clone(),
+            name: person
+                .claims
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            via: match person.key_source {
+                KeySource::Configured => Via::Key,
+                KeySource::Fetched => Via::Jwks,
+            },
+        };
         let record = session::for_person(
-            who.clone(),
+            registrant,
             id,
             PersonContext {
                 name: context,
