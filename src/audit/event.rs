@@ -342,6 +342,8 @@ pub struct AuditEvent {
     team: Option<String>,
     grants: Option<u64>,
     approvers: Option<u64>,
+    /// The labels a completed call gave its session (SPEC 19).
+    labels_added: Option<Vec<String>>,
     detail: Option<String>,
     trace_id: Option<String>,
     client_addr: Option<String>,
@@ -351,6 +353,9 @@ pub struct AuditEvent {
     result: Option<Value>,
     checkpoint: Option<Value>,
 }
+
+/// The key of a completion event's labels (SPEC 19), which the stores read to keep the session's labels.
+pub const LABELS_ADDED: &str = "labels_added";
 
 macro_rules! string_setters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -394,6 +399,7 @@ impl AuditEvent {
             team: None,
             grants: None,
             approvers: None,
+            labels_added: None,
             detail: None,
             trace_id: None,
             client_addr: None,
@@ -481,6 +487,13 @@ impl AuditEvent {
     pub fn grants(mut self, granted: usize, needed: u32) -> Self {
         self.grants = Some(u64::try_from(granted).unwrap_or(u64::MAX));
         self.approvers = Some(u64::from(needed));
+        self
+    }
+
+    /// The labels that a completed call gives its session (SPEC 19): the store keeps them, with this
+    /// event's seq, in the same commit as the event.
+    pub fn labels_added(mut self, labels: &[String]) -> Self {
+        self.labels_added = Some(labels.to_vec());
         self
     }
 
@@ -628,6 +641,9 @@ impl AuditEvent {
         }
         if let Some(rule) = self.rule {
             object.insert("rule".to_owned(), rule);
+        }
+        if let Some(labels) = self.labels_added {
+            object.insert(LABELS_ADDED.to_owned(), Value::from(labels));
         }
         if let Some(checkpoint) = self.checkpoint {
             object.insert("checkpoint".to_owned(), checkpoint);

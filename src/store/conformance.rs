@@ -513,6 +513,7 @@ fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
         approvers: 1,
         separate_from_registrant: false,
         registered_by: None,
+        flow_rule: None,
     }
 }
 
