@@ -274,8 +274,14 @@ impl FromStr for Decision {
     }
 }
 
-/// The kinds of rule that SPEC 9.1 names in `rule.kind`.
-const RULE_KINDS: [&str; 4] = ["deny_list", "capability", "no_match", "session_patterns"];
+/// The kinds of rule that SPEC 9.1 names in `rule.kind`, and a flow rule's (SPEC 19).
+const RULE_KINDS: [&str; 5] = [
+    "deny_list",
+    "capability",
+    "no_match",
+    "session_patterns",
+    "flow_rule",
+];
 
 /// Who did an operator action: `{iss, sub, name?, via, team?}` (SPEC 16).
 #[derive(Debug, Clone, PartialEq)]
@@ -515,7 +521,7 @@ impl AuditEvent {
         self
     }
 
-    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns", "index", "pattern"}`,
+    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns"|"flow_rule", "index", "pattern"}`,
     /// and a capability's `"id"` when it has one.
     pub fn rule(mut self, rule: Value) -> Self {
         self.rule = Some(rule);
