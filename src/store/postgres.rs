@@ -1386,6 +1386,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn labels_are_written_with_their_batch_and_only_then() {
+        let db = TestDatabase::create().await;
+        conformance::labels_are_written_with_their_batch_and_only_then(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
     async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal() {
         let db = TestDatabase::create().await;
         conformance::admit_writes_the_replay_record_first_and_keeps_it_on_refusal(
