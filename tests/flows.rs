@@ -43,9 +43,13 @@ fn with_trifecta(dir: &std::path::Path) {
 }
 
 async fn start(dir: &std::path::Path) -> (Gateway, Arc<Tool>) {
+    start_with(dir, "").await
+}
+
+async fn start_with(dir: &std::path::Path, extra: &str) -> (Gateway, Arc<Tool>) {
     let (tool, tool_base) = start_tool().await;
     let keys = Arc::new(Keys::new());
-    let config = write_config(dir, &keys, &tool_base, &upstreams(&tool_base), "");
+    let config = write_config(dir, &keys, &tool_base, &upstreams(&tool_base), extra);
     with_trifecta(dir);
     (Gateway::spawn(dir, &config, keys), tool)
 }
@@ -293,6 +297,47 @@ async fn labels_come_only_from_calls_that_completed() {
     let mut gw = gw;
     gw.restart();
     assert_eq!(labels(&gw, "partial").await, held);
+}
+
+#[tokio::test]
+async fn labels_outlive_retention_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention =
+        "retention: { audit_days: 0.00001, claims_days: 0.00001, archive_dir: archive }\n\
+                     limits: { max_clock_skew_secs: 1 }\n";
+    let (mut gw, _tool) = start_with(dir.path(), retention).await;
+    let (key, token) = gw.session_in("kept", "trifecta").await;
+    let (_, fetched) = call(&gw, &key, &token, "web.fetch", fetch()).await;
+    let (_, read) = call(&gw, &key, &token, "fs.read_file", customer_file()).await;
+    let newest = read["receipt"]["event_seq"].as_u64().unwrap();
+    let held = labels(&gw, "kept").await;
+    assert_eq!(
+        held,
+        [
+            (
+                "untrusted_content".to_owned(),
+                fetched["receipt"]["event_seq"].as_u64().unwrap()
+            ),
+            ("private_data".to_owned(), newest)
+        ]
+    );
+    // Retention archives every event that brought them and removes it from the store (SPEC 20 rule 1)...
+    common::until(
+        std::time::Duration::from_secs(30),
+        "the store to drop the events that brought the labels",
+        || async {
+            let export = gw.export().await;
+            let first: Value = serde_json::from_str(export.lines().next().unwrap_or("{}")).unwrap();
+            first["seq"].as_u64().is_some_and(|seq| seq > newest)
+        },
+    )
+    .await;
+    // ...and the session keeps them, with their seqs, across a restart too.
+    assert_eq!(labels(&gw, "kept").await, held);
+    gw.restart();
+    assert_eq!(labels(&gw, "kept").await, held);
+    let (status, body) = call(&gw, &key, &token, "email.send", email()).await;
+    assert_eq!((status, code(&body)), (403, 2010), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
