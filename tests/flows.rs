@@ -9,6 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use common::oidc::{forge, Provider, RsaKey, PROVIDER_KID};
 use common::{code, start_tool, tool_call, write_config, Gateway, Keys, Tool};
 use ed25519_dalek::SigningKey;
 use reqwest::Method;
@@ -377,6 +378,97 @@ async fn a_label_gained_through_one_replica_blocks_on_the_other() {
     assert_eq!(tool.count(), ran);
     assert_eq!(labels(a, "replicated").await, labels(b, "replicated").await);
     assert_eq!(labels(b, "replicated").await.len(), 3);
+}
+
+/// SPEC 17: a person's MCP host calls through the same pipeline, so their session gains and meets labels
+/// in the same way.
+#[tokio::test]
+async fn a_persons_session_from_an_mcp_host_meets_the_same_rules() {
+    const RESOURCE: &str = "http://127.0.0.1/mcp";
+    let dir = tempfile::tempdir().unwrap();
+    let key = RsaKey::generate(dir.path());
+    let provider = Provider::start_with(json!({"signing_key_pem": key.private_pem}));
+    let extra = format!(
+        "mcp_server:\n  enabled: true\n  resource: {RESOURCE:?}\n  authorization_servers: [{:?}]\
+         \n  keys: [ {{ jwks_url: {:?} }} ]\
+         \n  people:\
+         \n    - {{ group: support, context: trifecta }}\n",
+        provider.issuer,
+        provider.jwks_url()
+    );
+    let (gw, tool) = start_with(dir.path(), &extra).await;
+    let now = sealgate::clock::now_secs();
+    let token = forge::rs256(
+        &key,
+        PROVIDER_KID,
+        &json!({"iss": provider.issuer, "sub": "sam", "aud": RESOURCE, "iat": now, "exp": now + 300,
+                "scope": "openid mcp:tools", "azp": "host-a", "groups": ["support"], "jti": "jti-sam"}),
+    );
+    let post = |id: Option<String>, body: Value| {
+        let mut request = gw
+            .client
+            .post(format!("{}/mcp", gw.base))
+            .bearer_auth(&token)
+            .json(&body);
+        if let Some(id) = id {
+            request = request.header("mcp-session-id", id);
+        }
+        request.send()
+    };
+    let initialized = post(
+        None,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(initialized.status(), 200);
+    let mcp_session = initialized.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut session_id = String::new();
+    for (n, (name, args)) in [("web.fetch", fetch()), ("fs.read_file", customer_file())]
+        .into_iter()
+        .enumerate()
+    {
+        let answer: Value = post(
+            Some(mcp_session.clone()),
+            json!({"jsonrpc": "2.0", "id": n + 1, "method": "tools/call",
+                   "params": {"name": name, "arguments": args}}),
+        )
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        assert_ne!(answer["result"]["isError"], true, "{answer}");
+        session_id = answer["result"]["_meta"]["sealgate/receipt"]["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    let ran = tool.count();
+    let refused: Value = post(
+        Some(mcp_session),
+        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+               "params": {"name": "email.send", "arguments": email()}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert_eq!(refused["result"]["_meta"]["sealgate/error"]["code"], 2010);
+    assert_eq!(tool.count(), ran);
+    let held: Vec<String> = labels(&gw, &session_id)
+        .await
+        .into_iter()
+        .map(|(label, _)| label)
+        .collect();
+    assert_eq!(held, ["untrusted_content", "private_data"]);
 }
 
 #[tokio::test]
