@@ -579,6 +579,35 @@ capabilities:
     }
 
     #[test]
+    fn flow_rules_come_after_the_deny_list_and_before_the_capabilitys_checks() {
+        let ctx = match parse_context_yaml(
+            "name: f\ndeny_list: [\"mail.bulk\"]\ncapabilities:\n\
+             - { tool_pattern: \"mail.*\", domain_allowlist: [\"example.com\"], labels: [out] }\n\
+             flow_rules:\n  - { if_session_has: [web], block: [out], action: deny }\n",
+            Path::new("f.yaml"),
+        ) {
+            Ok(ctx) => ctx,
+            Err(error) => panic!("{error}"),
+        };
+        let all = patterns(&["*"]);
+        let held = [HeldLabel::assumed("web")];
+        let bad_url = args(serde_json::json!({"url": "https://evil.test/"}));
+        // The flow rule answers before the domain check would.
+        let decision = decide_in_session(Some(&ctx), &all, "mail.send", &bad_url, &held);
+        assert_eq!(
+            outcome(&decision),
+            (Some(2010), RuleKind::FlowRule, Some(0))
+        );
+        // The deny list still comes first, and without the label the capability's checks decide.
+        let decision = decide_in_session(Some(&ctx), &all, "mail.bulk", &bad_url, &held);
+        assert_eq!(decision.code(), Some(Code::ToolDenied));
+        let decision = decide_in_session(Some(&ctx), &all, "mail.send", &bad_url, &[]);
+        assert_eq!(decision.code(), Some(Code::DomainNotAllowed));
+        // `decide` is the session that holds nothing.
+        assert_eq!(decide(Some(&ctx), &all, "mail.send", &bad_url), decision);
+    }
+
+    #[test]
     fn decision_serialises_for_audit_and_explain() {
         let ctx = context();
         let decision = decide(Some(&ctx), &patterns(&["*"]), "secrets.get", &Map::new());
