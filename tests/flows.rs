@@ -106,10 +106,35 @@ fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
 }
 
+/// A webhook receiver that keeps the bodies it is sent.
+async fn start_webhook() -> (Arc<std::sync::Mutex<Vec<Value>>>, String) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let kept = kept.clone();
+            async move {
+                kept.lock().unwrap().push(body);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (seen, format!("http://{addr}/hook"))
+}
+
 #[tokio::test]
 async fn the_lethal_trifecta_is_refused_and_one_leg_of_it_waits_for_a_person() {
     let dir = tempfile::tempdir().unwrap();
-    let (gw, tool) = start(dir.path()).await;
+    let (hooked, hook_url) = start_webhook().await;
+    let (gw, tool) = start_with(
+        dir.path(),
+        &format!("approvals: {{ webhook_url: {hook_url:?} }}\n"),
+    )
+    .await;
     let (key, token) = gw.session_in("trifecta-1", "trifecta").await;
     assert_eq!(labels(&gw, "trifecta-1").await, []);
 
@@ -216,6 +241,19 @@ async fn the_lethal_trifecta_is_refused_and_one_leg_of_it_waits_for_a_person() {
     assert_eq!(status, 200, "{request}");
     assert_eq!(request["flow_rule"], 1, "{request}");
     assert_eq!(request["approvers"], 1);
+    // The webhook that announces the request names the rule too.
+    common::until(
+        std::time::Duration::from_secs(10),
+        "the webhook delivery",
+        || async { !hooked.lock().unwrap().is_empty() },
+    )
+    .await;
+    let delivered = hooked.lock().unwrap()[0].clone();
+    assert_eq!(
+        (&delivered["approval_id"], &delivered["flow_rule"]),
+        (&json!(approval_id), &json!(1)),
+        "{delivered}"
+    );
     let (status, granted) = gw
         .admin(
             Method::POST,
