@@ -21,7 +21,7 @@ use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::otel::Phase;
-use crate::policy::{self, Capability, Decision, SecurityContext};
+use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
 use crate::session::LiveSession;
 use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
 use crate::token::{AccessClaims, AgentClaims, TokenError};
@@ -444,7 +444,7 @@ async fn after_verification(
     };
     facts.tool = Some(tool.clone());
     facts.phases.enter(Phase::Decide);
-    let (context, index, rule) = decide(context, session, &tool, &arguments)?; // SPEC 6.3
+    let (context, index, rule, flow) = decide(gw, context, session, &tool, &arguments).await?; // SPEC 6.3, 19
     let capability = &context.capabilities[index];
     if !gw.upstreams.has_route(&tool) {
         return Err(refuse(
@@ -471,7 +471,11 @@ async fn after_verification(
         }
         refusal
     };
-    let (admitted, grant) = match capability.approval {
+    // A flow rule's `approval` asks a person even where the capability asks none; one approval for both.
+    let approval = capability
+        .approval
+        .or(flow.as_ref().map(|_| crate::approval::FLOW_APPROVAL));
+    let (admitted, grant) = match approval {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
         None => (
             admit(gw, facts, session, &context, index, claim_record)
@@ -491,6 +495,7 @@ async fn after_verification(
                 rule: approval_rule,
                 registered_by: session.record.registered_by.as_ref(),
                 team: &session.record.team,
+                flow_rule: flow.as_ref().map(|flow| flow.index),
             };
             refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
             admit(gw, facts, session, &context, index, None)
@@ -561,7 +566,8 @@ async fn after_verification(
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
-    settle(gw, sent, facts, pending.as_ref(), answer, started).await
+    let labels = &capability.labels;
+    settle(gw, sent, facts, pending.as_ref(), answer, labels, started).await
 }
 
 /// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
@@ -850,18 +856,39 @@ fn bind_token(env: &Envelope, claims: &AgentClaims, session: &LiveSession) -> Re
     Ok(())
 }
 
-/// SPEC 6.3: deny list, the first matching capability and its argument checks. Returns the context in
-/// force for this call and the index of the capability that allowed it.
-fn decide(
+/// SPEC 6.3 and 19: deny list, the first matching capability, the flow rules with the session's labels
+/// (read from the store only when a rule could apply to that capability), and its argument checks.
+/// Returns the context in force for this call, the index of the capability that allowed it, and the
+/// flow rule that asks a person's approval first, when one does.
+async fn decide(
+    gw: &Gateway,
     context: Option<Arc<SecurityContext>>,
     session: &LiveSession,
     tool: &str,
     arguments: &Map<String, Value>,
-) -> Result<(Arc<SecurityContext>, usize, policy::Rule), Refused> {
-    match policy::decide(context.as_deref(), &session.patterns, tool, arguments) {
-        Decision::Allow { capability, rule } => match context {
+) -> Result<(Arc<SecurityContext>, usize, policy::Rule, Option<FlowMatch>), Refused> {
+    let held = if policy::flows::needs_labels(context.as_deref(), &session.patterns, tool) {
+        crate::session::labels(gw.store.as_ref(), &session.record.session_id)
+            .await
+            .map_err(store_refusal)?
+    } else {
+        Vec::new()
+    };
+    let decision = policy::decide_in_session(
+        context.as_deref(),
+        &session.patterns,
+        tool,
+        arguments,
+        &held,
+    );
+    match decision {
+        Decision::Allow {
+            capability,
+            rule,
+            flow,
+        } => match context {
             Some(context) if capability < context.capabilities.len() => {
-                Ok((context, capability, rule))
+                Ok((context, capability, rule, flow))
             }
             _ => Err(missing_context()),
         },
@@ -869,11 +896,19 @@ fn decide(
             code,
             rule,
             message,
-        } => Err(Box::new(Refusal {
-            error: ApiError::new(code, message),
-            rule: Some(rule),
-            event: None,
-        })),
+            flow,
+        } => {
+            let mut error = ApiError::new(code, message);
+            if let Some(flow) = flow {
+                // 2010 names the rule, the labels and the events that brought them (SPEC 19).
+                error = error.with_details(json!({ "flow_rule": flow }));
+            }
+            Err(Box::new(Refusal {
+                error,
+                rule: Some(rule),
+                event: None,
+            }))
+        }
     }
 }
 
@@ -1013,6 +1048,7 @@ async fn settle(
     facts: &CallFacts,
     pending: Option<&ClaimRecord>,
     answer: Result<Value, UpstreamError>,
+    labels: &[String],
     started: Instant,
 ) -> Result<Outcome, Refused> {
     let response = match (answer, pending) {
@@ -1033,6 +1069,11 @@ async fn settle(
         .duration_ms(started.elapsed().as_millis() as u64);
     if gw.config.audit.include_payloads {
         completed = completed.result(response.clone());
+    }
+    // The session gains the capability's labels (SPEC 19) with this event: the store keeps them from the
+    // event's batch, in the same commit, so they hold on every replica before the answer leaves.
+    if !labels.is_empty() {
+        completed = completed.labels_added(labels);
     }
     // The claim's COMMITTED record rides in the same batch as the event: one durable commit for both.
     let settlement = pending.map(|pending| claim::answered(pending, &response));

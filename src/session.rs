@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::clock;
 use crate::envelope::SessionKey;
 use crate::identity::Identity;
-use crate::policy::Pattern;
+use crate::policy::{HeldLabel, Pattern};
 use crate::store::{Person, SessionRecord, Store, StoreError, StoreResult};
 
 /// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5). Fields are read as JSON
@@ -326,6 +326,11 @@ pub struct SessionView {
     pub iss: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sub: Option<String>,
+    /// The labels the session holds (SPEC 19), each with the `seq` of the completion event that brought
+    /// it; shown when one session is read, not in listings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub labels: Option<Vec<HeldLabel>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -368,6 +373,7 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         },
         iss: record.person.as_ref().map(|person| person.iss.clone()),
         sub: record.person.as_ref().map(|person| person.sub.clone()),
+        labels: None,
     }
 }
 
@@ -454,6 +460,22 @@ impl LiveSession {
             patterns,
         })
     }
+}
+
+/// The labels a session holds (SPEC 19), each with the seq of the event that brought it, read from the
+/// store on every call that a flow rule could apply to. Never cached: labels only grow, so a stale copy
+/// would let a call through on one replica that another replica's completed call should have blocked;
+/// the read is skipped instead for every call that no rule could concern (`policy::flows::needs_labels`).
+pub async fn labels(store: &dyn Store, session_id: &str) -> StoreResult<Vec<HeldLabel>> {
+    Ok(store
+        .session_labels(session_id)
+        .await?
+        .into_iter()
+        .map(|held| HeldLabel {
+            label: held.label,
+            seq: Some(held.seq),
+        })
+        .collect())
 }
 
 /// Most sessions kept decoded in memory; past it the cache starts afresh (a miss only costs a read).
