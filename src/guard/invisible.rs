@@ -1,0 +1,82 @@
+//! Unicode general category Cf ("format") characters: zero-width spaces and joiners, bidirectional
+//! controls, the tag block U+E0000–U+E007F. They change how text is read or shown without being seen,
+//! which is how instructions are hidden in an answer (SPEC 18).
+//!
+//! A table of ranges rather than a lookup per character in a general-purpose crate: the guard runs on
+//! every answer, and a range match is a few comparisons per character. A unit test checks the table
+//! against `unicode-general-category` (Unicode 16.0) for every code point, so a Unicode update that adds
+//! a Cf character fails the test instead of slipping through.
+
+/// Every Cf code point of Unicode 16.0, as inclusive ranges in ascending order.
+const CF: [(u32, u32); 21] = [
+    (0xAD, 0xAD),
+    (0x600, 0x605),
+    (0x61C, 0x61C),
+    (0x6DD, 0x6DD),
+    (0x70F, 0x70F),
+    (0x890, 0x891),
+    (0x8E2, 0x8E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+];
+
+/// Whether `c` is of general category Cf.
+pub fn is_hidden(c: char) -> bool {
+    let c = c as u32;
+    if c < 0xAD {
+        return false;
+    }
+    CF.iter().any(|&(low, high)| low <= c && c <= high)
+}
+
+/// How many Cf characters `text` holds. ASCII text has none, and is recognised a word at a time.
+pub fn count(text: &str) -> usize {
+    if text.is_ascii() {
+        return 0;
+    }
+    text.chars().filter(|&c| is_hidden(c)).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unicode_general_category::{get_general_category, GeneralCategory};
+
+    #[test]
+    fn guard_table_is_exactly_the_cf_category() {
+        for code in 0..=0x10FFFFu32 {
+            let Some(c) = char::from_u32(code) else {
+                continue;
+            };
+            assert_eq!(
+                is_hidden(c),
+                get_general_category(c) == GeneralCategory::Format,
+                "U+{code:04X}"
+            );
+        }
+    }
+
+    #[test]
+    fn guard_counts_tags_joiners_and_bidi_controls() {
+        assert_eq!(count("plain ascii"), 0);
+        assert_eq!(
+            count("caf\u{e9} and cafe\u{301}"),
+            0,
+            "NFC and NFD are not Cf"
+        );
+        assert_eq!(count("a\u{200d}b\u{202e}c\u{e0041}\u{e007f}"), 4);
+        assert_eq!(count("\u{feff}bom"), 1);
+    }
+}
