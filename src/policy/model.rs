@@ -155,6 +155,14 @@ pub struct CapabilitySpec {
     )]
     #[schemars(with = "ApprovalSpec")]
     pub approval: Option<ApprovalSpec>,
+    /// The answer guard for the calls it allows (SPEC 18): what it sets wins over the gateway's.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "crate::guard::AnswerGuardSpec")]
+    pub answer_guard: Option<crate::guard::AnswerGuardSpec>,
 }
 
 /// `approval: {required, expires_secs, approvers, separate_from_registrant}` (SPEC 13, 13 r4).
@@ -409,6 +417,8 @@ pub struct Capability {
     pub claim: ClaimMode,
     /// What a person's approval takes when the capability requires one (SPEC 13), else None.
     pub approval: Option<ApprovalRule>,
+    /// Its `answer_guard`, compiled (SPEC 18); None: the gateway's.
+    pub answer_guard: Option<crate::guard::Overrides>,
 }
 
 impl Capability {
@@ -439,6 +449,7 @@ impl fmt::Debug for Capability {
             .field("max_response_size", &self.max_response_size)
             .field("claim", &self.claim)
             .field("approval", &self.approval)
+            .field("answer_guard", &self.answer_guard)
             .finish()
     }
 }
@@ -706,6 +717,14 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         None => None,
     };
 
+    let answer_guard = match &spec.answer_guard {
+        Some(guard) => Some(crate::guard::Overrides::new(guard).map_err(|refused| {
+            let key = at.clone().key("answer_guard").key("secret_patterns");
+            spec_error(key.key(&refused.name), refused.reason)
+        })?),
+        None => None,
+    };
+
     Ok(Capability {
         id: spec.id.clone(),
         pattern,
@@ -716,6 +735,7 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         max_response_size: spec.max_response_size.map(NonZeroU64::get),
         claim: spec.claim,
         approval,
+        answer_guard,
     })
 }
 
