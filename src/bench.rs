@@ -104,6 +104,12 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20_000, value_parser = at_least_one)]
         count: usize,
     },
+    /// Time the answer guard (SPEC 18) on a 64 KiB text answer COUNT times, without and with matches:
+    /// the CPU it adds to a call that brings one back.
+    Guard {
+        #[arg(long, default_value_t = 2_000, value_parser = at_least_one)]
+        count: usize,
+    },
     /// Make CALLS calls spread over all the registered sessions (for the memory reading).
     Soak {
         #[command(flatten)]
@@ -186,6 +192,17 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
                 "receipts={count} receipt_ns={} signature_ns={}",
                 receipt.as_nanos(),
                 signature.as_nanos()
+            );
+            Ok(())
+        }
+        BenchCommand::Guard { count } => {
+            let cost = guard_cost(count)?;
+            println!(
+                "answers={count} answer_bytes={} clean_ns={} matched_ns={} matches={}",
+                cost.bytes,
+                cost.clean.as_nanos(),
+                cost.matched.as_nanos(),
+                cost.matches
             );
             Ok(())
         }
@@ -775,4 +792,67 @@ mod tests {
             .unwrap();
         assert_eq!(refused.status(), 400, "no signature");
     }
+}
+
+/// What `bench guard` measured: the mean time of one guarded answer.
+struct GuardCost {
+    bytes: usize,
+    clean: Duration,
+    matched: Duration,
+    matches: u64,
+}
+
+/// The answer guard with its defaults and a credential, on a 64 KiB text answer of prose with a URL and
+/// a non-ASCII word in each line (so the hidden-character check reads every character): once with nothing to find, once with a secret, the credential and a zero-width joiner in
+/// every kibibyte. Each run guards a fresh copy, and only the guard is timed.
+fn guard_cost(count: usize) -> Result<GuardCost, String> {
+    use crate::guard;
+    const SIZE: usize = 64 * 1024;
+    let line = "The quick brown fox reads https://example.com/docs?page=2 and eyJ-shaped words; AKIA is a prefix — café. ";
+    let clean: String = line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
+    let secrets = [
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
+        "AKIAIOSFODNN7EXAMPLE",
+        "bench-credential-value",
+        "a\u{200d}b",
+    ];
+    let mut matched = String::with_capacity(SIZE + 64);
+    let mut next = 0;
+    for chunk in clean.as_bytes().chunks(1024) {
+        matched.push_str(std::str::from_utf8(chunk).map_err(|e| e.to_string())?);
+        matched.push(' ');
+        matched.push_str(secrets[next % secrets.len()]);
+        matched.push(' ');
+        next += 1;
+    }
+    let answer = |text: &str| json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}});
+    let gateway = guard::Guard::new(&guard::AnswerGuardConfig::default()).map_err(|e| e.reason)?;
+    let credentials =
+        guard::Credentials::new(["Bearer bench-credential-value", "bench-credential-value"])?;
+    let time = |text: &str| {
+        let template = answer(text);
+        let mut spent = Duration::ZERO;
+        let mut found = 0;
+        for _ in 0..count {
+            let mut response = template.clone();
+            let started = Instant::now();
+            let report = guard::answer(&mut response, Some(&credentials), gateway.rules(None));
+            spent += started.elapsed();
+            found = report.findings().map(|(_, n, _)| n).sum::<u64>();
+            std::hint::black_box(&response);
+        }
+        (spent / count as u32, found)
+    };
+    let (clean_time, clean_found) = time(&clean);
+    if clean_found != 0 {
+        return Err(format!("the clean answer has {clean_found} findings"));
+    }
+    let (matched_time, matches) = time(&matched);
+    Ok(GuardCost {
+        bytes: clean.len(),
+        clean: clean_time,
+        matched: matched_time,
+        matches,
+    })
 }
