@@ -198,9 +198,10 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Guard { count } => {
             let cost = guard_cost(count)?;
             println!(
-                "answers={count} answer_bytes={} clean_ns={} matched_ns={} matches={}",
+                "answers={count} answer_bytes={} clean_ns={} near_ns={} matched_ns={} matches={}",
                 cost.bytes,
                 cost.clean.as_nanos(),
+                cost.near.as_nanos(),
                 cost.matched.as_nanos(),
                 cost.matches
             );
@@ -733,6 +734,74 @@ async fn closed_loop(
     Ok((samples, started.elapsed()))
 }
 
+/// What `bench guard` measured: the mean time of one guarded answer of each kind.
+struct GuardCost {
+    bytes: usize,
+    clean: Duration,
+    near: Duration,
+    matched: Duration,
+    matches: u64,
+}
+
+/// The answer guard with its defaults and a credential, on a 64 KiB text answer of prose with a URL and
+/// a non-ASCII word in each line (so the hidden-character check cannot skip it as ASCII): as it is
+/// (nothing to find), with near-matches of the formats in each line (`eyJ…`, `AKIA…`: candidates that
+/// the automaton must check and reject), and with a secret, the credential or a zero-width joiner in
+/// every kibibyte. Each run guards a fresh copy, and only the guard is timed.
+fn guard_cost(count: usize) -> Result<GuardCost, String> {
+    use crate::guard;
+    const SIZE: usize = 64 * 1024;
+    let text = |line: &str| line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
+    let clean = text("The quick brown fox reads https://example.com/docs?page=2 and jumps over the lazy dog — café. ");
+    let near = text("The quick brown fox reads https://example.com/docs?page=2 and eyJ-shaped words; AKIA is a prefix — café. ");
+    let secrets = [
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
+        "AKIAIOSFODNN7EXAMPLE",
+        "bench-credential-value",
+        "a\u{200d}b",
+    ];
+    let mut matched = String::with_capacity(SIZE + 64 * 64);
+    for (index, chunk) in clean.as_bytes().chunks(1024).enumerate() {
+        matched.push_str(std::str::from_utf8(chunk).map_err(|e| e.to_string())?);
+        matched.push(' ');
+        matched.push_str(secrets[index % secrets.len()]);
+        matched.push(' ');
+    }
+    let gateway = guard::Guard::new(&guard::AnswerGuardConfig::default()).map_err(|e| e.reason)?;
+    let credentials =
+        guard::Credentials::new(["Bearer bench-credential-value", "bench-credential-value"])?;
+    let time = |text: &str| {
+        let template = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}});
+        let mut spent = Duration::ZERO;
+        let mut found = 0;
+        for _ in 0..count {
+            let mut response = template.clone();
+            let started = Instant::now();
+            let report = guard::answer(&mut response, Some(&credentials), gateway.rules(None));
+            spent += started.elapsed();
+            found = report.findings().map(|(_, n, _)| n).sum::<u64>();
+            std::hint::black_box(&response);
+        }
+        (spent / count as u32, found)
+    };
+    for (name, text) in [("clean", &clean), ("near", &near)] {
+        if let (_, found @ 1..) = time(text) {
+            return Err(format!("the {name} answer has {found} findings"));
+        }
+    }
+    let (clean_time, _) = time(&clean);
+    let (near_time, _) = time(&near);
+    let (matched_time, matches) = time(&matched);
+    Ok(GuardCost {
+        bytes: SIZE,
+        clean: clean_time,
+        near: near_time,
+        matched: matched_time,
+        matches,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,67 +861,4 @@ mod tests {
             .unwrap();
         assert_eq!(refused.status(), 400, "no signature");
     }
-}
-
-/// What `bench guard` measured: the mean time of one guarded answer.
-struct GuardCost {
-    bytes: usize,
-    clean: Duration,
-    matched: Duration,
-    matches: u64,
-}
-
-/// The answer guard with its defaults and a credential, on a 64 KiB text answer of prose with a URL and
-/// a non-ASCII word in each line (so the hidden-character check reads every character): once with nothing to find, once with a secret, the credential and a zero-width joiner in
-/// every kibibyte. Each run guards a fresh copy, and only the guard is timed.
-fn guard_cost(count: usize) -> Result<GuardCost, String> {
-    use crate::guard;
-    const SIZE: usize = 64 * 1024;
-    let line = "The quick brown fox reads https://example.com/docs?page=2 and eyJ-shaped words; AKIA is a prefix — café. ";
-    let clean: String = line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
-    let secrets = [
-        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
-        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
-        "AKIAIOSFODNN7EXAMPLE",
-        "bench-credential-value",
-        "a\u{200d}b",
-    ];
-    let mut matched = String::with_capacity(SIZE + 64);
-    let mut next = 0;
-    for chunk in clean.as_bytes().chunks(1024) {
-        matched.push_str(std::str::from_utf8(chunk).map_err(|e| e.to_string())?);
-        matched.push(' ');
-        matched.push_str(secrets[next % secrets.len()]);
-        matched.push(' ');
-        next += 1;
-    }
-    let answer = |text: &str| json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}});
-    let gateway = guard::Guard::new(&guard::AnswerGuardConfig::default()).map_err(|e| e.reason)?;
-    let credentials =
-        guard::Credentials::new(["Bearer bench-credential-value", "bench-credential-value"])?;
-    let time = |text: &str| {
-        let template = answer(text);
-        let mut spent = Duration::ZERO;
-        let mut found = 0;
-        for _ in 0..count {
-            let mut response = template.clone();
-            let started = Instant::now();
-            let report = guard::answer(&mut response, Some(&credentials), gateway.rules(None));
-            spent += started.elapsed();
-            found = report.findings().map(|(_, n, _)| n).sum::<u64>();
-            std::hint::black_box(&response);
-        }
-        (spent / count as u32, found)
-    };
-    let (clean_time, clean_found) = time(&clean);
-    if clean_found != 0 {
-        return Err(format!("the clean answer has {clean_found} findings"));
-    }
-    let (matched_time, matches) = time(&matched);
-    Ok(GuardCost {
-        bytes: clean.len(),
-        clean: clean_time,
-        matched: matched_time,
-        matches,
-    })
 }
