@@ -526,4 +526,41 @@ mod tests {
         let http = parse(serde_json::json!({"http": {"url": "http://a"}})).unwrap();
         assert!(http.launch_problems().is_empty());
     }
+
+    #[test]
+    fn guard_credentials_are_every_header_token_query_value_and_secret_env() {
+        let validated = |entry: serde_json::Value| {
+            let cfg: UpstreamConfig = serde_json::from_value(entry).unwrap();
+            validate("u", &cfg).map(|v| v.credentials)
+        };
+        // "user:pass-word-1" in base64.
+        let http = validated(serde_json::json!({
+            "http": {"url": "http://h/rpc?key=S3cr%2Bt-value&v=1"},
+            "headers": {"Authorization": "Bearer tok-12345678", "X-Api": "Basic dXNlcjpwYXNzLXdvcmQtMQ=="}
+        }))
+        .unwrap();
+        for expected in [
+            "Bearer tok-12345678",
+            "tok-12345678",
+            "Basic dXNlcjpwYXNzLXdvcmQtMQ==",
+            "user:pass-word-1",
+            "pass-word-1",
+            "S3cr%2Bt-value",
+            "S3cr+t-value",
+            "1",
+        ] {
+            assert!(http.iter().any(|c| c == expected), "{expected}: {http:?}");
+        }
+        let stdio = validated(serde_json::json!({"mcp": {
+            "command": "sh", "env": {"TOKEN": "stdio-secret", "MODE": "fast"}, "secret_env": ["TOKEN"]
+        }}))
+        .unwrap();
+        assert_eq!(stdio, vec!["stdio-secret".to_owned()]);
+        let missing =
+            validated(serde_json::json!({"mcp": {"command": "sh", "secret_env": ["NONE"]}}));
+        assert!(missing.unwrap_err().contains("secret_env `NONE`"));
+        let over_http =
+            validated(serde_json::json!({"mcp": {"url": "http://h/mcp", "secret_env": ["X"]}}));
+        assert!(over_http.unwrap_err().contains("secret_env"));
+    }
 }
