@@ -751,7 +751,16 @@ struct GuardCost {
 fn guard_cost(count: usize) -> Result<GuardCost, String> {
     use crate::guard;
     const SIZE: usize = 64 * 1024;
-    let text = |line: &str| line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
+    let text = |line: &str| {
+        let mut text = line.repeat(SIZE / line.len() + 1);
+        text.truncate(
+            (0..=SIZE)
+                .rev()
+                .find(|&end| text.is_char_boundary(end))
+                .unwrap_or(0),
+        );
+        text
+    };
     let clean = text("The quick brown fox reads https://example.com/docs?page=2 and jumps over the lazy dog — café. ");
     let near = text("The quick brown fox reads https://example.com/docs?page=2 and eyJ-shaped words; AKIA is a prefix — café. ");
     let secrets = [
@@ -762,11 +771,18 @@ fn guard_cost(count: usize) -> Result<GuardCost, String> {
         "a\u{200d}b",
     ];
     let mut matched = String::with_capacity(SIZE + 64 * 64);
-    for (index, chunk) in clean.as_bytes().chunks(1024).enumerate() {
-        matched.push_str(std::str::from_utf8(chunk).map_err(|e| e.to_string())?);
+    let (mut from, mut index) = (0, 0);
+    while from < clean.len() {
+        // The next kibibyte, ended at a character boundary.
+        let mut to = (from + 1024).min(clean.len());
+        while !clean.is_char_boundary(to) {
+            to += 1;
+        }
+        matched.push_str(&clean[from..to]);
         matched.push(' ');
         matched.push_str(secrets[index % secrets.len()]);
         matched.push(' ');
+        (from, index) = (to, index + 1);
     }
     let gateway = guard::Guard::new(&guard::AnswerGuardConfig::default()).map_err(|e| e.reason)?;
     let credentials =
@@ -794,7 +810,7 @@ fn guard_cost(count: usize) -> Result<GuardCost, String> {
     let (near_time, _) = time(&near);
     let (matched_time, matches) = time(&matched);
     Ok(GuardCost {
-        bytes: SIZE,
+        bytes: clean.len(),
         clean: clean_time,
         near: near_time,
         matched: matched_time,
