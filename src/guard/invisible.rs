@@ -52,12 +52,11 @@ fn may_begin_hidden(byte: u8) -> bool {
 /// comparison per block; testing for the exact first bytes here measured slower).
 const BLOCK: usize = 32;
 
-/// How many Cf characters `text` holds. Most of an answer is ASCII: blocks of it are skipped whole; in
-/// the others only the bytes that may begin a Cf character are decoded.
-pub fn count(text: &str) -> usize {
-    let bytes = text.as_bytes();
-    let mut found = 0;
-    for (index, block) in bytes.chunks(BLOCK).enumerate() {
+/// Calls `each` with the byte range of every Cf character of `text`, in order. Most of an answer is
+/// ASCII: blocks of it are skipped whole; in the others only the bytes that may begin a Cf character are
+/// decoded.
+fn find(text: &str, mut each: impl FnMut(usize, usize)) {
+    for (index, block) in text.as_bytes().chunks(BLOCK).enumerate() {
         if !block.iter().fold(false, |any, &b| any | (b >= 0xC2)) {
             continue;
         }
@@ -65,13 +64,36 @@ pub fn count(text: &str) -> usize {
             if may_begin_hidden(byte) {
                 // Each of these bytes begins a character (none is a continuation byte): a boundary.
                 let at = index * BLOCK + offset;
-                if text[at..].chars().next().is_some_and(is_hidden) {
-                    found += 1;
+                if let Some(c) = text[at..].chars().next().filter(|&c| is_hidden(c)) {
+                    each(at, at + c.len_utf8());
                 }
             }
         }
     }
+}
+
+/// How many Cf characters `text` holds.
+pub fn count(text: &str) -> usize {
+    let mut found = 0;
+    find(text, |_, _| found += 1);
     found
+}
+
+/// `text` without its Cf characters, and how many there were; None when it has none. The text between
+/// them is copied in slices (`String::retain` goes character by character).
+pub fn strip(text: &str) -> Option<(String, usize)> {
+    let mut kept = String::new();
+    let (mut last, mut found) = (0, 0);
+    find(text, |start, end| {
+        kept.push_str(&text[last..start]);
+        last = end;
+        found += 1;
+    });
+    if found == 0 {
+        return None;
+    }
+    kept.push_str(&text[last..]);
+    Some((kept, found))
 }
 
 #[cfg(test)]
@@ -116,5 +138,10 @@ mod tests {
         );
         assert_eq!(count("a\u{200d}b\u{202e}c\u{e0041}\u{e007f}"), 4);
         assert_eq!(count("\u{feff}bom"), 1);
+        assert_eq!(
+            strip("a\u{200d}b\u{e0041}\u{e007f}c\u{ad}"),
+            Some(("abc".to_owned(), 4))
+        );
+        assert_eq!(strip("caf\u{e9}"), None);
     }
 }

@@ -277,15 +277,16 @@ fn guard_text(
     rules: Rules<'_>,
     report: &mut Report,
 ) {
-    if rules.invisible != InvisibleMode::Off {
-        let hidden = invisible::count(text);
-        if hidden > 0 {
-            if rules.invisible == InvisibleMode::Strip {
-                text.retain(|c| !is_hidden(c));
+    match rules.invisible {
+        InvisibleMode::Off => {}
+        InvisibleMode::Strip => {
+            if let Some((kept, hidden)) = invisible::strip(text) {
+                *text = kept;
                 report.add("invisible", hidden as u64, Action::Stripped);
-            } else {
-                report.add("invisible", hidden as u64, Action::Refused);
             }
+        }
+        InvisibleMode::Refuse => {
+            report.add("invisible", invisible::count(text) as u64, Action::Refused);
         }
     }
     if let Some(finder) = credentials.and_then(|c| c.finder.as_ref()) {
