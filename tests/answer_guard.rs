@@ -309,6 +309,32 @@ async fn a_secret_split_across_two_content_items_is_not_caught() {
     assert!(of_type(&events, "AnswerGuarded").is_empty());
 }
 
+/// A stdio server's credentials are the `env` values its `secret_env` names: the reference server's
+/// `get-env` tool answers with its whole environment, and only those values are redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_servers_secret_env_is_redacted_and_its_other_settings_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = common::mcp::server_script("server-everything");
+    let upstreams = format!(
+        "  every: {{ mcp: {{ command: node, args: [{script:?}, stdio], env: {{ STDIO_TOKEN: \"stdio-secret-value\", STDIO_MODE: \"plain-setting\" }}, secret_env: [STDIO_TOKEN] }}, timeout_ms: 20000 }}\n"
+    );
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    std::fs::write(
+        dir.path().join("policies/every.yaml"),
+        "name: every\ncapabilities:\n  - tool_pattern: \"every.*\"\n    claim: off\n",
+    )
+    .unwrap();
+    let (gw, _tool) = Gateway::start_with(dir.path(), &upstreams, "").await;
+    let (key, token) = gw.session_in("exec-stdio", "every").await;
+    let (status, body) = gw
+        .call(&key, &token, tool_call(1, "every.get-env", json!({})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let env: Value = serde_json::from_str(text(&body, 0)).unwrap();
+    assert_eq!(env["STDIO_TOKEN"], "[REDACTED]", "{env}");
+    assert_eq!(env["STDIO_MODE"], "plain-setting", "{env}");
+}
+
 /// Linear time: an answer at `max_response_size` made of near-matches of every format, and text that
 /// an operator pattern written to backtrack would take exponential time on, finishes (no timing asserted).
 #[tokio::test]
