@@ -37,6 +37,8 @@ pub struct Gateway {
     pub mcp_server: Option<crate::mcp_server::McpServer>,
     pub minter: Option<TokenMinter>,
     pub upstreams: Upstreams,
+    /// The gateway-wide answer guard (SPEC 18); a capability's `answer_guard` wins over it.
+    pub answer_guard: crate::guard::Guard,
     pub audit: AuditLog,
     pub metrics: PrometheusHandle,
     /// Announces new approval requests (SPEC 13).
@@ -126,6 +128,12 @@ impl Gateway {
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
+        let answer_guard = crate::guard::Guard::new(&config.answer_guard).map_err(|refused| {
+            format!(
+                "answer_guard.secret_patterns.{}: {}",
+                refused.name, refused.reason
+            )
+        })?;
         let notifier = crate::approval::Notifier::new(&config.approvals)?;
 
         let policies_dir = config.policies_folder()?;
@@ -220,6 +228,7 @@ impl Gateway {
             mcp_server,
             minter,
             upstreams,
+            answer_guard,
             audit,
             metrics,
             notifier,

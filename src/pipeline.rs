@@ -566,8 +566,16 @@ async fn after_verification(
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
-    let labels = &capability.labels;
-    settle(gw, sent, facts, pending.as_ref(), answer, labels, started).await
+    settle(
+        gw,
+        sent,
+        facts,
+        pending.as_ref(),
+        answer,
+        capability,
+        started,
+    )
+    .await
 }
 
 /// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
@@ -1048,10 +1056,10 @@ async fn settle(
     facts: &CallFacts,
     pending: Option<&ClaimRecord>,
     answer: Result<Value, UpstreamError>,
-    labels: &[String],
+    capability: &Capability,
     started: Instant,
 ) -> Result<Outcome, Refused> {
-    let response = match (answer, pending) {
+    let mut response = match (answer, pending) {
         (Ok(response), _) => response,
         (Err(err), None) => return Err(upstream_refusal(&err)),
         (Err(err), Some(pending)) => {
@@ -1063,6 +1071,10 @@ async fn settle(
             return Err(upstream_refusal(&err));
         }
     };
+    // SPEC 18: what is stored for a SKIP, recorded with payloads and bound by the receipt is the
+    // guarded answer.
+    let guard = gw.answer_guard.rules(capability.answer_guard.as_ref());
+    guard_answer(gw, sent, facts, pending, &mut response, guard).await?;
     let mut completed = facts
         .event(gw, EventType::ToolCallCompleted, sent)
         .decision(Verdict::Allow)
@@ -1072,8 +1084,8 @@ async fn settle(
     }
     // The session gains the capability's labels (SPEC 19) with this event: the store keeps them from the
     // event's batch, in the same commit, so they hold on every replica before the answer leaves.
-    if !labels.is_empty() {
-        completed = completed.labels_added(labels);
+    if !capability.labels.is_empty() {
+        completed = completed.labels_added(&capability.labels);
     }
     // The claim's COMMITTED record rides in the same batch as the event: one durable commit for both.
     let settlement = pending.map(|pending| claim::answered(pending, &response));
@@ -1084,6 +1096,57 @@ async fn settle(
     .await
     .map_err(forwarded_but_unrecorded)?;
     Ok(success(gw, response, facts, &recorded))
+}
+
+/// The answer guard (SPEC 18) on an answer that came back. A rewritten answer gets an `AnswerGuarded`
+/// event that rides in the batch of the call's final event; a withheld one settles the claim (the tool
+/// ran) with that event, and is refused with 2011.
+async fn guard_answer(
+    gw: &Gateway,
+    sent: &Sent<'_>,
+    facts: &CallFacts,
+    pending: Option<&ClaimRecord>,
+    response: &mut Value,
+    guard: crate::guard::Rules<'_>,
+) -> Result<(), Refused> {
+    let tool = facts.tool.as_deref().unwrap_or_default();
+    let report = crate::guard::answer(response, gw.upstreams.credentials(tool), guard);
+    if report.is_clean() {
+        return Ok(());
+    }
+    report.count_metrics();
+    let event = facts
+        .event(gw, EventType::AnswerGuarded, sent)
+        .detail(report.detail());
+    if !report.withheld() {
+        return gw
+            .audit
+            .record_deferred(event)
+            .await
+            .map_err(forwarded_but_unrecorded);
+    }
+    let event = event.code(Code::AnswerWithheld.number());
+    let settlement = pending.map(|pending| claim::withheld(pending, report.kinds()));
+    retry_after_forward(gw, || {
+        gw.audit
+            .record_with_settlement(event.clone(), settlement.clone())
+    })
+    .await
+    .map_err(forwarded_but_unrecorded)?;
+    Err(answer_withheld(report.kinds()))
+}
+
+/// 2011: the tool ran, and its answer held what the answer guard refuses (kinds only, never values).
+fn answer_withheld(kinds: Vec<String>) -> Refused {
+    let mut refusal = refuse(
+        Code::AnswerWithheld,
+        format!(
+            "the tool's answer was withheld by the answer guard: it holds {}",
+            kinds.join(", ")
+        ),
+    );
+    refusal.error = refusal.error.with_details(json!({ "kinds": kinds }));
+    refusal
 }
 
 /// Once a call has reached the tool its outcome must not be dropped by a passing store fault: the write
@@ -1155,6 +1218,7 @@ async fn skip(
             ),
             rule,
         ),
+        Withheld::Guarded { kinds } => decided_by(answer_withheld(kinds), rule),
         Withheld::Missing => store_refusal("store holds a committed claim without an answer"),
     })?;
     let recorded = gw

@@ -197,6 +197,14 @@ pub struct CapabilitySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(regex(pattern = r"^[A-Za-z0-9_-]+$"), length(min = 1, max = 64)))]
     pub labels: Vec<String>,
+    /// The answer guard for the calls it allows (SPEC 18): what it sets wins over the gateway's.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "crate::guard::AnswerGuardSpec")]
+    pub answer_guard: Option<crate::guard::AnswerGuardSpec>,
 }
 
 /// `approval: {required, expires_secs, approvers, separate_from_registrant}` (SPEC 13, 13 r4).
@@ -456,6 +464,8 @@ pub struct Capability {
     /// The context's flow rules whose `block` names one of `labels`, in order: empty for almost every
     /// capability, which then costs a call nothing (no label read).
     pub flow_rules: Vec<usize>,
+    /// Its `answer_guard`, compiled (SPEC 18); None: the gateway's.
+    pub answer_guard: Option<crate::guard::Overrides>,
 }
 
 impl Capability {
@@ -488,6 +498,7 @@ impl fmt::Debug for Capability {
             .field("approval", &self.approval)
             .field("labels", &self.labels)
             .field("flow_rules", &self.flow_rules)
+            .field("answer_guard", &self.answer_guard)
             .finish()
     }
 }
@@ -857,6 +868,13 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
     };
 
     let labels = compile_labels(&spec.labels, &at.clone().key("labels"), false)?;
+    let answer_guard = match &spec.answer_guard {
+        Some(guard) => Some(crate::guard::Overrides::new(guard).map_err(|refused| {
+            let key = at.clone().key("answer_guard").key("secret_patterns");
+            spec_error(key.key(&refused.name), refused.reason)
+        })?),
+        None => None,
+    };
 
     Ok(Capability {
         id: spec.id.clone(),
@@ -870,6 +888,7 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         approval,
         labels,
         flow_rules: Vec::new(),
+        answer_guard,
     })
 }
 

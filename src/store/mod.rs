@@ -255,7 +255,8 @@ impl ClaimStatus {
     }
 }
 
-/// What a COMMITTED claim holds: the tool's answer, or the marker that the answer was withheld (2007).
+/// What a COMMITTED claim holds: the tool's answer, or the marker that the answer was withheld (2007,
+/// 2011).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ClaimOutcome {
@@ -265,6 +266,9 @@ pub enum ClaimOutcome {
     ResponseTooLarge { limit: u64 },
     /// A settled standalone claim (`POST /settle`): the result as given.
     Settled { result: Value },
+    /// The answer guard withheld the answer (2011, SPEC 18): every SKIP answers 2011 again. The kinds
+    /// found, never the values.
+    AnswerWithheld { kinds: Vec<String> },
 }
 
 /// Who resolved a PENDING claim by hand, and why (SPEC 7.4).

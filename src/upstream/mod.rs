@@ -117,6 +117,8 @@ struct Upstream {
     /// Set by an MCP `notifications/tools/list_changed` (or a new session).
     tools_changed: Arc<AtomicBool>,
     tools: Mutex<Option<CachedTools>>,
+    /// What the answer guard redacts from this upstream's answers (SPEC 18).
+    credentials: crate::guard::Credentials,
 }
 
 /// An MCP upstream's server as the gateway last saw it (SPEC 20 r11), for `GET /readyz?verbose` and the
@@ -171,6 +173,8 @@ impl Upstreams {
         let mut routes = BTreeMap::new();
         for (name, entry) in cfg {
             let validated = config::validate(name, entry)?;
+            let credentials = crate::guard::Credentials::new(&validated.credentials)
+                .map_err(|e| format!("upstream `{name}`: {e}"))?;
             let tools_changed = Arc::new(AtomicBool::new(false));
             let client = match validated.target {
                 Target::Http { url } => Client::Http(
@@ -199,6 +203,7 @@ impl Upstreams {
                 latency: crate::telemetry::UpstreamLatency::new(name),
                 tools_changed,
                 tools: Mutex::new(None),
+                credentials,
             };
             routes.insert(name.clone(), Arc::new(upstream));
         }
@@ -208,6 +213,13 @@ impl Upstreams {
     /// Whether the tool name's first segment names a configured upstream.
     pub fn has_route(&self, tool: &str) -> bool {
         self.routes.contains_key(split_tool_name(tool).0)
+    }
+
+    /// The credentials the gateway adds to the calls of the tool's upstream, for the answer guard.
+    pub fn credentials(&self, tool: &str) -> Option<&crate::guard::Credentials> {
+        self.routes
+            .get(split_tool_name(tool).0)
+            .map(|upstream| &upstream.credentials)
     }
 
     /// Forwards one `tools/call` and returns the tool's JSON-RPC response object with `caller_id`

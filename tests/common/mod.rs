@@ -111,6 +111,10 @@ async fn tool_rpc(
         *tool.ops.lock().unwrap().entry(op.to_string()).or_default() += 1;
     }
     let id = request["id"].clone();
+    // The answer the test asks for, as the whole `result` (tests/answer_guard.rs).
+    if let Some(reply) = request["params"]["arguments"].get("reply") {
+        return axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": reply}));
+    }
     if request["params"]["name"] == "fail" {
         return axum::Json(
             json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "tool failed"}}),
