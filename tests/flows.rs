@@ -6,11 +6,10 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::oidc::{forge, Provider, RsaKey, PROVIDER_KID};
-use common::{code, start_tool, tool_call, write_config, Gateway, Keys, Tool};
+use common::{code, start_tool, write_config, Gateway, Keys, Tool};
 use ed25519_dalek::SigningKey;
 use reqwest::Method;
 use sealgate::store::testing::TestDatabase;
@@ -62,13 +61,7 @@ async fn call(
     tool: &str,
     args: Value,
 ) -> (u16, Value) {
-    static ID: AtomicU64 = AtomicU64::new(1);
-    gw.call(
-        key,
-        token,
-        tool_call(ID.fetch_add(1, Ordering::Relaxed), tool, args),
-    )
-    .await
+    gw.call_tool(key, token, tool, args).await
 }
 
 fn fetch() -> Value {
@@ -556,34 +549,20 @@ async fn evaluate_explain_and_check_speak_of_flow_rules() {
         )
     };
     let policies_arg = policies.to_str().unwrap();
-    let (ok, out, err) = sealgate(&[
-        "policy",
-        "explain",
-        "--policies",
-        policies_arg,
-        "--context",
-        "trifecta",
-        "--tool",
-        "email.send",
-        "--session-labels",
-        "untrusted_content,private_data",
-    ]);
-    assert!(ok, "{err}");
+    let explain = |labels: &[&str]| {
+        let mut args = vec!["policy", "explain", "--policies", policies_arg];
+        args.extend(["--context", "trifecta", "--tool", "email.send"]);
+        args.extend(labels);
+        let (ok, out, err) = sealgate(&args);
+        assert!(ok, "{err}");
+        out
+    };
+    let out = explain(&["--session-labels", "untrusted_content,private_data"]);
     assert!(
         out.starts_with("deny  code: 2010 FLOW_BLOCKED  rule: flow_rule #0"),
         "{out}"
     );
-    let (ok, out, err) = sealgate(&[
-        "policy",
-        "explain",
-        "--policies",
-        policies_arg,
-        "--context",
-        "trifecta",
-        "--tool",
-        "email.send",
-    ]);
-    assert!(ok, "{err}");
+    let out = explain(&[]);
     assert!(out.starts_with("allow"), "{out}");
 
     // `policy check` warns of a rule that names a label no capability gives, and still passes.

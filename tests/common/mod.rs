@@ -887,6 +887,20 @@ impl Gateway {
         self.post(&envelope).await
     }
 
+    /// Signs and posts a `tools/call` of `tool` with `args`, under a JSON-RPC id no other call of this
+    /// test binary used (a fresh envelope each time).
+    pub async fn call_tool(
+        &self,
+        key: &SigningKey,
+        token: &str,
+        tool: &str,
+        args: Value,
+    ) -> (u16, Value) {
+        static ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.call(key, token, tool_call(id, tool, args)).await
+    }
+
     /// Signs a call now and posts it with the given `traceparent` header values; the status, the body
     /// and the `traceparent` of the answer.
     pub async fn call_traced(
