@@ -305,6 +305,8 @@ main() {
     fi
     say "the cost of a signed receipt (SPEC 14)"
     record sign "$("$BIN" bench sign --count 20000)"
+    say "the answer guard on a 64 KiB text answer (SPEC 18)"
+    record guard "$("$BIN" bench guard --count 2000)"
 
     say "nginx pass-through, ${SECS}s"
     envelopes bench-off 20000 "$THREADS" "$LOAD/nginx" "$SECS"
@@ -408,6 +410,7 @@ at_least() { ((${R[$1.exhausted_threads]:-0} == 0)) || printf '≥ '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf (a / b < 0.1 ? "%.3f" : "%.2f"), a / b }'; }
 # CPU microseconds as a multiple of one Ed25519 verification of this run.
 verifications() { awk -v us="$1" -v ns="${R[ed.verify_ns]}" 'BEGIN { printf "%.1f× Ed25519", us * 1000 / ns }'; }
+verifications_ns() { awk -v t="$1" -v ns="${R[ed.verify_ns]}" 'BEGIN { printf "%.2f× Ed25519", t / ns }'; }
 kb_per_call() { awk -v b="$1" -v n="$2" 'BEGIN { printf "%.2f KB", b / n / 1000 }'; }
 errors() { echo $(( ${R[$1.status_errors]} + ${R[$1.socket_errors]} )); }
 
@@ -481,6 +484,7 @@ print_table() {
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
     echo "- MCP endpoint (SPEC 17), \`tools/call\` with a bearer token, $(label off): $(num "$(rps mcp)") req/s, p50 $(ms "${R[mcp.p50_us]}"), p99 $(ms "${R[mcp.p99_us]}"), gateway CPU per call $(num "${R[mcp.cpu_us]}") µs = $(ratio "${R[mcp.cpu_us]}" "${R[off.cpu_us]}") × the envelope row's ($(errors mcp) errors; target ≤ 1.2 ×)"
     echo "- signing (SPEC 14): a call's signed receipt costs $(us_of_ns "${R[sign.receipt_ns]}") of CPU, of which its one Ed25519 signature $(us_of_ns "${R[sign.signature_ns]}") (mean of ${R[sign.receipts]}, in the request's own task); checkpoints add one signature per \`audit.checkpoint_every\` events. Every row above includes it."
+    echo "- answer guard (SPEC 18), one $(num "${R[guard.answer_bytes]}")-byte text answer (\`sealgate bench guard\`, mean of ${R[guard.answers]}): $(us_of_ns "${R[guard.clean_ns]}") ($(verifications_ns "${R[guard.clean_ns]}")) with nothing to find; $(us_of_ns "${R[guard.near_ns]}") ($(verifications_ns "${R[guard.near_ns]}")) with near-matches in every line; $(us_of_ns "${R[guard.matched_ns]}") ($(verifications_ns "${R[guard.matched_ns]}")) with ${R[guard.matches]} findings rewritten. Target: ≤ 1 × Ed25519"
     for row in off claim; do
         local r=rate_$row
         echo "- fixed $(num "$RATE") req/s open loop (at most 64 in flight), $(label $row): p99 $(ms "${R[$r.p99_us]}") (p50 $(ms "${R[$r.p50_us]}"), max $(ms "${R[$r.max_us]}"); $(num "${R[$r.rps]}") req/s achieved, $(num "${R[$r.unsent]}") calls unsent when time was up, ${R[$r.non2xx]} errors)"

@@ -44,7 +44,17 @@ pub struct Call<'a> {
     pub rule: ApprovalRule,
     /// Who registered the session; None for a session registered before r4.
     pub registered_by: Option<&'a Identity>,
+    /// The flow rule that asks for the approval (SPEC 19), named by the request.
+    pub flow_rule: Option<usize>,
 }
+
+/// What a flow rule's `approval` asks when the capability asks none (SPEC 19): one person, the default
+/// wait of SPEC 13. Where the capability asks one too, the call needs only that one.
+pub const FLOW_APPROVAL: ApprovalRule = ApprovalRule {
+    expires_secs: 900,
+    approvers: 1,
+    separate_from_registrant: false,
+};
 
 /// What the approval step decided for a call.
 pub enum Gate {
@@ -224,6 +234,7 @@ fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {
         approvers: call.rule.approvers,
         separate_from_registrant: call.rule.separate_from_registrant,
         registered_by: call.registered_by.cloned(),
+        flow_rule: call.flow_rule,
     }
 }
 

@@ -104,6 +104,12 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20_000, value_parser = at_least_one)]
         count: usize,
     },
+    /// Time the answer guard (SPEC 18) on a 64 KiB text answer COUNT times, without and with matches:
+    /// the CPU it adds to a call that brings one back.
+    Guard {
+        #[arg(long, default_value_t = 2_000, value_parser = at_least_one)]
+        count: usize,
+    },
     /// Make CALLS calls spread over all the registered sessions (for the memory reading).
     Soak {
         #[command(flatten)]
@@ -186,6 +192,18 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
                 "receipts={count} receipt_ns={} signature_ns={}",
                 receipt.as_nanos(),
                 signature.as_nanos()
+            );
+            Ok(())
+        }
+        BenchCommand::Guard { count } => {
+            let cost = guard_cost(count)?;
+            println!(
+                "answers={count} answer_bytes={} clean_ns={} near_ns={} matched_ns={} matches={}",
+                cost.bytes,
+                cost.clean.as_nanos(),
+                cost.near.as_nanos(),
+                cost.matched.as_nanos(),
+                cost.matches
             );
             Ok(())
         }
@@ -714,6 +732,90 @@ async fn closed_loop(
         samples.extend(worker.await.map_err(|e| e.to_string())?);
     }
     Ok((samples, started.elapsed()))
+}
+
+/// What `bench guard` measured: the mean time of one guarded answer of each kind.
+struct GuardCost {
+    bytes: usize,
+    clean: Duration,
+    near: Duration,
+    matched: Duration,
+    matches: u64,
+}
+
+/// The answer guard with its defaults and a credential, on a 64 KiB text answer of prose with a URL and
+/// a non-ASCII word in each line (so the hidden-character check cannot skip it as ASCII): as it is
+/// (nothing to find), with near-matches of the formats in each line (`eyJ…`, `AKIA…`: candidates that
+/// the automaton must check and reject), and with a secret, the credential or a zero-width joiner in
+/// every kibibyte. Each run guards a fresh copy, and only the guard is timed.
+fn guard_cost(count: usize) -> Result<GuardCost, String> {
+    use crate::guard;
+    const SIZE: usize = 64 * 1024;
+    let text = |line: &str| {
+        let mut text = line.repeat(SIZE / line.len() + 1);
+        text.truncate(
+            (0..=SIZE)
+                .rev()
+                .find(|&end| text.is_char_boundary(end))
+                .unwrap_or(0),
+        );
+        text
+    };
+    let clean = text("The quick brown fox reads https://example.com/docs?page=2 and jumps over the lazy dog — café. ");
+    let near = text("The quick brown fox reads https://example.com/docs?page=2 and eyJ-shaped words; AKIA is a prefix — café. ");
+    let secrets = [
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
+        "AKIAIOSFODNN7EXAMPLE",
+        "bench-credential-value",
+        "a\u{200d}b",
+    ];
+    let mut matched = String::with_capacity(SIZE + 64 * 64);
+    let (mut from, mut index) = (0, 0);
+    while from < clean.len() {
+        // The next kibibyte, ended at a character boundary.
+        let mut to = (from + 1024).min(clean.len());
+        while !clean.is_char_boundary(to) {
+            to += 1;
+        }
+        matched.push_str(&clean[from..to]);
+        matched.push(' ');
+        matched.push_str(secrets[index % secrets.len()]);
+        matched.push(' ');
+        (from, index) = (to, index + 1);
+    }
+    let gateway = guard::Guard::new(&guard::AnswerGuardConfig::default()).map_err(|e| e.reason)?;
+    let credentials =
+        guard::Credentials::new(["Bearer bench-credential-value", "bench-credential-value"])?;
+    let time = |text: &str| {
+        let template = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}});
+        let mut spent = Duration::ZERO;
+        let mut found = 0;
+        for _ in 0..count {
+            let mut response = template.clone();
+            let started = Instant::now();
+            let report = guard::answer(&mut response, Some(&credentials), gateway.rules(None));
+            spent += started.elapsed();
+            found = report.findings().map(|(_, n, _)| n).sum::<u64>();
+            std::hint::black_box(&response);
+        }
+        (spent / count as u32, found)
+    };
+    for (name, text) in [("clean", &clean), ("near", &near)] {
+        if let (_, found @ 1..) = time(text) {
+            return Err(format!("the {name} answer has {found} findings"));
+        }
+    }
+    let (clean_time, _) = time(&clean);
+    let (near_time, _) = time(&near);
+    let (matched_time, matches) = time(&matched);
+    Ok(GuardCost {
+        bytes: clean.len(),
+        clean: clean_time,
+        near: near_time,
+        matched: matched_time,
+        matches,
+    })
 }
 
 #[cfg(test)]

@@ -186,6 +186,15 @@ pub fn answered(pending: &ClaimRecord, response: &Value) -> ClaimSettlement {
     }
 }
 
+/// PENDING → COMMITTED without an answer: the tool ran, and the answer guard withheld what it sent
+/// (SPEC 18); every SKIP refuses with 2011 again. Rides in the batch of the call's `AnswerGuarded` event.
+pub fn withheld(pending: &ClaimRecord, kinds: Vec<String>) -> ClaimSettlement {
+    ClaimSettlement {
+        pending: pending.clone(),
+        settled: committed(pending, ClaimOutcome::AnswerWithheld { kinds }),
+    }
+}
+
 /// PENDING → CLAIMABLE: nothing of the call reached the tool. False when it was no longer that PENDING record.
 pub async fn release(store: &dyn Store, pending: &ClaimRecord) -> StoreResult<bool> {
     store.claim_replace(pending, None).await
@@ -222,6 +231,8 @@ pub enum Withheld {
     WasTooLarge { limit: u64 },
     /// The stored answer is larger than the capability's current `max_response_size` (SPEC 7.2 r2).
     TooLargeNow { limit: u64 },
+    /// The answer guard withheld the answer when the tool ran (SPEC 18): the kinds it found.
+    Guarded { kinds: Vec<String> },
     /// The record holds no answer (never written by this gateway).
     Missing,
 }
@@ -237,6 +248,11 @@ pub fn skip_answer(
         Some(ClaimOutcome::Answer { response }) => response,
         Some(ClaimOutcome::ResponseTooLarge { limit }) => {
             return Err(Withheld::WasTooLarge { limit: *limit })
+        }
+        Some(ClaimOutcome::AnswerWithheld { kinds }) => {
+            return Err(Withheld::Guarded {
+                kinds: kinds.clone(),
+            })
         }
         Some(ClaimOutcome::Settled { .. }) | None => return Err(Withheld::Missing),
     };

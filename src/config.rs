@@ -43,7 +43,9 @@ pub struct Config {
     /// Archiving old audit events and removing old settled records (SPEC 12 r3).
     pub retention: crate::retention::RetentionConfig,
     /// MCP hosts over the network with OAuth (SPEC 17).
-    pub mcp_server: crate::mcp_server::McpServerConfig,
+    pub mcp_server: crate::mcp_server::config::McpServerConfig,
+    /// What a tool's answer may not carry back (SPEC 18); a capability's `answer_guard` wins.
+    pub answer_guard: crate::guard::AnswerGuardConfig,
     /// Where relative paths start; not a configuration key.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -136,8 +138,8 @@ impl Default for Sessions {
 
 impl Config {
     /// What the MCP endpoint (SPEC 17) reads of the rest of the configuration.
-    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::Surroundings<'_> {
-        crate::mcp_server::Surroundings {
+    pub fn mcp_server_surroundings(&self) -> crate::mcp_server::config::Surroundings<'_> {
+        crate::mcp_server::config::Surroundings {
             base_dir: &self.base_dir,
             groups_claim: self
                 .operator_auth
@@ -172,7 +174,8 @@ impl Default for Config {
             telemetry: crate::otel::TelemetryConfig::default(),
             metrics: crate::telemetry::MetricsConfig::default(),
             retention: crate::retention::RetentionConfig::default(),
-            mcp_server: crate::mcp_server::McpServerConfig::default(),
+            mcp_server: crate::mcp_server::config::McpServerConfig::default(),
+            answer_guard: crate::guard::AnswerGuardConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -350,6 +353,14 @@ impl Config {
         config
             .validate()
             .map_err(|(key, message)| origins.error(key_path(key), message))?;
+        // Compiled here to refuse a pattern at load, naming its key; the gateway compiles it again.
+        if let Err(refused) = crate::guard::Guard::new(&config.answer_guard) {
+            let key = FieldPath::root()
+                .key("answer_guard")
+                .key("secret_patterns")
+                .key(&refused.name);
+            return Err(origins.error(key, refused.reason));
+        }
         let base = config.base_dir.clone();
         for (name, upstream) in config.upstreams.iter_mut() {
             upstream.resolve_paths(&base).map_err(|message| {

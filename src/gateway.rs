@@ -39,6 +39,8 @@ pub struct Gateway {
     pub upstreams: Upstreams,
     /// The pinned definitions of the MCP upstreams' tools (SPEC 18), checked on every call.
     pub tools: crate::tools::Pins,
+    /// The gateway-wide answer guard (SPEC 18); a capability's `answer_guard` wins over it.
+    pub answer_guard: crate::guard::Guard,
     pub audit: AuditLog,
     pub metrics: PrometheusHandle,
     /// Announces new approval requests (SPEC 13).
@@ -130,6 +132,12 @@ impl Gateway {
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
             .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
+        let answer_guard = crate::guard::Guard::new(&config.answer_guard).map_err(|refused| {
+            format!(
+                "answer_guard.secret_patterns.{}: {}",
+                refused.name, refused.reason
+            )
+        })?;
         let notifier = crate::approval::Notifier::new(&config.approvals)?;
 
         let policies_dir = config.policies_folder()?;
@@ -231,6 +239,7 @@ impl Gateway {
             minter,
             upstreams,
             tools,
+            answer_guard,
             audit,
             metrics,
             notifier,

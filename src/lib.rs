@@ -25,6 +25,7 @@ pub mod evidence;
 pub mod files;
 pub mod fuzzing;
 pub mod gateway;
+pub mod guard;
 pub mod identity;
 pub mod logging;
 pub mod mcp_reply;

@@ -141,6 +141,9 @@ enum PolicyCommand {
         args: String,
         #[arg(long, default_value = "policies")]
         policies: PathBuf,
+        /// Labels the session is assumed to hold (SPEC 19), comma-separated: how the flow rules decide.
+        #[arg(long, value_delimiter = ',')]
+        session_labels: Vec<String>,
     },
 }
 
@@ -326,11 +329,13 @@ fn command_to_policy(command: PolicyCommand) -> sealgate::policy::cli::PolicyCom
             tool,
             args,
             policies,
+            session_labels,
         } => sealgate::policy::cli::PolicyCommand::Explain {
             context,
             tool,
             args,
             policies,
+            session_labels,
         },
     }
 }

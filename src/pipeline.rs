@@ -21,7 +21,7 @@ use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::otel::Phase;
-use crate::policy::{self, Capability, Decision, SecurityContext};
+use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
 use crate::session::LiveSession;
 use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
 use crate::token::{AccessClaims, AgentClaims, TokenError};
@@ -444,7 +444,7 @@ async fn after_verification(
     };
     facts.tool = Some(tool.clone());
     facts.phases.enter(Phase::Decide);
-    let (context, index, rule) = decide(context, session, &tool, &arguments)?; // SPEC 6.3
+    let (context, index, rule, flow) = decide(gw, context, session, &tool, &arguments).await?; // SPEC 6.3, 19
     let capability = &context.capabilities[index];
     if !gw.upstreams.has_route(&tool) {
         return Err(refuse(
@@ -485,7 +485,11 @@ async fn after_verification(
         }
         refusal
     };
-    let (admitted, grant) = match capability.approval {
+    // A flow rule's `approval` asks a person even where the capability asks none; one approval for both.
+    let approval = capability
+        .approval
+        .or(flow.as_ref().map(|_| crate::approval::FLOW_APPROVAL));
+    let (admitted, grant) = match approval {
         // Rate, budget and claim are one store call; what it finds decides whether anything runs.
         None => (
             admit(gw, facts, session, &context, index, claim_record)
@@ -505,6 +509,7 @@ async fn after_verification(
                 rule: approval_rule,
                 registered_by: session.record.registered_by.as_ref(),
                 team: &session.record.team,
+                flow_rule: flow.as_ref().map(|flow| flow.index),
             };
             refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
             admit(gw, facts, session, &context, index, None)
@@ -575,7 +580,16 @@ async fn after_verification(
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
-    settle(gw, sent, facts, pending.as_ref(), answer, started).await
+    settle(
+        gw,
+        sent,
+        facts,
+        pending.as_ref(),
+        answer,
+        capability,
+        started,
+    )
+    .await
 }
 
 /// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
@@ -864,18 +878,39 @@ fn bind_token(env: &Envelope, claims: &AgentClaims, session: &LiveSession) -> Re
     Ok(())
 }
 
-/// SPEC 6.3: deny list, the first matching capability and its argument checks. Returns the context in
-/// force for this call and the index of the capability that allowed it.
-fn decide(
+/// SPEC 6.3 and 19: deny list, the first matching capability, the flow rules with the session's labels
+/// (read from the store only when a rule could apply to that capability), and its argument checks.
+/// Returns the context in force for this call, the index of the capability that allowed it, and the
+/// flow rule that asks a person's approval first, when one does.
+async fn decide(
+    gw: &Gateway,
     context: Option<Arc<SecurityContext>>,
     session: &LiveSession,
     tool: &str,
     arguments: &Map<String, Value>,
-) -> Result<(Arc<SecurityContext>, usize, policy::Rule), Refused> {
-    match policy::decide(context.as_deref(), &session.patterns, tool, arguments) {
-        Decision::Allow { capability, rule } => match context {
+) -> Result<(Arc<SecurityContext>, usize, policy::Rule, Option<FlowMatch>), Refused> {
+    let held = if policy::flows::needs_labels(context.as_deref(), &session.patterns, tool) {
+        crate::session::labels(gw.store.as_ref(), &session.record.session_id)
+            .await
+            .map_err(store_refusal)?
+    } else {
+        Vec::new()
+    };
+    let decision = policy::decide_in_session(
+        context.as_deref(),
+        &session.patterns,
+        tool,
+        arguments,
+        &held,
+    );
+    match decision {
+        Decision::Allow {
+            capability,
+            rule,
+            flow,
+        } => match context {
             Some(context) if capability < context.capabilities.len() => {
-                Ok((context, capability, rule))
+                Ok((context, capability, rule, flow))
             }
             _ => Err(missing_context()),
         },
@@ -883,11 +918,19 @@ fn decide(
             code,
             rule,
             message,
-        } => Err(Box::new(Refusal {
-            error: ApiError::new(code, message),
-            rule: Some(rule),
-            event: None,
-        })),
+            flow,
+        } => {
+            let mut error = ApiError::new(code, message);
+            if let Some(flow) = flow {
+                // 2010 names the rule, the labels and the events that brought them (SPEC 19).
+                error = error.with_details(json!({ "flow_rule": flow }));
+            }
+            Err(Box::new(Refusal {
+                error,
+                rule: Some(rule),
+                event: None,
+            }))
+        }
     }
 }
 
@@ -1027,9 +1070,10 @@ async fn settle(
     facts: &CallFacts,
     pending: Option<&ClaimRecord>,
     answer: Result<Value, UpstreamError>,
+    capability: &Capability,
     started: Instant,
 ) -> Result<Outcome, Refused> {
-    let response = match (answer, pending) {
+    let mut response = match (answer, pending) {
         (Ok(response), _) => response,
         (Err(err), None) => return Err(upstream_refusal(&err)),
         (Err(err), Some(pending)) => {
@@ -1041,12 +1085,21 @@ async fn settle(
             return Err(upstream_refusal(&err));
         }
     };
+    // SPEC 18: what is stored for a SKIP, recorded with payloads and bound by the receipt is the
+    // guarded answer.
+    let guard = gw.answer_guard.rules(capability.answer_guard.as_ref());
+    guard_answer(gw, sent, facts, pending, &mut response, guard).await?;
     let mut completed = facts
         .event(gw, EventType::ToolCallCompleted, sent)
         .decision(Verdict::Allow)
         .duration_ms(started.elapsed().as_millis() as u64);
     if gw.config.audit.include_payloads {
         completed = completed.result(response.clone());
+    }
+    // The session gains the capability's labels (SPEC 19) with this event: the store keeps them from the
+    // event's batch, in the same commit, so they hold on every replica before the answer leaves.
+    if !capability.labels.is_empty() {
+        completed = completed.labels_added(&capability.labels);
     }
     // The claim's COMMITTED record rides in the same batch as the event: one durable commit for both.
     let settlement = pending.map(|pending| claim::answered(pending, &response));
@@ -1057,6 +1110,57 @@ async fn settle(
     .await
     .map_err(forwarded_but_unrecorded)?;
     Ok(success(gw, response, facts, &recorded))
+}
+
+/// The answer guard (SPEC 18) on an answer that came back. A rewritten answer gets an `AnswerGuarded`
+/// event that rides in the batch of the call's final event; a withheld one settles the claim (the tool
+/// ran) with that event, and is refused with 2011.
+async fn guard_answer(
+    gw: &Gateway,
+    sent: &Sent<'_>,
+    facts: &CallFacts,
+    pending: Option<&ClaimRecord>,
+    response: &mut Value,
+    guard: crate::guard::Rules<'_>,
+) -> Result<(), Refused> {
+    let tool = facts.tool.as_deref().unwrap_or_default();
+    let report = crate::guard::answer(response, gw.upstreams.credentials(tool), guard);
+    if report.is_clean() {
+        return Ok(());
+    }
+    report.count_metrics();
+    let event = facts
+        .event(gw, EventType::AnswerGuarded, sent)
+        .detail(report.detail());
+    if !report.withheld() {
+        return gw
+            .audit
+            .record_deferred(event)
+            .await
+            .map_err(forwarded_but_unrecorded);
+    }
+    let event = event.code(Code::AnswerWithheld.number());
+    let settlement = pending.map(|pending| claim::withheld(pending, report.kinds()));
+    retry_after_forward(gw, || {
+        gw.audit
+            .record_with_settlement(event.clone(), settlement.clone())
+    })
+    .await
+    .map_err(forwarded_but_unrecorded)?;
+    Err(answer_withheld(report.kinds()))
+}
+
+/// 2011: the tool ran, and its answer held what the answer guard refuses (kinds only, never values).
+fn answer_withheld(kinds: Vec<String>) -> Refused {
+    let mut refusal = refuse(
+        Code::AnswerWithheld,
+        format!(
+            "the tool's answer was withheld by the answer guard: it holds {}",
+            kinds.join(", ")
+        ),
+    );
+    refusal.error = refusal.error.with_details(json!({ "kinds": kinds }));
+    refusal
 }
 
 /// Once a call has reached the tool its outcome must not be dropped by a passing store fault: the write
@@ -1128,6 +1232,7 @@ async fn skip(
             ),
             rule,
         ),
+        Withheld::Guarded { kinds } => decided_by(answer_withheld(kinds), rule),
         Withheld::Missing => store_refusal("store holds a committed claim without an answer"),
     })?;
     let recorded = gw

@@ -60,7 +60,9 @@ pub struct Retention {
 }
 
 /// What the running gateway still reads from the store, which retention keeps whatever its periods say
-/// (SPEC 20 rule 1). Session labels (SPEC 19) join here when sessions carry them.
+/// (SPEC 20 rule 1). Session labels (SPEC 19) need nothing here: they live in their own table, which
+/// retention never touches, so a session keeps them (and the seq that brought each) after its events
+/// are archived.
 pub struct StillNeeded {
     /// `limits.max_clock_skew_secs`: the replay set is rebuilt from the events of the last clock window.
     pub skew_secs: i64,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::clock;
 use crate::envelope::SessionKey;
 use crate::identity::Identity;
-use crate::policy::Pattern;
+use crate::policy::{HeldLabel, Pattern};
 use crate::store::{Person, SessionRecord, Store, StoreError, StoreResult};
 
 /// `POST /v1/seal/sessions` as it arrives. Unknown fields are ignored (SPEC 5). Fields are read as JSON
@@ -326,6 +326,11 @@ pub struct SessionView {
     pub iss: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sub: Option<String>,
+    /// The labels the session holds (SPEC 19), each with the `seq` of the completion event that brought
+    /// it; shown when one session is read, not in listings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub labels: Option<Vec<HeldLabel>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -368,12 +373,18 @@ pub fn describe(record: &SessionRecord, now: i64, calls_allowed: u64) -> Session
         },
         iss: record.person.as_ref().map(|person| person.iss.clone()),
         sub: record.person.as_ref().map(|person| person.sub.clone()),
+        labels: None,
     }
 }
 
 /// The session a person's MCP host gets at their first call (SPEC 17): no key (calls come with a bearer
-/// token, not a signature), the context of the first matching `people` rule, in that context's team.
-pub fn for_person(person: Person, session_id: String, context: PersonContext<'_>) -> SessionRecord {
+/// token, not a signature), the context of the first matching `people` rule, in that context's team. The
+/// person registered it, so separation of duties keeps them from approving their own calls (SPEC 13 r4).
+pub fn for_person(
+    person: Identity,
+    session_id: String,
+    context: PersonContext<'_>,
+) -> SessionRecord {
     SessionRecord {
         session_id,
         public_key: None,
@@ -387,8 +398,11 @@ pub fn for_person(person: Person, session_id: String, context: PersonContext<'_>
         created_at_ms: context.now_ms,
         revoked_at_ms: None,
         team: context.team.to_owned(),
-        registered_by: None,
-        person: Some(person),
+        person: Some(Person {
+            iss: person.iss.clone(),
+            sub: person.sub.clone(),
+        }),
+        registered_by: Some(person),
     }
 }
 
@@ -446,6 +460,22 @@ impl LiveSession {
             patterns,
         })
     }
+}
+
+/// The labels a session holds (SPEC 19), each with the seq of the event that brought it, read from the
+/// store on every call that a flow rule could apply to. Never cached: labels only grow, so a stale copy
+/// would let a call through on one replica that another replica's completed call should have blocked;
+/// the read is skipped instead for every call that no rule could concern (`policy::flows::needs_labels`).
+pub async fn labels(store: &dyn Store, session_id: &str) -> StoreResult<Vec<HeldLabel>> {
+    Ok(store
+        .session_labels(session_id)
+        .await?
+        .into_iter()
+        .map(|held| HeldLabel {
+            label: held.label,
+            seq: Some(held.seq),
+        })
+        .collect())
 }
 
 /// Most sessions kept decoded in memory; past it the cache starts afresh (a miss only costs a read).

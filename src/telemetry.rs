@@ -197,6 +197,10 @@ fn describe() {
         "sealgate_retention_removed_total",
         "Records removed from the store by retention, by kind"
     );
+    describe_counter!(
+        "sealgate_answer_guard_total",
+        "What the answer guard found in tools' answers (SPEC 18), by kind and action (redacted, stripped, refused)"
+    );
     describe_gauge!(
         "sealgate_upstream_up",
         "1 while an MCP upstream's server runs, 0 once it failed to start or exited; no series before its first start"

@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,13 +35,7 @@ async fn call(
     tool: &str,
     args: Value,
 ) -> (u16, Value) {
-    static ID: AtomicU64 = AtomicU64::new(1);
-    gw.call(
-        key,
-        token,
-        tool_call(ID.fetch_add(1, Ordering::Relaxed), tool, args),
-    )
-    .await
+    gw.call_tool(key, token, tool, args).await
 }
 
 /// The approval id of a 4003 answer, checked to be one.

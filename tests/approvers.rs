@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use common::{code, run_cli_with_env, tool_call, Gateway};
+use common::{code, run_cli_with_env, Gateway};
 use ed25519_dalek::SigningKey;
 use reqwest::Method;
 use sealgate::identity::LOCAL_ISSUER;
@@ -53,9 +51,7 @@ async fn session_on(
 }
 
 async fn call(gw: &Gateway, key: &SigningKey, token: &str, args: Value) -> (u16, Value) {
-    static ID: AtomicU64 = AtomicU64::new(1);
-    let id = ID.fetch_add(1, Ordering::Relaxed);
-    gw.call(key, token, tool_call(id, "pay.send", args)).await
+    gw.call_tool(key, token, "pay.send", args).await
 }
 
 /// The approval id of a 4003 answer.

@@ -46,6 +46,8 @@ fn the_demo_shows_each_request_and_removes_its_folder() {
         "← HTTP 200, claim SKIP",
         "refused with 2002",
         "refused with 1002",
+        "refused with 2010 FLOW_BLOCKED: flow rule 0 blocks external_send once the session holds untrusted_content, private_data",
+        "← labels [{\"label\":\"untrusted_content\",\"seq\":",
         "→ GET /v1/keys",
         "`sealgate receipt verify --keys KEYS response.json` → signed by kid ",
         "`sealgate audit verify audit.jsonl --keys KEYS` → chain intact, ",
@@ -65,7 +67,7 @@ fn the_demo_shows_each_request_and_removes_its_folder() {
         .filter_map(|l| l.trim().strip_prefix("→ POST /v1/invoke "))
         .map(|json| serde_json::from_str(json).expect("an envelope line is JSON"))
         .collect();
-    assert_eq!(envelopes.len(), 6, "{printed}");
+    assert_eq!(envelopes.len(), 9, "{printed}");
     for envelope in &envelopes {
         assert_eq!(envelope["protocol"], "seal/v1");
         assert_eq!(envelope["payload"]["method"], "tools/call");

@@ -106,6 +106,26 @@ impl Setup {
         headers["mcp-session-id"].to_str().unwrap().to_owned()
     }
 
+    /// `tool.echo` at `path` in the session `id`, with `meta` as the call's `_meta`.
+    async fn echo(&self, token: &str, id: &str, path: &str, meta: Value) -> Value {
+        self.call(token, id, "tool.echo", json!({"path": path}), meta)
+            .await
+    }
+
+    /// Every session, as an administrator lists them.
+    async fn sessions(&self, query: &str) -> Vec<Value> {
+        let (status, page) = self
+            .gw
+            .admin(
+                reqwest::Method::GET,
+                &format!("/v1/seal/sessions{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{page}");
+        page["items"].as_array().unwrap().clone()
+    }
+
     /// A `tools/call` in the session `id`: its JSON-RPC answer.
     async fn call(
         &self,
@@ -259,10 +279,8 @@ async fn tokens_that_fail_a_check_get_the_right_challenge_and_run_nothing() {
         .unwrap()
         .contains("no mcp_server.people rule matches"));
     assert_eq!(s.tool.count(), 0, "nothing ran");
-    let (_, sessions) =
-        s.gw.admin(reqwest::Method::GET, "/v1/seal/sessions", None)
-            .await;
-    assert_eq!(sessions["items"], json!([]), "nobody got a session");
+    let sessions = s.sessions("").await;
+    assert_eq!(sessions, Vec::<Value>::new(), "nobody got a session");
 }
 
 #[tokio::test]
@@ -283,11 +301,10 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     let listed_calls = s.tool.count();
     // Allowed: it ran once, with the gateway's credential, never the host's token.
     let ran = s
-        .call(
+        .echo(
             &token,
             &id,
-            "tool.echo",
-            json!({"path": "/workspace/a"}),
+            "/workspace/a",
             json!({"idempotency_key": "k-1"}),
         )
         .await;
@@ -302,11 +319,10 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     );
     // The same key again: answered from the claim, not run again.
     let again = s
-        .call(
+        .echo(
             &token,
             &id,
-            "tool.echo",
-            json!({"path": "/workspace/a"}),
+            "/workspace/a",
             json!({"idempotency_key": "k-1"}),
         )
         .await;
@@ -316,15 +332,7 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     );
     assert_eq!(s.tool.count(), listed_calls + 1);
     // Refused by the policy: a tool result the model can read, with the error object.
-    let refused = s
-        .call(
-            &token,
-            &id,
-            "tool.echo",
-            json!({"path": "/etc/passwd"}),
-            json!({}),
-        )
-        .await;
+    let refused = s.echo(&token, &id, "/etc/passwd", json!({})).await;
     assert_eq!(refused["result"]["isError"], true);
     assert_eq!(refused["result"]["_meta"]["sealgate/error"]["code"], 2002);
     // A call that needs a person's approval: 4003 at once.
@@ -332,14 +340,15 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     assert_eq!(held["result"]["_meta"]["sealgate/error"]["code"], 4003);
     assert_eq!(s.tool.count(), listed_calls + 1);
 
-    let (_, sessions) =
-        s.gw.admin(reqwest::Method::GET, "/v1/seal/sessions", None)
-            .await;
-    let items = sessions["items"].as_array().unwrap();
-    assert_eq!(items.len(), 1, "one session for the person: {sessions}");
+    let sessions = s.sessions("").await;
+    let items = sessions;
+    assert_eq!(items.len(), 1, "one session for the person: {items:?}");
     assert_eq!(items[0]["kind"], "mcp");
     assert_eq!(items[0]["iss"], json!(s.provider.issuer));
     assert_eq!(items[0]["sub"], "pat");
+    // The person registered it: separation of duties keeps them from approving their own calls.
+    assert_eq!(items[0]["registered_by"]["sub"], "pat");
+    assert_eq!(items[0]["registered_by"]["via"], "jwks");
     assert_eq!(items[0]["security_context"], "test");
     assert_eq!(items[0]["budget"]["max_calls"], 10);
     let session_id = items[0]["session_id"].as_str().unwrap();
@@ -358,18 +367,10 @@ async fn a_persons_calls_run_through_the_pipeline_under_their_own_session() {
     }
     // A second connection of the same person shares the session.
     let other_connection = s.initialize(&s.pat()).await;
-    s.call(
-        &s.pat(),
-        &other_connection,
-        "tool.echo",
-        json!({"path": "/workspace/b"}),
-        json!({}),
-    )
-    .await;
-    let (_, sessions) =
-        s.gw.admin(reqwest::Method::GET, "/v1/seal/sessions", None)
-            .await;
-    assert_eq!(sessions["items"].as_array().unwrap().len(), 1);
+    s.echo(&s.pat(), &other_connection, "/workspace/b", json!({}))
+        .await;
+    let sessions = s.sessions("").await;
+    assert_eq!(sessions.len(), 1);
 }
 
 #[tokio::test]
@@ -420,21 +421,9 @@ async fn a_revoked_person_is_refused_until_their_session_would_have_ended() {
     let s = setup("{ expires_secs: 2 }").await;
     let token = s.pat();
     let id = s.initialize(&token).await;
-    s.call(
-        &token,
-        &id,
-        "tool.echo",
-        json!({"path": "/workspace/a"}),
-        json!({}),
-    )
-    .await;
-    let (_, sessions) =
-        s.gw.admin(reqwest::Method::GET, "/v1/seal/sessions", None)
-            .await;
-    let first = sessions["items"][0]["session_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    s.echo(&token, &id, "/workspace/a", json!({})).await;
+    let sessions = s.sessions("").await;
+    let first = sessions[0]["session_id"].as_str().unwrap().to_owned();
     let (status, _) =
         s.gw.admin(
             reqwest::Method::DELETE,
@@ -443,15 +432,7 @@ async fn a_revoked_person_is_refused_until_their_session_would_have_ended() {
         )
         .await;
     assert_eq!(status, 200);
-    let refused = s
-        .call(
-            &token,
-            &id,
-            "tool.echo",
-            json!({"path": "/workspace/a"}),
-            json!({}),
-        )
-        .await;
+    let refused = s.echo(&token, &id, "/workspace/a", json!({})).await;
     assert_eq!(refused["result"]["_meta"]["sealgate/error"]["code"], 1006);
     assert_eq!(s.tool.count(), 1);
     // After `expires_secs` from the revocation the next call starts a new session.
@@ -459,27 +440,13 @@ async fn a_revoked_person_is_refused_until_their_session_would_have_ended() {
         Duration::from_secs(10),
         "a new session after the revocation",
         || async {
-            let answer = s
-                .call(
-                    &s.pat(),
-                    &id,
-                    "tool.echo",
-                    json!({"path": "/workspace/a"}),
-                    json!({}),
-                )
-                .await;
+            let answer = s.echo(&s.pat(), &id, "/workspace/a", json!({})).await;
             answer["result"]["isError"] != true
         },
     )
     .await;
-    let (_, sessions) =
-        s.gw.admin(
-            reqwest::Method::GET,
-            "/v1/seal/sessions?status=active",
-            None,
-        )
-        .await;
-    let current = sessions["items"][0]["session_id"].as_str().unwrap();
+    let sessions = s.sessions("?status=active").await;
+    let current = sessions[0]["session_id"].as_str().unwrap();
     assert_ne!(current, first);
     assert_eq!(s.tool.count(), 2);
 }

@@ -13,8 +13,8 @@ use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    ConsoleSessionRecord, LiveCounts, SessionRecord, SignInAttempt, SqliteStore, Store, StoreError,
-    StoreResult, StoredContext, ToolPin,
+    ConsoleSessionRecord, LiveCounts, SessionLabel, SessionRecord, SignInAttempt, SqliteStore,
+    Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use serde_json::{json, Value};
 
@@ -80,6 +80,10 @@ impl Store for SwitchableStore {
     async fn session_get(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
         self.check()?;
         self.inner.session_get(id).await
+    }
+    async fn session_labels(&self, id: &str) -> StoreResult<Vec<SessionLabel>> {
+        self.check()?;
+        self.inner.session_labels(id).await
     }
     async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
         self.check()?;

@@ -51,6 +51,9 @@ pub struct ApprovalView {
     separate_from_registrant: bool,
     /// The grants so far, oldest first.
     grants: Vec<GrantView>,
+    /// The flow rule (its index in the context's `flow_rules`) that asked for this approval (SPEC 19).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow_rule: Option<usize>,
 }
 
 /// One person's grant.
@@ -91,6 +94,7 @@ fn view(record: &ApprovalRecord) -> ApprovalView {
                 reason: grant.reason.clone(),
             })
             .collect(),
+        flow_rule: record.flow_rule,
     }
 }
 

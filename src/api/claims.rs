@@ -58,6 +58,9 @@ fn claim_json(record: &ClaimRecord) -> ClaimView {
             Some(ClaimOutcome::ResponseTooLarge { limit }) => {
                 Some(json!({"withheld": "response_too_large", "limit": limit}))
             }
+            Some(ClaimOutcome::AnswerWithheld { kinds }) => {
+                Some(json!({"withheld": "answer_guard", "kinds": kinds}))
+            }
             None => None,
         },
         resolution: record.resolution.clone(),

@@ -247,6 +247,9 @@ pub struct EvaluateRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     draft: Option<Value>,
+    /// Labels the session is assumed to hold (SPEC 19), to explain what the flow rules decide.
+    #[serde(default)]
+    session_labels: Vec<String>,
 }
 
 /// Explains what the context would decide for a call, and why; calls nothing.
@@ -282,10 +285,21 @@ pub async fn evaluate(
     // Refused as the gateway refuses such a call's payload (1000), before any policy is asked.
     crate::strict_json::refuse_case_folded_names(&request.arguments)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("arguments: {e}")))?;
+    let mut held = Vec::with_capacity(request.session_labels.len());
+    for (index, label) in request.session_labels.iter().enumerate() {
+        if !policy::model::is_label(label) {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("session_labels[{index}]: invalid label: letters, digits, '_' or '-'"),
+            ));
+        }
+        held.push(policy::HeldLabel::assumed(label));
+    }
     Ok(axum::Json(policy::cli::explain(
         &context,
         &request.tool,
         &request.arguments,
+        &held,
     ))
     .into_response())
 }

@@ -3,6 +3,7 @@
 
 mod approvals;
 mod audit;
+pub mod body;
 mod claims;
 mod connection;
 mod console;
@@ -32,6 +33,7 @@ use crate::gateway::Gateway;
 use crate::identity::{Caller, Identity, TeamScopes, Via, LOCAL_ISSUER};
 use crate::token::{KeySource, OperatorClaims};
 
+pub use body::{read_body, BodyError};
 pub use invoke::calls_finished;
 
 pub type State = axum::extract::State<Arc<Gateway>>;
@@ -82,7 +84,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     if gateway.config.console.enabled {
         router = router.merge(console::router());
     }
-    router = router.merge(crate::mcp_server::routes(&gateway));
+    router = router.merge(crate::mcp_server::endpoint::routes(&gateway));
     router
         // The SPEC's older name of the agent endpoint, kept working; documented under /v1/invoke.
         .route("/v1/seal/invoke", axum::routing::post(invoke::invoke))
@@ -190,27 +192,6 @@ fn bearer_credential(parts: &Parts) -> Result<Option<&str>, ApiError> {
                 "Authorization must be a Bearer token",
             )
         })
-}
-
-/// Why a request body could not be read.
-pub enum BodyError {
-    /// Larger than `limits.max_body_bytes` (413).
-    TooLarge,
-    /// Not complete within `limits.body_read_timeout_secs` (408, SPEC 11 r2).
-    TimedOut,
-}
-
-/// Reads a whole body within a size limit and a time limit.
-pub async fn read_body(
-    body: axum::body::Body,
-    limit: usize,
-    timeout: std::time::Duration,
-) -> Result<axum::body::Bytes, BodyError> {
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(BodyError::TooLarge),
-        Err(_) => Err(BodyError::TimedOut),
-    }
 }
 
 impl ApiError {

@@ -246,7 +246,8 @@ pub async fn list(
     Ok(axum::Json(SessionPage { items, next_cursor }).into_response())
 }
 
-/// Reads one session: status, context, expiry, budget and call count; never a key or a token.
+/// Reads one session: status, context, expiry, budget, call count and labels (SPEC 19); never a key or
+/// a token.
 #[utoipa::path(get, path = "/v1/seal/sessions/{id}", operation_id = "read_session", tag = "sessions",
     params(("id" = String, Path, description = "The session id")),
     security(("operator" = ["seal.session.read"])),
@@ -259,7 +260,13 @@ pub async fn read(
     caller.require_some(scopes::SESSION_READ)?;
     let record = find(&gw, &caller, &id, scopes::SESSION_READ).await?;
     let calls = calls_allowed(&gw, &id).await?;
-    Ok(axum::Json(session::describe(&record, clock::now_secs(), calls)).into_response())
+    let mut view = session::describe(&record, clock::now_secs(), calls);
+    view.labels = Some(
+        session::labels(gw.store.as_ref(), &id)
+            .await
+            .map_err(ApiError::store)?,
+    );
+    Ok(axum::Json(view).into_response())
 }
 
 /// The session `id`, for doing `scope` to it: another team's session is not found (SPEC 16), like a

@@ -78,15 +78,19 @@ impl Notifier {
         let Some(url) = self.webhook_url.clone() else {
             return;
         };
-        let body = json!({
+        let mut body = json!({
             "approval_id": record.approval_id,
             "tool": record.tool,
             "session_id": record.session_id,
             "sub": record.sub,
             "expires_at": clock::rfc3339_millis(record.expires_at_ms),
             "console_url": self.console_url(&record.approval_id),
-        })
-        .to_string();
+        });
+        // A request that a flow rule asked for says which (SPEC 19).
+        if let Some(index) = record.flow_rule {
+            body["flow_rule"] = json!(index);
+        }
+        let body = body.to_string();
         // One id per delivery, kept by its retries, so that a receiver can drop the duplicates.
         let delivery_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
         let client = self.client.clone();

@@ -274,8 +274,14 @@ impl FromStr for Decision {
     }
 }
 
-/// The kinds of rule that SPEC 9.1 names in `rule.kind`.
-const RULE_KINDS: [&str; 4] = ["deny_list", "capability", "no_match", "session_patterns"];
+/// The kinds of rule that SPEC 9.1 names in `rule.kind`, and a flow rule's (SPEC 19).
+const RULE_KINDS: [&str; 5] = [
+    "deny_list",
+    "capability",
+    "no_match",
+    "session_patterns",
+    "flow_rule",
+];
 
 /// Who did an operator action: `{iss, sub, name?, via, team?}` (SPEC 16).
 #[derive(Debug, Clone, PartialEq)]
@@ -342,6 +348,8 @@ pub struct AuditEvent {
     team: Option<String>,
     grants: Option<u64>,
     approvers: Option<u64>,
+    /// The labels a completed call gave its session (SPEC 19).
+    labels_added: Option<Vec<String>>,
     detail: Option<String>,
     trace_id: Option<String>,
     client_addr: Option<String>,
@@ -351,6 +359,9 @@ pub struct AuditEvent {
     result: Option<Value>,
     checkpoint: Option<Value>,
 }
+
+/// The key of a completion event's labels (SPEC 19), which the stores read to keep the session's labels.
+pub const LABELS_ADDED: &str = "labels_added";
 
 macro_rules! string_setters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -394,6 +405,7 @@ impl AuditEvent {
             team: None,
             grants: None,
             approvers: None,
+            labels_added: None,
             detail: None,
             trace_id: None,
             client_addr: None,
@@ -484,6 +496,13 @@ impl AuditEvent {
         self
     }
 
+    /// The labels that a completed call gives its session (SPEC 19): the store keeps them, with this
+    /// event's seq, in the same commit as the event.
+    pub fn labels_added(mut self, labels: &[String]) -> Self {
+        self.labels_added = Some(labels.to_vec());
+        self
+    }
+
     /// The envelope's timestamp as Unix seconds.
     pub fn envelope_timestamp(mut self, unix_secs: i64) -> Self {
         self.envelope_timestamp = Some(unix_secs);
@@ -502,7 +521,7 @@ impl AuditEvent {
         self
     }
 
-    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns", "index", "pattern"}`,
+    /// The rule that decided: `{"kind": "deny_list"|"capability"|"no_match"|"session_patterns"|"flow_rule", "index", "pattern"}`,
     /// and a capability's `"id"` when it has one.
     pub fn rule(mut self, rule: Value) -> Self {
         self.rule = Some(rule);
@@ -628,6 +647,9 @@ impl AuditEvent {
         }
         if let Some(rule) = self.rule {
             object.insert("rule".to_owned(), rule);
+        }
+        if let Some(labels) = self.labels_added {
+            object.insert(LABELS_ADDED.to_owned(), Value::from(labels));
         }
         if let Some(checkpoint) = self.checkpoint {
             object.insert("checkpoint".to_owned(), checkpoint);

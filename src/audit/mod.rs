@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 pub(crate) use chain::is_valid_at;
 pub use chain::ChainWalker;
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
-pub use event::{AuditEvent, Decision, EventType};
+pub use event::{AuditEvent, Decision, EventType, LABELS_ADDED};
 pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
 pub use replica_log::{verify_replica_log, ReplicaLogReport};
 pub use writer::{CheckpointOptions, CheckpointSigner, WriterOptions};

@@ -14,9 +14,9 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::{json, Map, Value};
 
-use super::people::NoSession;
+use super::people::{NoSession, Parts};
 use super::McpServer;
-use crate::api::{read_body, BodyError};
+use crate::api::body::{read_body, BodyError};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::mcp_reply::{self, Answer};
@@ -48,7 +48,7 @@ pub fn routes(gw: &Gateway) -> Router<Arc<Gateway>> {
 }
 
 /// RFC 9728's document: public, so any origin may read it.
-async fn metadata(axum::extract::State(gw): crate::api::State) -> Response {
+async fn metadata(axum::extract::State(gw): axum::extract::State<Arc<Gateway>>) -> Response {
     let Some(server) = &gw.mcp_server else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -74,7 +74,10 @@ async fn no_stream() -> Response {
         .into_response()
 }
 
-async fn post(axum::extract::State(gw): crate::api::State, request: Request) -> Response {
+async fn post(
+    axum::extract::State(gw): axum::extract::State<Arc<Gateway>>,
+    request: Request,
+) -> Response {
     let Some(server) = &gw.mcp_server else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -364,9 +367,15 @@ async fn run(
     message: &Map<String, Value>,
     method: &str,
 ) -> Result<Value, Value> {
+    let parts = Parts {
+        store: gw.store.as_ref(),
+        sessions: &gw.sessions,
+        contexts: &gw.contexts,
+        audit: &gw.audit,
+    };
     let session = match server
         .people
-        .session_of(gw, &admitted.person, &admitted.context)
+        .session_of(&parts, &admitted.person, &admitted.context)
         .await
     {
         Ok(session) => session,
@@ -489,6 +498,7 @@ mod tests {
             client_id: None,
             jti: None,
             scopes: vec![],
+            key_source: crate::token::KeySource::Fetched,
             claims: Map::new(),
         }
     }

@@ -3,68 +3,14 @@
 //! names gets a session of the gateway's own ([`people`]), and each `tools/call` or `tools/list` is
 //! handed to the one pipeline after its envelope checks ([`crate::pipeline::call_as_person`]).
 
-mod endpoint;
+pub mod config;
+pub mod endpoint;
 mod people;
 
-use std::path::Path;
-
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::token::{AccessTokenVerifier, KeyConfig};
-
-pub use endpoint::routes;
-pub use people::PeopleRule;
-
-/// `mcp_server` in the configuration file (SPEC 17).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct McpServerConfig {
-    pub enabled: bool,
-    pub path: String,
-    /// This server's canonical URI (RFC 8707, RFC 9728): the audience its tokens must hold.
-    pub resource: Option<String>,
-    pub authorization_servers: Vec<String>,
-    pub keys: Vec<KeyConfig>,
-    pub scopes_required: Vec<String>,
-    pub allowed_origins: Vec<String>,
-    pub people: Vec<PeopleRule>,
-    pub session: PersonSessionConfig,
-}
-
-impl Default for McpServerConfig {
-    fn default() -> Self {
-        McpServerConfig {
-            enabled: false,
-            path: "/mcp".to_owned(),
-            resource: None,
-            authorization_servers: Vec::new(),
-            keys: Vec::new(),
-            scopes_required: vec!["mcp:tools".to_owned()],
-            allowed_origins: Vec::new(),
-            people: Vec::new(),
-            session: PersonSessionConfig::default(),
-        }
-    }
-}
-
-/// `mcp_server.session`: what a person's session lasts and may spend.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PersonSessionConfig {
-    pub expires_secs: i64,
-    /// The session's call budget; null: none.
-    pub budget: Option<u64>,
-}
-
-impl Default for PersonSessionConfig {
-    fn default() -> Self {
-        PersonSessionConfig {
-            expires_secs: 3600,
-            budget: None,
-        }
-    }
-}
+use crate::token::AccessTokenVerifier;
+use config::{McpServerConfig, Surroundings};
 
 /// The endpoint's parts, built once from the configuration.
 pub struct McpServer {
@@ -78,17 +24,6 @@ pub struct McpServer {
     /// The resource's own origin and `allowed_origins`, as browsers write an `Origin` header.
     origins: Vec<String>,
     people: people::People,
-}
-
-/// What `McpServer::new` needs of the rest of the configuration.
-pub struct Surroundings<'a> {
-    pub base_dir: &'a Path,
-    /// `operator_auth.oidc.groups_claim`, default `groups`.
-    pub groups_claim: &'a str,
-    /// `limits.max_clock_skew_secs`: the leeway on `exp` and `nbf`.
-    pub skew_secs: u64,
-    /// `sessions.max_lifetime_secs`: no person's session outlives what a registered one may.
-    pub max_lifetime_secs: i64,
 }
 
 impl McpServer {
@@ -192,7 +127,7 @@ mod tests {
 
     fn around() -> Surroundings<'static> {
         Surroundings {
-            base_dir: Path::new("/"),
+            base_dir: std::path::Path::new("/"),
             groups_claim: "groups",
             skew_secs: 60,
             max_lifetime_secs: 86_400,

@@ -6,30 +6,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{McpServerConfig, Surroundings};
-use crate::audit::{AuditEvent, EventType};
-use crate::gateway::Gateway;
-use crate::session::{self, LiveSession, PersonContext};
-use crate::store::{Person, SessionRecord, StoreResult};
-use crate::token::AccessClaims;
-
-/// One rule of `mcp_server.people`: a group of the token's, or a claim matching a pattern, names the
-/// context of the person's session.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeopleRule {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<String>,
-    /// The whole claim value, `*` standing for any run of characters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<String>,
-    pub context: String,
-}
+use super::config::{McpServerConfig, PeopleRule, Surroundings};
+use crate::audit::{AuditEvent, AuditLog, EventType};
+use crate::identity::{Identity, Via};
+use crate::policy::ContextRegistry;
+use crate::session::{self, LiveSession, PersonContext, SessionCache};
+use crate::store::{Person, SessionRecord, Store, StoreResult};
+use crate::token::{AccessClaims, KeySource};
 
 /// Why a person gets no session.
 #[derive(Debug)]
@@ -46,6 +31,14 @@ pub enum NoSession {
 /// Most people whose current session number is kept in memory; past it the map starts afresh (a miss
 /// only costs a few reads).
 const KNOWN_PEOPLE_CAPACITY: usize = 100_000;
+
+/// What making and finding people's sessions reads and writes: the gateway's parts, not the gateway.
+pub struct Parts<'a> {
+    pub store: &'a dyn Store,
+    pub sessions: &'a SessionCache,
+    pub contexts: &'a ContextRegistry,
+    pub audit: &'a AuditLog,
+}
 
 pub struct People {
     rules: Vec<PeopleRule>,
@@ -106,7 +99,7 @@ impl People {
     /// matching rule names.
     pub async fn session_of(
         &self,
-        gw: &Gateway,
+        parts: &Parts<'_>,
         person: &AccessClaims,
         context: &str,
     ) -> Result<Arc<LiveSession>, NoSession> {
@@ -118,22 +111,18 @@ impl People {
         let known = self.known(&who);
         let mut number = match known {
             Some(number) => number,
-            None => last_number(gw, &key).await.map_err(store)?,
+            None => last_number(parts.store, &key).await.map_err(store)?,
         };
         let mut started = false;
         loop {
             let id = session_id(&key, number);
-            let found = gw
-                .sessions
-                .get(gw.store.as_ref(), &id)
-                .await
-                .map_err(store)?;
+            let found = parts.sessions.get(parts.store, &id).await.map_err(store)?;
             let Some(live) = found else {
                 if started {
                     return Err(NoSession::Store("the new session could not be read".into()));
                 }
                 // Made now, or by another replica a moment before: either way, read it next.
-                self.start(gw, person, &who, id, context).await?;
+                self.start(parts, person, id, context).await?;
                 started = true;
                 continue;
             };
@@ -171,17 +160,29 @@ impl People {
     /// Makes the session `id` and records its event, unless another replica made it first.
     async fn start(
         &self,
-        gw: &Gateway,
+        parts: &Parts<'_>,
         person: &AccessClaims,
-        who: &Person,
         id: String,
         context: &str,
     ) -> Result<(), NoSession> {
-        let Some(found) = gw.contexts.get(context) else {
+        let Some(found) = parts.contexts.get(context) else {
             return Err(NoSession::NoContext(context.to_owned()));
         };
+        let registrant = Identity {
+            iss: person.iss.clone(),
+            sub: person.sub.clone(),
+            name: person
+                .claims
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            via: match person.key_source {
+                KeySource::Configured => Via::Key,
+                KeySource::Fetched => Via::Jwks,
+            },
+        };
         let record = session::for_person(
-            who.clone(),
+            registrant,
             id,
             PersonContext {
                 name: context,
@@ -191,7 +192,7 @@ impl People {
                 now_ms: crate::clock::now_millis(),
             },
         );
-        if gw
+        if parts
             .store
             .session_insert(&record)
             .await
@@ -213,7 +214,7 @@ impl People {
         if let Some(jti) = &person.jti {
             event = event.jti(jti);
         }
-        gw.audit.record(event).await.map_err(store)?;
+        parts.audit.record(event).await.map_err(store)?;
         Ok(())
     }
 
@@ -287,10 +288,10 @@ fn session_id(person_key: &str, number: u64) -> String {
 
 /// The number of the person's last session, 0 when they have none: found by doubling, then halving,
 /// so a person with n sessions behind them costs about 2·log2(n) reads after a restart.
-async fn last_number(gw: &Gateway, person_key: &str) -> StoreResult<u64> {
+async fn last_number(store: &dyn Store, person_key: &str) -> StoreResult<u64> {
     let exists = |number: u64| {
         let id = session_id(person_key, number);
-        async move { Ok::<_, crate::store::StoreError>(gw.store.session_get(&id).await?.is_some()) }
+        async move { Ok::<_, crate::store::StoreError>(store.session_get(&id).await?.is_some()) }
     };
     if !exists(0).await? {
         return Ok(0);

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
 
-use super::{decide, load_dir, Decision, Pattern, SecurityContext};
+use super::{decide_in_session, load_dir, Decision, HeldLabel, Pattern, SecurityContext};
 
 pub enum PolicyCommand {
     Check {
@@ -17,20 +17,44 @@ pub enum PolicyCommand {
         tool: String,
         args: String,
         policies: PathBuf,
+        /// Labels the session is assumed to hold (SPEC 19).
+        session_labels: Vec<String>,
     },
 }
 
-/// The decision a call would get, with its code and the rule that decided (shared with the API).
-pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Value>) -> Value {
+/// The decision a call would get in a session holding `held` labels (SPEC 19), with its code and the
+/// rule that decided (shared with the API).
+pub fn explain(
+    context: &SecurityContext,
+    tool: &str,
+    arguments: &Map<String, Value>,
+    held: &[HeldLabel],
+) -> Value {
     let any = [Pattern::parse("*").expect("`*` is a valid pattern")];
-    let mut answer = match decide(Some(context), &any, tool, arguments) {
-        Decision::Allow { capability, rule } => {
+    let mut answer = match decide_in_session(Some(context), &any, tool, arguments, held) {
+        Decision::Allow {
+            capability,
+            rule,
+            flow,
+        } => {
             let mut allow = json!({"decision": "allow", "rule": rule, "capability": capability});
-            // Allowed, but only with a person's grant: the call itself gets 4003 until then (SPEC 13).
-            if let Some(rule) = context.capabilities[capability].approval {
+            // Allowed, but only with a person's grant: the call itself gets 4003 until then (SPEC 13);
+            // a flow rule's `approval` asks one even where the capability asks none (SPEC 19).
+            let approval = context.capabilities[capability]
+                .approval
+                .or(flow.as_ref().map(|_| crate::approval::FLOW_APPROVAL));
+            if let Some(rule) = approval {
                 allow["approval"] = json!({"required": true, "expires_secs": rule.expires_secs,
                     "approvers": rule.approvers,
                     "separate_from_registrant": rule.separate_from_registrant});
+            }
+            if let Some(flow) = flow {
+                allow["flow_rule"] = json!(flow);
+            }
+            let labels = &context.capabilities[capability].labels;
+            if !labels.is_empty() {
+                // What the session would gain once the call completes.
+                allow["labels_added"] = json!(labels);
             }
             allow
         }
@@ -38,11 +62,19 @@ pub fn explain(context: &SecurityContext, tool: &str, arguments: &Map<String, Va
             code,
             rule,
             message,
-        } => json!({
-            "decision": "deny", "code": code.number(), "name": code.name(),
-            "message": message, "rule": rule,
-        }),
+            flow,
+        } => {
+            let mut deny = json!({
+                "decision": "deny", "code": code.number(), "name": code.name(),
+                "message": message, "rule": rule,
+            });
+            if let Some(flow) = flow {
+                deny["flow_rule"] = json!(flow);
+            }
+            deny
+        }
     };
+    answer["session_labels"] = json!(held);
     answer["context"] = json!(context.spec.name);
     answer["context_version"] = json!(context.version);
     answer
@@ -54,6 +86,9 @@ pub fn run(command: PolicyCommand) -> ExitCode {
             Ok(contexts) => {
                 for context in &contexts {
                     say!("ok  {}  (version {})", context.spec.name, context.version);
+                    for warning in context.flow_warnings() {
+                        say!("warning  {}: {warning}", context.spec.name);
+                    }
                 }
                 say!(
                     "{} security context(s) valid in {}",
@@ -72,6 +107,7 @@ pub fn run(command: PolicyCommand) -> ExitCode {
             tool,
             args,
             policies,
+            session_labels,
         } => {
             // Read as the gateway reads a payload: a duplicate key is refused, not resolved.
             let arguments: Map<String, Value> =
@@ -106,7 +142,17 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 eprintln!("no security context {context:?} in {}", policies.display());
                 return ExitCode::FAILURE;
             };
-            let answer = explain(found, &tool, &arguments);
+            let mut held = Vec::with_capacity(session_labels.len());
+            for label in session_labels.iter().filter(|label| !label.is_empty()) {
+                if !super::model::is_label(label) {
+                    eprintln!(
+                        "--session-labels: invalid label {label:?}: letters, digits, '_' or '-'"
+                    );
+                    return ExitCode::FAILURE;
+                }
+                held.push(HeldLabel::assumed(label));
+            }
+            let answer = explain(found, &tool, &arguments, &held);
             let rule = &answer["rule"];
             let rule_text = format!(
                 "{} #{} {}",

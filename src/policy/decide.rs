@@ -7,7 +7,8 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::model::{Capability, SecurityContext};
+use super::flows::{self, FlowMatch, HeldLabel};
+use super::model::{Capability, FlowAction, SecurityContext};
 use super::pattern::{is_valid_tool_name, Pattern};
 use crate::error::Code;
 
@@ -19,6 +20,8 @@ pub enum RuleKind {
     Capability,
     NoMatch,
     SessionPatterns,
+    /// A flow rule (SPEC 19); `index` is its place in `flow_rules`.
+    FlowRule,
 }
 
 /// The rule that decided: its kind, its index in the context's list and its pattern, when any, and a
@@ -64,13 +67,22 @@ impl Rule {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
 pub enum Decision {
-    /// Allowed by `capabilities[capability]` (rate limit and budget still to apply).
-    Allow { capability: usize, rule: Rule },
+    /// Allowed by `capabilities[capability]` (rate limit and budget still to apply); with `flow`, only
+    /// once a person approves it, whatever the capability asks (SPEC 19's `approval`).
+    Allow {
+        capability: usize,
+        rule: Rule,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        flow: Option<FlowMatch>,
+    },
     Deny {
         #[serde(serialize_with = "code_number")]
         code: Code,
         rule: Rule,
         message: String,
+        /// The flow rule that refused (2010), with the labels and the events that brought them.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        flow: Option<FlowMatch>,
     },
 }
 
@@ -104,6 +116,7 @@ fn deny(code: Code, rule: Rule, message: String) -> Decision {
         code,
         rule,
         message,
+        flow: None,
     }
 }
 
@@ -116,6 +129,19 @@ pub fn decide(
     session_patterns: &[Pattern],
     tool: &str,
     arguments: &Map<String, Value>,
+) -> Decision {
+    decide_in_session(ctx, session_patterns, tool, arguments, &[])
+}
+
+/// [`decide`] for a session that holds `held` labels (SPEC 19): the flow rules are read once the
+/// capability is found, before its checks. `held` needs to be read only when
+/// [`flows::needs_labels`] says so; otherwise the empty slice decides the same.
+pub fn decide_in_session(
+    ctx: Option<&SecurityContext>,
+    session_patterns: &[Pattern],
+    tool: &str,
+    arguments: &Map<String, Value>,
+    held: &[HeldLabel],
 ) -> Decision {
     // Patterns never match an invalid tool name, so such a name stops here, unquoted: only a valid
     // name is known to hold nothing but a name.
@@ -167,6 +193,23 @@ pub fn decide(
         );
     };
     let rule = Rule::capability(index, capability);
+    // SPEC 19: after the capability is found, before its checks. Nothing to do for almost every call.
+    let flow = match flows::applies(ctx, index, held) {
+        Some(flow) if flow.action == FlowAction::Deny => {
+            return Decision::Deny {
+                code: Code::FlowBlocked,
+                rule: Rule {
+                    kind: RuleKind::FlowRule,
+                    index: Some(flow.index),
+                    pattern: None,
+                    id: None,
+                },
+                message: flows::blocked_message(&flow),
+                flow: Some(flow),
+            };
+        }
+        flow => flow,
+    };
     if let Some(paths) = &capability.paths {
         if let Err(reason) = paths.check(arguments) {
             return deny(Code::PathNotAllowed, rule, reason);
@@ -192,6 +235,7 @@ pub fn decide(
     Decision::Allow {
         capability: index,
         rule,
+        flow,
     }
 }
 
@@ -360,7 +404,8 @@ capabilities:
                     index: Some(0),
                     pattern: Some("fs.read_file".into()),
                     id: None,
-                }
+                },
+                flow: None,
             }
         );
         let decision = decide(
@@ -531,6 +576,35 @@ capabilities:
             Err(error) => panic!("{error}"),
         };
         assert!(!could_allow(Some(&narrow), &all, "web.fetch"));
+    }
+
+    #[test]
+    fn flow_rules_come_after_the_deny_list_and_before_the_capabilitys_checks() {
+        let ctx = match parse_context_yaml(
+            "name: f\ndeny_list: [\"mail.bulk\"]\ncapabilities:\n\
+             - { tool_pattern: \"mail.*\", domain_allowlist: [\"example.com\"], labels: [out] }\n\
+             flow_rules:\n  - { if_session_has: [web], block: [out], action: deny }\n",
+            Path::new("f.yaml"),
+        ) {
+            Ok(ctx) => ctx,
+            Err(error) => panic!("{error}"),
+        };
+        let all = patterns(&["*"]);
+        let held = [HeldLabel::assumed("web")];
+        let bad_url = args(serde_json::json!({"url": "https://evil.test/"}));
+        // The flow rule answers before the domain check would.
+        let decision = decide_in_session(Some(&ctx), &all, "mail.send", &bad_url, &held);
+        assert_eq!(
+            outcome(&decision),
+            (Some(2010), RuleKind::FlowRule, Some(0))
+        );
+        // The deny list still comes first, and without the label the capability's checks decide.
+        let decision = decide_in_session(Some(&ctx), &all, "mail.bulk", &bad_url, &held);
+        assert_eq!(decision.code(), Some(Code::ToolDenied));
+        let decision = decide_in_session(Some(&ctx), &all, "mail.send", &bad_url, &[]);
+        assert_eq!(decision.code(), Some(Code::DomainNotAllowed));
+        // `decide` is the session that holds nothing.
+        assert_eq!(decide(Some(&ctx), &all, "mail.send", &bad_url), decision);
     }
 
     #[test]

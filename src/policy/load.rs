@@ -480,6 +480,29 @@ capabilities:
     }
 
     #[test]
+    fn a_bad_label_names_file_line_and_field() {
+        let error = parse_err(
+            "name: c\ncapabilities:\n  - tool_pattern: web.fetch\n    labels: [untrusted, \"not ok\"]\n",
+        );
+        assert_eq!(
+            error.to_string(),
+            "policies/x.yaml:4: capabilities[0].labels[1]: invalid label \"not ok\": 1 to 64 letters, digits, '_' or '-'"
+        );
+        let rule = parse_err(
+            "name: c\ncapabilities: []\nflow_rules:\n  - if_session_has: [a]\n    block: [b]\n    action: deny\n  - if_session_has: [a]\n    block: [\"b/c\"]\n    action: deny\n",
+        );
+        assert_eq!(rule.line, Some(8), "{rule}");
+        assert_eq!(rule.field.as_deref(), Some("flow_rules[1].block[0]"));
+        let unknown = parse_err(
+            "name: c\ncapabilities: []\nflow_rules:\n  - if_session_has: [a]\n    block: [b]\n    action: deny\n    unless: [c]\n",
+        );
+        assert!(
+            unknown.to_string().starts_with("policies/x.yaml:7: "),
+            "{unknown}"
+        );
+    }
+
+    #[test]
     fn duplicate_key_is_refused_with_its_line() {
         let error = parse_err("name: a\ncapabilities: []\nname: b\n");
         assert_eq!(

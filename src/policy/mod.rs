@@ -7,6 +7,7 @@ pub mod cli;
 pub mod commands;
 pub mod decide;
 pub mod domains;
+pub mod flows;
 pub mod load;
 pub mod model;
 pub mod paths;
@@ -14,11 +15,14 @@ pub mod pattern;
 pub mod rate;
 pub mod registry;
 
-pub use decide::{could_allow, could_allow_within, decide, Decision, Rule, RuleKind};
+pub use decide::{
+    could_allow, could_allow_within, decide, decide_in_session, Decision, Rule, RuleKind,
+};
+pub use flows::{FlowMatch, HeldLabel};
 pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
 pub use model::{
-    ApprovalRule, Capability, CapabilitySpec, ClaimMode, ContextSource, RateLimit, SecurityContext,
-    SecurityContextSpec,
+    ApprovalRule, Capability, CapabilitySpec, ClaimMode, ContextSource, FlowAction, RateLimit,
+    SecurityContext, SecurityContextSpec,
 };
 pub use pattern::{is_valid_tool_name, Pattern};
 pub use registry::{ContextRegistry, RegistryError, ReloadEvent, Snapshot, WatcherHandle};

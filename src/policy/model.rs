@@ -65,6 +65,43 @@ pub struct SecurityContextSpec {
     pub deny_list: Vec<String>,
     /// What the context allows; the first capability whose pattern matches decides. May be empty.
     pub capabilities: Vec<CapabilitySpec>,
+    /// Session flow rules (SPEC 19), read in order once a call's capability is found: the first whose
+    /// `if_session_has` the session all holds and whose `block` names one of the capability's labels
+    /// applies. Left out when empty, so that a context written before them keeps its version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flow_rules: Vec<FlowRuleSpec>,
+}
+
+/// One flow rule (SPEC 19): once a session holds every label of `if_session_has`, a call whose
+/// capability gives a label of `block` is refused (`deny`, 2010) or waits for a person (`approval`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FlowRuleSpec {
+    /// Labels the session must all hold for the rule to apply (at least one).
+    #[schemars(length(min = 1), inner(regex(pattern = r"^[A-Za-z0-9_-]+$")))]
+    pub if_session_has: Vec<String>,
+    /// Capability labels that the rule holds back (at least one).
+    #[schemars(length(min = 1), inner(regex(pattern = r"^[A-Za-z0-9_-]+$")))]
+    pub block: Vec<String>,
+    /// `deny` (2010 FLOW_BLOCKED) or `approval` (the call waits for a person's grant, SPEC 13).
+    pub action: FlowAction,
+}
+
+/// What a flow rule does to the call it applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowAction {
+    Deny,
+    Approval,
+}
+
+impl FlowAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowAction::Deny => "deny",
+            FlowAction::Approval => "approval",
+        }
+    }
 }
 
 /// One capability: a tool pattern plus the checks that apply to the calls it matches.
@@ -155,6 +192,19 @@ pub struct CapabilitySpec {
     )]
     #[schemars(with = "ApprovalSpec")]
     pub approval: Option<ApprovalSpec>,
+    /// Labels a session gains when a call this capability allowed completes (SPEC 19): letters, digits,
+    /// '_', '-'. Left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[A-Za-z0-9_-]+$"), length(min = 1, max = 64)))]
+    pub labels: Vec<String>,
+    /// The answer guard for the calls it allows (SPEC 18): what it sets wins over the gateway's.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "crate::guard::AnswerGuardSpec")]
+    pub answer_guard: Option<crate::guard::AnswerGuardSpec>,
 }
 
 /// `approval: {required, expires_secs, approvers, separate_from_registrant}` (SPEC 13, 13 r4).
@@ -409,6 +459,13 @@ pub struct Capability {
     pub claim: ClaimMode,
     /// What a person's approval takes when the capability requires one (SPEC 13), else None.
     pub approval: Option<ApprovalRule>,
+    /// What a completed call gives its session (SPEC 19), without repeats.
+    pub labels: Vec<String>,
+    /// The context's flow rules whose `block` names one of `labels`, in order: empty for almost every
+    /// capability, which then costs a call nothing (no label read).
+    pub flow_rules: Vec<usize>,
+    /// Its `answer_guard`, compiled (SPEC 18); None: the gateway's.
+    pub answer_guard: Option<crate::guard::Overrides>,
 }
 
 impl Capability {
@@ -439,6 +496,9 @@ impl fmt::Debug for Capability {
             .field("max_response_size", &self.max_response_size)
             .field("claim", &self.claim)
             .field("approval", &self.approval)
+            .field("labels", &self.labels)
+            .field("flow_rules", &self.flow_rules)
+            .field("answer_guard", &self.answer_guard)
             .finish()
     }
 }
@@ -448,6 +508,8 @@ pub struct SecurityContext {
     pub spec: SecurityContextSpec,
     pub deny: Vec<Pattern>,
     pub capabilities: Vec<Capability>,
+    /// The flow rules (SPEC 19), in order; `spec.flow_rules` compiled.
+    pub flows: Vec<FlowRule>,
     /// hex(SHA-256(JCS(spec as JSON))): equal specs have equal versions, however the file is laid out.
     pub version: String,
     pub source: ContextSource,
@@ -505,6 +567,15 @@ impl SecurityContext {
             capabilities.push(compile_capability(capability, &at)?);
         }
         require_distinct_identities(&spec.capabilities)?;
+        let flows = compile_flow_rules(&spec.flow_rules)?;
+        for capability in &mut capabilities {
+            capability.flow_rules = flows
+                .iter()
+                .enumerate()
+                .filter(|(_, rule)| rule.block.iter().any(|l| capability.labels.contains(l)))
+                .map(|(index, _)| index)
+                .collect();
+        }
 
         let as_json = serde_json::to_value(&spec).map_err(|error| {
             spec_error(
@@ -518,9 +589,34 @@ impl SecurityContext {
             spec,
             deny,
             capabilities,
+            flows,
             version,
             source,
         })
+    }
+
+    /// What `policy check` warns about (SPEC 19): a flow rule naming a label that no capability gives,
+    /// which can never be held (`if_session_has`) or never be blocked (`block`).
+    pub fn flow_warnings(&self) -> Vec<String> {
+        let given = |label: &String| {
+            self.capabilities
+                .iter()
+                .any(|capability| capability.labels.contains(label))
+        };
+        let mut warnings = Vec::new();
+        for (index, rule) in self.flows.iter().enumerate() {
+            for (key, labels) in [
+                ("if_session_has", &rule.if_session_has),
+                ("block", &rule.block),
+            ] {
+                for label in labels.iter().filter(|label| !given(label)) {
+                    warnings.push(format!(
+                        "flow_rules[{index}].{key}: no capability gives the label {label:?}, so this rule never applies"
+                    ));
+                }
+            }
+        }
+        warnings
     }
 
     /// The team the context belongs to (SPEC 16).
@@ -615,6 +711,71 @@ fn require_distinct_identities(capabilities: &[CapabilitySpec]) -> Result<(), Sp
     Ok(())
 }
 
+/// A compiled flow rule (SPEC 19).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowRule {
+    pub if_session_has: Vec<String>,
+    pub block: Vec<String>,
+    pub action: FlowAction,
+}
+
+/// Longest label, in bytes.
+pub const MAX_LABEL_BYTES: usize = 64;
+
+/// A label is a short name of letters, digits, '_' and '-' (SPEC 19).
+pub fn is_label(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= MAX_LABEL_BYTES
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
+/// Checks a list of labels and returns it without repeats, in its order.
+fn compile_labels(
+    labels: &[String],
+    at: &FieldPath,
+    required: bool,
+) -> Result<Vec<String>, SpecError> {
+    if required && labels.is_empty() {
+        return Err(spec_error(at.clone(), "must name at least one label"));
+    }
+    let mut unique: Vec<String> = Vec::with_capacity(labels.len());
+    for (index, label) in labels.iter().enumerate() {
+        if !is_label(label) {
+            return Err(spec_error(
+                at.clone().index(index),
+                format!(
+                    "invalid label {label:?}: 1 to {MAX_LABEL_BYTES} letters, digits, '_' or '-'"
+                ),
+            ));
+        }
+        if !unique.contains(label) {
+            unique.push(label.clone());
+        }
+    }
+    Ok(unique)
+}
+
+fn compile_flow_rules(rules: &[FlowRuleSpec]) -> Result<Vec<FlowRule>, SpecError> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(index, rule)| {
+            let at = FieldPath::root().key("flow_rules").index(index);
+            Ok(FlowRule {
+                if_session_has: compile_labels(
+                    &rule.if_session_has,
+                    &at.clone().key("if_session_has"),
+                    true,
+                )?,
+                block: compile_labels(&rule.block, &at.clone().key("block"), true)?,
+                action: rule.action,
+            })
+        })
+        .collect()
+}
+
 /// An allowlist that is written must list something.
 fn require_entries(list: &[String], at: &FieldPath) -> Result<(), SpecError> {
     if list.is_empty() {
@@ -706,6 +867,15 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         None => None,
     };
 
+    let labels = compile_labels(&spec.labels, &at.clone().key("labels"), false)?;
+    let answer_guard = match &spec.answer_guard {
+        Some(guard) => Some(crate::guard::Overrides::new(guard).map_err(|refused| {
+            let key = at.clone().key("answer_guard").key("secret_patterns");
+            spec_error(key.key(&refused.name), refused.reason)
+        })?),
+        None => None,
+    };
+
     Ok(Capability {
         id: spec.id.clone(),
         pattern,
@@ -716,6 +886,9 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         max_response_size: spec.max_response_size.map(NonZeroU64::get),
         claim: spec.claim,
         approval,
+        labels,
+        flow_rules: Vec::new(),
+        answer_guard,
     })
 }
 
@@ -1035,6 +1208,89 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn labels_and_flow_rules_are_names_and_part_of_the_version() {
+        let compile = |value: serde_json::Value| {
+            serde_json::from_value::<SecurityContextSpec>(value)
+                .map_err(|e| e.to_string())
+                .and_then(|spec| {
+                    SecurityContext::compile(spec, ContextSource::Store)
+                        .map_err(|e| format!("{}: {}", e.path, e.message))
+                })
+        };
+        let plain =
+            compile(serde_json::json!({"name": "c", "capabilities": [{"tool_pattern": "x"}]}));
+        let empty = compile(serde_json::json!({"name": "c", "flow_rules": [],
+            "capabilities": [{"tool_pattern": "x", "labels": []}]}));
+        let labelled = compile(serde_json::json!({"name": "c",
+            "capabilities": [{"tool_pattern": "x", "labels": ["a", "b-2", "a"]}],
+            "flow_rules": [{"if_session_has": ["a"], "block": ["b-2"], "action": "deny"}]}));
+        let version =
+            |c: &Result<SecurityContext, String>| c.as_ref().map(|c| c.version.clone()).ok();
+        // A context without them keeps the version it had before SPEC 19; with them the version moves.
+        assert_eq!(version(&plain), version(&empty));
+        assert_ne!(version(&plain), version(&labelled));
+        let labelled = labelled.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(labelled.capabilities[0].labels, ["a", "b-2"]);
+        assert_eq!(labelled.capabilities[0].flow_rules, [0]);
+        assert!(labelled.flow_warnings().is_empty());
+
+        let refused = [
+            (
+                serde_json::json!([{"tool_pattern": "x", "labels": ["a b"]}]),
+                serde_json::json!([]),
+                "capabilities[0].labels[0]",
+            ),
+            (
+                serde_json::json!([{"tool_pattern": "x", "labels": ["ok", ""]}]),
+                serde_json::json!([]),
+                "capabilities[0].labels[1]",
+            ),
+            (
+                serde_json::json!([{"tool_pattern": "x"}]),
+                serde_json::json!([{"if_session_has": [], "block": ["b"], "action": "deny"}]),
+                "flow_rules[0].if_session_has",
+            ),
+            (
+                serde_json::json!([{"tool_pattern": "x"}]),
+                serde_json::json!([{"if_session_has": ["a"], "block": ["é"], "action": "approval"}]),
+                "flow_rules[0].block[0]",
+            ),
+        ];
+        for (capabilities, rules, field) in refused {
+            let error = compile(
+                serde_json::json!({"name": "c", "capabilities": capabilities,
+                "flow_rules": rules}),
+            );
+            assert!(
+                error
+                    .as_ref()
+                    .is_err_and(|e| e.starts_with(&format!("{field}: invalid label"))
+                        || e.starts_with(&format!("{field}: must name"))),
+                "{field}: {error:?}"
+            );
+        }
+        for unknown in [
+            serde_json::json!({"if_session_has": ["a"], "block": ["b"], "action": "deny", "when": 1}),
+            serde_json::json!({"if_session_has": ["a"], "block": ["b"], "action": "warn"}),
+            serde_json::json!({"if_session_has": ["a"], "block": ["b"]}),
+        ] {
+            let error = compile(serde_json::json!({"name": "c", "capabilities": [],
+                "flow_rules": [unknown.clone()]}));
+            assert!(error.is_err(), "{unknown}");
+        }
+        let unused = compile(serde_json::json!({"name": "c",
+            "capabilities": [{"tool_pattern": "x", "labels": ["a"]}],
+            "flow_rules": [{"if_session_has": ["a", "ghost"], "block": ["nowhere"], "action": "deny"}]}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let warnings = unused.flow_warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0]
+            .starts_with("flow_rules[0].if_session_has: no capability gives the label \"ghost\""));
+        assert!(warnings[1]
+            .starts_with("flow_rules[0].block: no capability gives the label \"nowhere\""));
     }
 
     #[test]

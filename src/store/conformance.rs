@@ -6,8 +6,8 @@ use serde_json::json;
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, ConsoleSessionRecord,
-    LiveCounts, RecordedIdentity, SeenSignature, SessionRecord, SignInAttempt, Store, StoreError,
-    ToolPin,
+    LiveCounts, RecordedIdentity, SeenSignature, SessionLabel, SessionRecord, SignInAttempt, Store,
+    StoreError, ToolPin,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -479,6 +479,44 @@ pub(crate) async fn a_settlement_is_written_with_its_batch_and_only_then(store: 
     assert_eq!(store.head().await.unwrap().unwrap().seq, 3);
 }
 
+/// SPEC 19: the labels a completion event names are the session's with the batch that holds the event,
+/// never without it; a label held keeps the seq that first brought it; other sessions hold none.
+pub(crate) async fn labels_are_written_with_their_batch_and_only_then(store: &dyn Store) {
+    let genesis = ChainHead::genesis();
+    let event = |seq: u64, session: &str, labels: &[&str]| json!({"seq": seq, "hash": format!("h{seq}"), "session_id": session, "labels_added": labels});
+    let plain = json!({"seq": 1, "hash": "h1", "session_id": "s"});
+    store.append(&genesis, &[plain], &[]).await.unwrap();
+    assert_eq!(store.session_labels("s").await.unwrap(), []);
+    // Chained after a head that is no longer the store's: no label either.
+    assert_eq!(
+        store
+            .append(&genesis, &[event(1, "s", &["untrusted"])], &[])
+            .await,
+        Err(StoreError::HeadMoved)
+    );
+    assert_eq!(store.session_labels("s").await.unwrap(), []);
+    let head = store.head().await.unwrap().unwrap();
+    let batch = [
+        event(2, "s", &["untrusted", "mail"]),
+        event(3, "other", &["private"]),
+        event(4, "s", &["untrusted", "private"]),
+    ];
+    store.append(&head, &batch, &[]).await.unwrap();
+    let held = |label: &str, seq: u64| SessionLabel {
+        label: label.into(),
+        seq,
+    };
+    assert_eq!(
+        store.session_labels("s").await.unwrap(),
+        [held("mail", 2), held("untrusted", 2), held("private", 4)]
+    );
+    assert_eq!(
+        store.session_labels("other").await.unwrap(),
+        [held("private", 3)]
+    );
+    assert_eq!(store.session_labels("nobody").await.unwrap(), []);
+}
+
 async fn settled_now(store: &dyn Store) -> ClaimRecord {
     store
         .claim_get(ClaimKind::Invoke, "settled")
@@ -514,6 +552,7 @@ fn approval(id: &str, digest: &str, ms: i64) -> ApprovalRecord {
         approvers: 1,
         separate_from_registrant: false,
         registered_by: None,
+        flow_rule: None,
     }
 }
 

@@ -255,7 +255,8 @@ impl ClaimStatus {
     }
 }
 
-/// What a COMMITTED claim holds: the tool's answer, or the marker that the answer was withheld (2007).
+/// What a COMMITTED claim holds: the tool's answer, or the marker that the answer was withheld (2007,
+/// 2011).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ClaimOutcome {
@@ -265,6 +266,9 @@ pub enum ClaimOutcome {
     ResponseTooLarge { limit: u64 },
     /// A settled standalone claim (`POST /settle`): the result as given.
     Settled { result: Value },
+    /// The answer guard withheld the answer (2011, SPEC 18): every SKIP answers 2011 again. The kinds
+    /// found, never the values.
+    AnswerWithheld { kinds: Vec<String> },
 }
 
 /// Who resolved a PENDING claim by hand, and why (SPEC 7.4).
@@ -390,6 +394,9 @@ pub struct ApprovalRecord {
     /// The session's registrant when the request was made, None when the session predates r4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<Identity>,
+    /// The flow rule (its index in `flow_rules`) that asked for this approval (SPEC 19), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_rule: Option<usize>,
 }
 
 /// One person's grant of an approval request (SPEC 13 r4).
@@ -466,6 +473,37 @@ pub struct ClaimSettlement {
     pub settled: ClaimRecord,
 }
 
+/// A label a session holds (SPEC 19) and the seq of the completion event that brought it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionLabel {
+    pub label: String,
+    pub seq: u64,
+}
+
+/// The labels that a chained batch gives sessions (SPEC 19): (session id, label, seq) for each label a
+/// completion event names. The stores write them with the batch, in its transaction, so that a session's
+/// labels are durable with the event that brought them and never without it.
+pub(crate) fn labels_of_batch(events: &[Value]) -> Vec<(String, String, u64)> {
+    let mut rows = Vec::new();
+    for event in events {
+        let Some(labels) = event
+            .get(crate::audit::LABELS_ADDED)
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        let session = event.get("session_id").and_then(Value::as_str);
+        let seq = event.get("seq").and_then(Value::as_u64);
+        let (Some(session), Some(seq)) = (session, seq) else {
+            continue;
+        };
+        for label in labels.iter().filter_map(Value::as_str) {
+            rows.push((session.to_owned(), label.to_owned(), seq));
+        }
+    }
+    rows
+}
+
 /// When the replay record of an envelope signed at `timestamp` may be forgotten: once no clock within the
 /// window could accept that timestamp any more.
 pub fn replay_record_expiry_ms(timestamp: i64, skew_secs: i64) -> i64 {
@@ -518,6 +556,10 @@ pub trait Store: AuditBackend {
         limit: usize,
         keep: &(dyn for<'r> Fn(&'r SessionRecord) -> bool + Sync),
     ) -> StoreResult<(Vec<SessionRecord>, bool)>;
+
+    /// The labels the session holds (SPEC 19), each with the seq of the event that first brought it, in
+    /// seq order. Sees every batch committed before it, on every replica: never a cache.
+    async fn session_labels(&self, session_id: &str) -> StoreResult<Vec<SessionLabel>>;
 
     /// The integer cell `key` (a budget's count), None when absent.
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>>;

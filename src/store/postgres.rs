@@ -17,8 +17,8 @@ use serde_json::Value;
 use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    ConsoleSessionRecord, LiveCounts, Page, SessionRecord, SignInAttempt, SigningKeyRecord, Store,
-    StoreError, StoreResult, StoredContext, ToolPin,
+    ConsoleSessionRecord, LiveCounts, Page, SessionLabel, SessionRecord, SignInAttempt,
+    SigningKeyRecord, Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0007_batch_functions.sql"),
     include_str!("migrations/postgres/0008_replay_cover.sql"),
     include_str!("migrations/postgres/0009_console_sign_in.sql"),
+    include_str!("migrations/postgres/0010_session_labels.sql"),
     include_str!("migrations/postgres/0011_tool_pins.sql"),
 ];
 
@@ -556,6 +557,27 @@ impl Store for PgStore {
             .await
             .map_err(db)?;
         row.map(|row| decode(row.get(0))).transpose()
+    }
+
+    async fn session_labels(&self, session_id: &str) -> StoreResult<Vec<SessionLabel>> {
+        let rows = self
+            .conn()
+            .await?
+            .query_prepared(
+                "SELECT label, seq FROM session_labels WHERE session_id = $1 ORDER BY seq, label",
+                &[&session_id],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                Ok(SessionLabel {
+                    label: row.get(0),
+                    seq: u64::try_from(row.get::<_, i64>(1))
+                        .map_err(|_| StoreError::Corrupt("negative label seq".into()))?,
+                })
+            })
+            .collect()
     }
 
     async fn session_replace(&self, old: &SessionRecord, new: &SessionRecord) -> StoreResult<bool> {
@@ -1432,6 +1454,15 @@ mod tests {
     async fn a_settlement_is_written_with_its_batch_and_only_then() {
         let db = TestDatabase::create().await;
         conformance::a_settlement_is_written_with_its_batch_and_only_then(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn labels_are_written_with_their_batch_and_only_then() {
+        let db = TestDatabase::create().await;
+        conformance::labels_are_written_with_their_batch_and_only_then(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;

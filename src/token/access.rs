@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::claims::{check_audience, check_time, optional_seconds, required_seconds};
-use super::keys::{KeyConfig, KeySet};
+use super::keys::{KeyConfig, KeySet, KeySource};
 use super::TokenError;
 use crate::clock::Round;
 
@@ -22,6 +22,8 @@ pub struct AccessClaims {
     pub client_id: Option<String>,
     pub jti: Option<String>,
     pub scopes: Vec<String>,
+    /// Which kind of key verified the token: the person's identity says `via` (SPEC 16).
+    pub key_source: KeySource,
     /// Every claim, for the `people` rules that read groups or another claim.
     pub claims: Map<String, Value>,
 }
@@ -92,7 +94,7 @@ impl AccessTokenVerifier {
     /// Signature, issuer, audience, subject and time, in that order: a forged token that is also
     /// expired reports the forgery.
     fn authenticate(&self, token: &str, now: i64) -> Result<AccessClaims, TokenError> {
-        let (claims, _) = self.keys.authenticate(token, None)?;
+        let (claims, key_source) = self.keys.authenticate(token, None)?;
         let iss = match claims.get("iss") {
             Some(Value::String(iss)) if self.issuers.contains(iss) => iss.clone(),
             Some(Value::String(iss)) => {
@@ -117,6 +119,7 @@ impl AccessTokenVerifier {
             client_id,
             jti,
             scopes,
+            key_source,
             claims,
         })
     }

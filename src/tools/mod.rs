@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-use regex::Regex;
+use regex_automata::meta::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -237,12 +237,12 @@ pub fn definition_of(tool: &Map<String, Value>, own_name: &str) -> Value {
     Value::Object(definition)
 }
 
-/// Whether `text` holds a character of Unicode general category Cf: zero-width characters, bidirectional
-/// controls, the tag block U+E0000–U+E007F, the soft hyphen.
+/// Whether `text` holds a character of Unicode general category Cf (zero-width characters, bidirectional
+/// controls, the soft hyphen; the answer guard's table), or any of the tag block U+E0000–U+E007F, assigned
+/// or not.
 pub fn has_hidden_characters(text: &str) -> bool {
-    static CF: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
-    CF.get_or_init(|| Regex::new(r"\p{Cf}").expect("a fixed pattern"))
-        .is_match(text)
+    text.chars()
+        .any(|c| crate::guard::is_hidden(c) || ('\u{E0000}'..='\u{E007F}').contains(&c))
 }
 
 fn text_fields(definition: &Value) -> impl Iterator<Item = &str> {
@@ -724,6 +724,7 @@ mod tests {
             "\u{FEFF}", // byte order mark
             "\u{E0041}",
             "\u{E007F}", // tag characters
+            "\u{E0000}", // the tag block's unassigned code points too
         ] {
             assert!(
                 has_hidden_characters(&format!("read{hidden}file")),

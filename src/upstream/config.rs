@@ -58,6 +58,10 @@ pub struct McpUpstreamConfig {
     /// argument values. Off: only what it writes before its first call is logged (SPEC 20 r11).
     #[serde(default)]
     pub log_stderr: bool,
+    /// Names in `env` whose values are credentials: the answer guard replaces them in the server's
+    /// answers with `[REDACTED]` (SPEC 18), as it does the headers of an HTTP upstream.
+    #[serde(default)]
+    pub secret_env: Vec<String>,
 }
 
 impl UpstreamConfig {
@@ -173,6 +177,8 @@ pub(crate) struct ValidatedUpstream {
     pub target: Target,
     pub timeout: Duration,
     pub headers: HeaderMap,
+    /// What the gateway adds to the calls that is a credential, for the answer guard (SPEC 18).
+    pub credentials: Vec<String>,
 }
 
 /// Headers that the HTTP clients set themselves; letting the configuration override them would
@@ -240,10 +246,11 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
                     || !mcp.env.is_empty()
                     || mcp.cwd.is_some()
                     || mcp.log_stderr
+                    || !mcp.secret_env.is_empty()
                 {
                     return Err(fail(
-                        "mcp: `args`, `env`, `cwd` and `log_stderr` apply only to a stdio upstream \
-                         (`command`)"
+                        "mcp: `args`, `env`, `cwd`, `log_stderr` and `secret_env` apply only to a \
+                         stdio upstream (`command`)"
                             .into(),
                     ));
                 }
@@ -264,11 +271,58 @@ pub(crate) fn validate(name: &str, cfg: &UpstreamConfig) -> Result<ValidatedUpst
         ));
     }
     let headers = build_headers(&cfg.headers).map_err(fail)?;
+    let credentials = credentials(cfg, &target);
     Ok(ValidatedUpstream {
         target,
         timeout: Duration::from_millis(cfg.timeout_ms),
         headers,
+        credentials,
     })
+}
+
+/// Every value the gateway adds to this upstream's calls that can be a credential (SPEC 18): each
+/// header value, and its token without the scheme (`Bearer abc` → `abc`; a Basic token decoded, and
+/// its password); the URL's query values (userinfo is refused above); a stdio server's `secret_env`.
+fn credentials(cfg: &UpstreamConfig, target: &Target) -> Vec<String> {
+    use base64::Engine as _;
+    let mut values = Vec::new();
+    for value in cfg.headers.values() {
+        values.push(value.clone());
+        let Some((scheme, token)) = value.trim().split_once(' ') else {
+            continue;
+        };
+        let token = token.trim();
+        values.push(token.to_owned());
+        if scheme.eq_ignore_ascii_case("basic") {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(token)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            if let Some(pair) = decoded {
+                if let Some((_, password)) = pair.split_once(':') {
+                    values.push(password.to_owned());
+                }
+                values.push(pair);
+            }
+        }
+    }
+    match target {
+        Target::Http { url } | Target::McpHttp { url } => {
+            // As written, and as decoded: a tool may echo either.
+            for pair in url.query().unwrap_or_default().split('&') {
+                if let Some((_, raw)) = pair.split_once('=') {
+                    values.push(raw.to_owned());
+                }
+            }
+            values.extend(url.query_pairs().map(|(_, value)| value.into_owned()));
+        }
+        Target::McpStdio(command) => {
+            for name in cfg.mcp.iter().flat_map(|mcp| &mcp.secret_env) {
+                values.extend(command.env.get(name).cloned());
+            }
+        }
+    }
+    values
 }
 
 /// Problems name the URL's part, never the URL: its query or userinfo may hold a credential.
@@ -297,6 +351,9 @@ fn validate_command(command: &str, mcp: &McpUpstreamConfig) -> Result<StdioComma
     }
     if command.contains('\0') || mcp.args.iter().any(|a| a.contains('\0')) {
         return Err("`command` and `args` must not contain NUL characters".into());
+    }
+    if let Some(name) = mcp.secret_env.iter().find(|n| !mcp.env.contains_key(*n)) {
+        return Err(format!("secret_env `{name}` is not a key of `env`"));
     }
     for (key, value) in &mcp.env {
         if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
@@ -478,5 +535,42 @@ mod tests {
         assert!(no_cwd[0].1.contains("missing"), "{no_cwd:?}");
         let http = parse(serde_json::json!({"http": {"url": "http://a"}})).unwrap();
         assert!(http.launch_problems().is_empty());
+    }
+
+    #[test]
+    fn guard_credentials_are_every_header_token_query_value_and_secret_env() {
+        let validated = |entry: serde_json::Value| {
+            let cfg: UpstreamConfig = serde_json::from_value(entry).unwrap();
+            validate("u", &cfg).map(|v| v.credentials)
+        };
+        // "user:pass-word-1" in base64.
+        let http = validated(serde_json::json!({
+            "http": {"url": "http://h/rpc?key=S3cr%2Bt-value&v=1"},
+            "headers": {"Authorization": "Bearer tok-12345678", "X-Api": "Basic dXNlcjpwYXNzLXdvcmQtMQ=="}
+        }))
+        .unwrap();
+        for expected in [
+            "Bearer tok-12345678",
+            "tok-12345678",
+            "Basic dXNlcjpwYXNzLXdvcmQtMQ==",
+            "user:pass-word-1",
+            "pass-word-1",
+            "S3cr%2Bt-value",
+            "S3cr+t-value",
+            "1",
+        ] {
+            assert!(http.iter().any(|c| c == expected), "{expected}: {http:?}");
+        }
+        let stdio = validated(serde_json::json!({"mcp": {
+            "command": "sh", "env": {"TOKEN": "stdio-secret", "MODE": "fast"}, "secret_env": ["TOKEN"]
+        }}))
+        .unwrap();
+        assert_eq!(stdio, vec!["stdio-secret".to_owned()]);
+        let missing =
+            validated(serde_json::json!({"mcp": {"command": "sh", "secret_env": ["NONE"]}}));
+        assert!(missing.unwrap_err().contains("secret_env `NONE`"));
+        let over_http =
+            validated(serde_json::json!({"mcp": {"url": "http://h/mcp", "secret_env": ["X"]}}));
+        assert!(over_http.unwrap_err().contains("secret_env"));
     }
 }

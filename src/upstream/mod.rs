@@ -119,6 +119,8 @@ struct Upstream {
     tools: Mutex<Option<CachedTools>>,
     /// Its `tools:` settings (SPEC 18).
     pins: crate::tools::ToolsConfig,
+    /// What the answer guard redacts from this upstream's answers (SPEC 18).
+    credentials: crate::guard::Credentials,
 }
 
 /// An MCP upstream's server as the gateway last saw it (SPEC 20 r11), for `GET /readyz?verbose` and the
@@ -175,6 +177,8 @@ impl Upstreams {
         let tool_list_changes = Arc::new(tokio::sync::Notify::new());
         for (name, entry) in cfg {
             let validated = config::validate(name, entry)?;
+            let credentials = crate::guard::Credentials::new(&validated.credentials)
+                .map_err(|e| format!("upstream `{name}`: {e}"))?;
             let tools_changed = Arc::new(AtomicBool::new(false));
             let client = match validated.target {
                 Target::Http { url } => Client::Http(
@@ -206,6 +210,7 @@ impl Upstreams {
                 tools_changed,
                 tools: Mutex::new(None),
                 pins: entry.tools.clone().unwrap_or_default(),
+                credentials,
             };
             routes.insert(name.clone(), Arc::new(upstream));
         }
@@ -233,6 +238,13 @@ impl Upstreams {
     /// Whether the tool name's first segment names a configured upstream.
     pub fn has_route(&self, tool: &str) -> bool {
         self.routes.contains_key(split_tool_name(tool).0)
+    }
+
+    /// The credentials the gateway adds to the calls of the tool's upstream, for the answer guard.
+    pub fn credentials(&self, tool: &str) -> Option<&crate::guard::Credentials> {
+        self.routes
+            .get(split_tool_name(tool).0)
+            .map(|upstream| &upstream.credentials)
     }
 
     /// Forwards one `tools/call` and returns the tool's JSON-RPC response object with `caller_id`

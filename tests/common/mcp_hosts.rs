@@ -2,6 +2,7 @@
 //! (the venv `target/venvs/mcp` that scripts/test.sh makes), the official TypeScript SDK and the MCP
 //! Inspector CLI (`npm ci --prefix tests/mcp-hosts`). The person's part of the dance (the provider's
 //! login and consent pages) is done here, once per host, by [`Browser`]; everything else is the host's.
+//! [`authorize`] is the dance done by this harness itself, for checks that need a token in hand.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -197,45 +198,101 @@ pub async fn run_typescript(url: &str, person: Person<'_>, actions: &[Value]) ->
     .await
 }
 
-/// The MCP Inspector's CLI (`mcp-inspector --cli URL --method …`), once per action, with `token` as its
-/// `Authorization` header. Its CLI (1.0.3) has no OAuth of its own, only `--header`: the token comes from
-/// [`authorize`], this harness's own run of the dance. Each action's JSON output, as the other hosts
-/// print it (`{"method", "result"}`; `{"method", "error"}` when the CLI failed).
-pub async fn run_inspector(url: &str, token: &str, actions: &[Value]) -> Vec<Value> {
-    let cli = hosts_dir().join("node_modules/@modelcontextprotocol/inspector/cli/build/cli.js");
-    let mut results = Vec::new();
-    for action in actions {
+/// The MCP Inspector's CLI (`mcp-inspector --cli URL --method …`), once per action, as a person runs it
+/// at a terminal: its own OAuth client does the dance (dynamic registration, PKCE, `resource`, a loopback
+/// listener for the redirect) and keeps the token in its own store (under a `HOME` of this run), so only
+/// the first action signs the person in. Each action's result as the other hosts print it.
+///
+/// The CLI lets OAuth run only with a person present (a terminal on stdin or stderr) or when told to open
+/// a browser itself: it runs under `script` (util-linux) on a pseudo-terminal, with browser opening off
+/// (`MCP_AUTO_OPEN_ENABLED=false`), and prints `Please navigate to: URL`; the harness's browser signs the
+/// person in and requests the redirect from the CLI's listener, as a desktop browser would. (Inspector
+/// 2.x says it wants Node 22.19; its CLI does all of this on the machine's Node 20. Its 1.x CLI had no
+/// OAuth at all, only `--header`.)
+pub async fn run_inspector(url: &str, person: Person<'_>, actions: &[Value]) -> HostRun {
+    let cli =
+        hosts_dir().join("node_modules/@modelcontextprotocol/inspector/clients/cli/build/index.js");
+    let home = tempfile::tempdir().unwrap();
+    // The CLI's listener binds the port itself, and the address must be known to register it: the port is
+    // found free first (another process could take it in between; the sign-in would then fail loudly).
+    let callback = format!(
+        "http://127.0.0.1:{}/oauth/callback",
+        super::mcp::free_port()
+    );
+    let mut run = HostRun {
+        results: Vec::new(),
+        sign_ins: 0,
+    };
+    for (i, action) in actions.iter().enumerate() {
         let method = action["method"].as_str().unwrap();
-        let mut command = Command::new("node");
-        command
-            .arg(&cli)
-            .args(["--cli", url, "--transport", "http", "--method", method])
-            .args(["--header", &format!("Authorization: Bearer {token}")]);
+        let output = home.path().join(format!("result-{i}.json"));
+        let mut words: Vec<String> = vec!["node".into(), cli.to_string_lossy().into_owned()];
+        words.extend(["--cli", url, "--transport", "http", "--method", method].map(String::from));
+        words.extend(["--callback-url".into(), callback.clone()]);
+        words.extend(["--output".into(), output.to_string_lossy().into_owned()]);
         if method == "tools/call" {
-            command.args(["--tool-name", action["name"].as_str().unwrap()]);
-            for (key, value) in action["arguments"].as_object().unwrap() {
-                command.args(["--tool-arg", &format!("{key}={value}")]);
-            }
+            words.extend([
+                "--tool-name".into(),
+                action["name"].as_str().unwrap().to_owned(),
+            ]);
+            words.extend(["--tool-args-json".into(), action["arguments"].to_string()]);
         }
-        let output = tokio::time::timeout(
-            HOST_DEADLINE,
-            command.stdin(Stdio::null()).kill_on_drop(true).output(),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("the Inspector CLI still runs after {HOST_DEADLINE:?}"))
-        .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        results.push(if output.status.success() {
-            let result: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-                panic!("the Inspector CLI printed no JSON ({e}): {stdout}\nstderr:\n{stderr}")
-            });
-            json!({"method": method, "result": result})
-        } else {
-            json!({"method": method, "error": {"message": format!("{stdout}{stderr}")}})
+        let mut command = Command::new("script");
+        command
+            .args(["--quiet", "--return", "--flush", "--command"])
+            .arg(shell_words::join(&words))
+            .arg("/dev/null")
+            .env("HOME", home.path())
+            .env("MCP_AUTO_OPEN_ENABLED", "false")
+            .env("MCP_INSPECTOR_SECRET_STORE", "file")
+            .env("NO_COLOR", "1");
+        let mut host = Host::spawn(command);
+        // The pseudo-terminal's input: held open until the CLI ends.
+        let _stdin = host.child.stdin.take().unwrap();
+        let mut lines = BufReader::new(host.child.stdout.take().unwrap()).lines();
+        let mut terminal = Vec::new();
+        let deadline = tokio::time::Instant::now() + HOST_DEADLINE;
+        loop {
+            let line = tokio::time::timeout_at(deadline, lines.next_line())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("the Inspector CLI still runs after {HOST_DEADLINE:?}: {terminal:#?}")
+                })
+                .unwrap();
+            let Some(line) = line else { break };
+            let line = line.trim_end_matches('\r').to_owned();
+            if let Some(address) = line.trim().strip_prefix("Please navigate to: ") {
+                run.sign_ins += 1;
+                let back = Browser::new()
+                    .sign_in_until(address.trim(), person.login, person.password, &callback)
+                    .await;
+                let answer = reqwest::get(&back).await.unwrap();
+                assert_eq!(
+                    answer.status().as_u16(),
+                    200,
+                    "the CLI's listener took {back}"
+                );
+            }
+            terminal.push(line);
+        }
+        let status = tokio::time::timeout_at(deadline, host.child.wait())
+            .await
+            .expect("the Inspector CLI ends")
+            .unwrap();
+        let text = std::fs::read_to_string(&output).unwrap_or_else(|e| {
+            panic!("the Inspector CLI ({status}) wrote no result ({e}): {terminal:#?}")
         });
+        let result: Value = serde_json::from_str(&text).unwrap();
+        // The CLI ends with a failure status (5) for a tool result with isError, and writes it all the same.
+        assert!(
+            status.success() || result["isError"] == true,
+            "the Inspector CLI failed ({status}): {terminal:#?}\n{}",
+            host.stderr()
+        );
+        run.results
+            .push(json!({"method": method, "result": result}));
     }
-    results
+    run
 }
 
 /// What [`authorize`] learnt on its way.
@@ -253,7 +310,7 @@ pub struct Authorized {
     pub token_response: Value,
 }
 
-/// The OAuth dance of an MCP host, done by this harness (for the Inspector CLI, which cannot): a request
+/// The OAuth dance of an MCP host, done by this harness: a request
 /// without a token, its 401's `resource_metadata`, that document, the authorization server's metadata
 /// (RFC 8414 first, OpenID discovery after, as the SDKs try them), the authorization request with PKCE
 /// (S256) and `resource` for the pre-registered public client `client_id`, the browser, the token

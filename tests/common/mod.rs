@@ -111,6 +111,10 @@ async fn tool_rpc(
         *tool.ops.lock().unwrap().entry(op.to_string()).or_default() += 1;
     }
     let id = request["id"].clone();
+    // The answer the test asks for, as the whole `result` (tests/answer_guard.rs).
+    if let Some(reply) = request["params"]["arguments"].get("reply") {
+        return axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": reply}));
+    }
     if request["params"]["name"] == "fail" {
         return axum::Json(
             json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "tool failed"}}),
@@ -881,6 +885,20 @@ impl Gateway {
         let envelope =
             sealgate::envelope::sign_envelope(key, payload, token, sealgate::clock::now_secs());
         self.post(&envelope).await
+    }
+
+    /// Signs and posts a `tools/call` of `tool` with `args`, under a JSON-RPC id no other call of this
+    /// test binary used (a fresh envelope each time).
+    pub async fn call_tool(
+        &self,
+        key: &SigningKey,
+        token: &str,
+        tool: &str,
+        args: Value,
+    ) -> (u16, Value) {
+        static ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.call(key, token, tool_call(id, tool, args)).await
     }
 
     /// Signs a call now and posts it with the given `traceparent` header values; the status, the body

@@ -8,7 +8,7 @@ use super::{bigint, db, decode, encode, seq_of, PgStore, Prepared};
 use crate::store::{AuditBackend, ChainHead, Chainer, ClaimSettlement, StoreError, StoreResult};
 
 /// One statement: the head moves only from where the batch was chained (a compare-and-set), and the events
-/// and the claims' settlements are written only when it did. Outside a transaction it is one commit, and the
+/// and the claims' settlements and the sessions' new labels (SPEC 19) are written only when it did. Outside a transaction it is one commit, and the
 /// head's row lock is held for this statement alone; a replica that lost the race sees no row changed and
 /// chains again. Counts 1 when the head moved.
 const WRITE_BATCH: &str = "WITH moved AS (\
@@ -18,7 +18,11 @@ const WRITE_BATCH: &str = "WITH moved AS (\
      INSERT INTO audit_events (seq, event) \
      SELECT t.seq, t.event FROM moved, unnest($1::bigint[], $2::text[]) AS t(seq, event)), \
      settled AS (\
-     SELECT sealgate_settle($7::text[], $8::text[], $9::text[], $10::text[]) FROM moved) \
+     SELECT sealgate_settle($7::text[], $8::text[], $9::text[], $10::text[]) FROM moved), \
+     labelled AS (\
+     INSERT INTO session_labels (session_id, label, seq) \
+     SELECT l.session_id, l.label, l.seq FROM moved, unnest($11::text[], $12::text[], $13::bigint[]) \
+     AS l(session_id, label, seq) ON CONFLICT (session_id, label) DO NOTHING) \
      SELECT count(*) FROM moved, settled";
 
 /// The head's row, locked until the transaction ends: the other replicas' writers wait for their turn.
@@ -34,6 +38,10 @@ struct BatchColumns {
     after_hash: String,
     /// Kind, request id, PENDING record and settled record of each settlement.
     settlements: [Vec<String>; 4],
+    /// Session id, label and seq of each label the batch's completion events give (SPEC 19).
+    label_sessions: Vec<String>,
+    label_names: Vec<String>,
+    label_seqs: Vec<i64>,
 }
 
 impl BatchColumns {
@@ -58,6 +66,12 @@ impl BatchColumns {
             columns[2].push(encode(pending)?);
             columns[3].push(encode(&settlement.settled)?);
         }
+        let (mut label_sessions, mut label_names, mut label_seqs) = (vec![], vec![], vec![]);
+        for (session_id, label, seq) in crate::store::labels_of_batch(events) {
+            label_sessions.push(session_id);
+            label_names.push(label);
+            label_seqs.push(bigint(seq));
+        }
         Ok(Some(BatchColumns {
             seqs: events.iter().map(seq_of).collect::<StoreResult<_>>()?,
             texts: events.iter().map(Value::to_string).collect(),
@@ -66,10 +80,13 @@ impl BatchColumns {
             after_seq: bigint(after.seq),
             after_hash: after.hash.clone(),
             settlements: columns,
+            label_sessions,
+            label_names,
+            label_seqs,
         }))
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
         let [kinds, request_ids, pendings, settleds] = &self.settlements;
         [
             &self.seqs,
@@ -82,6 +99,9 @@ impl BatchColumns {
             request_ids,
             pendings,
             settleds,
+            &self.label_sessions,
+            &self.label_names,
+            &self.label_seqs,
         ]
     }
 }

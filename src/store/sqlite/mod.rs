@@ -27,8 +27,8 @@ use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
-    ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionRecord, SignInAttempt,
-    Store, StoreError, StoreResult, StoredContext, ToolPin,
+    ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionLabel, SessionRecord,
+    SignInAttempt, Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
 
@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_initial.sql"),
     include_str!("../migrations/sqlite/0002_replay_cover.sql"),
     include_str!("../migrations/sqlite/0003_console_sign_in.sql"),
+    include_str!("../migrations/sqlite/0004_session_labels.sql"),
     include_str!("../migrations/sqlite/0005_tool_pins.sql"),
 ];
 
@@ -393,6 +394,36 @@ impl Store for SqliteStore {
         let id = session_id.to_owned();
         self.writer
             .write(move |w| get_record(&w.conn, SESSION_BY_ID, params![id]))
+            .await
+    }
+
+    async fn session_labels(&self, session_id: &str) -> StoreResult<Vec<SessionLabel>> {
+        // The writer's connection: it sees every batch before this read, committed or about to be (a
+        // read connection would not see one whose group commit is still under way).
+        let id = session_id.to_owned();
+        self.writer
+            .write(move |w| {
+                let mut select = w
+                    .conn
+                    .prepare_cached(
+                        "SELECT label, seq FROM session_labels WHERE session_id = ?1 ORDER BY seq, label",
+                    )
+                    .map_err(db)?;
+                let rows = select
+                    .query_map(params![id], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })
+                    .map_err(db)?;
+                rows.map(|row| {
+                    let (label, seq) = row.map_err(db)?;
+                    Ok(SessionLabel {
+                        label,
+                        seq: u64::try_from(seq)
+                            .map_err(|_| StoreError::Corrupt("negative label seq".into()))?,
+                    })
+                })
+                .collect()
+            })
             .await
     }
 
@@ -1171,6 +1202,7 @@ impl AuditBackend for SqliteStore {
             .iter()
             .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
             .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
+        let labels = crate::store::labels_of_batch(events);
         self.writer
             .write(move |w| {
                 if w.head != after {
@@ -1179,6 +1211,21 @@ impl AuditBackend for SqliteStore {
                 for (pending, settled) in &settlements {
                     // A claim an operator resolved meanwhile is left as it is.
                     claim_replace(&w.conn, pending, Some(settled))?;
+                }
+                if !labels.is_empty() {
+                    // SPEC 19: in the batch's transaction; a label held keeps the seq that first brought it.
+                    let mut label = w
+                        .conn
+                        .prepare_cached(
+                            "INSERT INTO session_labels (session_id, label, seq) VALUES (?1, ?2, ?3) \
+                             ON CONFLICT (session_id, label) DO NOTHING",
+                        )
+                        .map_err(db)?;
+                    for (session_id, name, seq) in &labels {
+                        label
+                            .execute(params![session_id, name, int(*seq)])
+                            .map_err(db)?;
+                    }
                 }
                 let mut insert = w
                     .conn

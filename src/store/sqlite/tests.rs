@@ -52,6 +52,12 @@ async fn a_settlement_is_written_with_its_batch_and_only_then() {
 }
 
 #[tokio::test]
+async fn labels_are_written_with_their_batch_and_only_then() {
+    let (_dir, store) = open();
+    conformance::labels_are_written_with_their_batch_and_only_then(&store).await;
+}
+
+#[tokio::test]
 async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal() {
     let (_dir, store) = open();
     conformance::admit_writes_the_replay_record_first_and_keeps_it_on_refusal(&store).await;
