@@ -576,7 +576,8 @@ function tools(main) {
 const EVENT_TYPES = ['SessionCreated', 'SessionRevoked', 'ToolCallAuthorized', 'PolicyViolationBlocked', 'SignatureVerificationFailed',
   'SecurityTokenExpired', 'EnvelopeRejected', 'ToolCallCompleted', 'ToolCallFailed', 'ClaimSkipped', 'ClaimBlocked', 'ClaimResolved',
   'SecurityContextChanged', 'SecurityContextRejected', 'ClaimTaken', 'ClaimSettled',
-  'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalUsed', 'ApprovalExpired', 'AuditCheckpoint'];
+  'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalUsed', 'ApprovalExpired', 'AuditCheckpoint',
+  'ToolDefinitionChanged', 'ToolDefinitionAccepted', 'AnswerGuarded'];
 
 function audit(main) {
   const filters = {
