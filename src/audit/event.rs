@@ -360,8 +360,7 @@ pub struct AuditEvent {
     checkpoint: Option<Value>,
 }
 
-/// The key of a completion event's labels (SPEC 19), which the stores read to keep the session's labels.
-pub const LABELS_ADDED: &str = "labels_added";
+pub use crate::store::LABELS_ADDED;
 
 macro_rules! string_setters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {

@@ -480,16 +480,16 @@ pub struct SessionLabel {
     pub seq: u64,
 }
 
+/// The key of a completion event's labels (SPEC 19), which the stores read to keep the session's labels.
+pub const LABELS_ADDED: &str = "labels_added";
+
 /// The labels that a chained batch gives sessions (SPEC 19): (session id, label, seq) for each label a
 /// completion event names. The stores write them with the batch, in its transaction, so that a session's
 /// labels are durable with the event that brought them and never without it.
 pub(crate) fn labels_of_batch(events: &[Value]) -> Vec<(String, String, u64)> {
     let mut rows = Vec::new();
     for event in events {
-        let Some(labels) = event
-            .get(crate::audit::LABELS_ADDED)
-            .and_then(Value::as_array)
-        else {
+        let Some(labels) = event.get(LABELS_ADDED).and_then(Value::as_array) else {
             continue;
         };
         let session = event.get("session_id").and_then(Value::as_str);
