@@ -32,7 +32,19 @@ async fn setup(session: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let key = RsaKey::generate(dir.path());
     let provider = Provider::start_with(json!({"signing_key_pem": key.private_pem}));
-    let extra = format!(
+    let (gw, tool) = Gateway::start(dir.path(), &endpoint_config(&provider, session)).await;
+    Setup {
+        gw,
+        tool,
+        provider,
+        key,
+        _dir: dir,
+    }
+}
+
+/// The `mcp_server` section that trusts `provider`, with `session` as its `session:` value.
+fn endpoint_config(provider: &Provider, session: &str) -> String {
+    format!(
         "mcp_server:\n  enabled: true\n  resource: {RESOURCE:?}\n  authorization_servers: [{:?}]\
          \n  keys: [ {{ jwks_url: {:?} }} ]\
          \n  allowed_origins: [\"https://host.example\"]\
@@ -43,15 +55,7 @@ async fn setup(session: &str) -> Setup {
          limits: {{ max_body_bytes: 16384 }}\n",
         provider.issuer,
         provider.jwks_url()
-    );
-    let (gw, tool) = Gateway::start(dir.path(), &extra).await;
-    Setup {
-        gw,
-        tool,
-        provider,
-        key,
-        _dir: dir,
-    }
+    )
 }
 
 static JTI: AtomicU64 = AtomicU64::new(0);
@@ -477,4 +481,38 @@ async fn a_mistake_in_mcp_server_stops_serve_and_serve_check_naming_the_key() {
         let config = common::write_config(dir.path(), &keys, "http://127.0.0.1:9", "", &extra);
         common::assert_refused_at_start_up(&config, expected, "tool-secret");
     }
+}
+
+#[tokio::test]
+async fn the_log_says_why_a_request_was_refused_and_never_holds_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = RsaKey::generate(dir.path());
+    let provider = Provider::start_with(json!({"signing_key_pem": key.private_pem}));
+    let config = endpoint_config(&provider, "{ expires_secs: 3600 }");
+    // The test gateways log at `warn`; refusals are logged at `info`, the default.
+    let (gw, log) = Gateway::start_capturing(
+        dir.path(),
+        |_| String::new(),
+        &config,
+        |command| {
+            command.env_remove("SEALGATE_LOG__LEVEL");
+        },
+    )
+    .await;
+    let now = sealgate::clock::now_secs();
+    let claims = json!({"iss": provider.issuer, "sub": "pat", "aud": "https://other.example/mcp",
+                        "iat": now, "exp": now + 300, "scope": "mcp:tools"});
+    let token = forge::rs256(&key, PROVIDER_KID, &claims);
+    let refused = gw
+        .client
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&token)
+        .json(&a_call());
+    assert_eq!(answer(refused).await.0, 401);
+    let line = log.wait_for("the refusal's log line", |line| {
+        line.contains("MCP request refused")
+    });
+    assert!(line.contains("401") && line.contains("audience"), "{line}");
+    let signature = token.rsplit('.').next().unwrap();
+    assert!(log.lines().iter().all(|line| !line.contains(signature)));
 }

@@ -474,8 +474,14 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": rpc_error_body(code, message)})
 }
 
-/// An HTTP-level refusal: the status, and a JSON-RPC error that says why.
+/// An HTTP-level refusal: the status, and a JSON-RPC error that says why. The log line says why too:
+/// the reasons name claims and keys, never a token.
 fn refusal(status: StatusCode, message: &str) -> Response {
+    tracing::info!(
+        status = status.as_u16(),
+        reason = message,
+        "MCP request refused"
+    );
     (
         status,
         axum::Json(rpc_error(Value::Null, INVALID_REQUEST, message)),
