@@ -461,6 +461,12 @@ impl CommandWords<'_> {
                 check_path_value(word, paths)
                     .map_err(|problem| format!("{at} (a path) {problem}"))?;
             }
+            // The value after an `=` is a path as a whole too: `--output=/workspace:x` names the
+            // sibling `/workspace:x`, whatever its parts between `:` and `,` say.
+            for value in word.split('=').skip(1) {
+                check_path_value(value, paths)
+                    .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
+            }
             for value in embedded_values(word).map_err(|problem| format!("{at} {problem}"))? {
                 check_path_value(value, paths)
                     .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
@@ -1319,6 +1325,22 @@ mod tests {
 
     fn options_check(call: Value) -> Result<(), String> {
         git_log_options().check(&args(call)).map(|_| ())
+    }
+
+    #[test]
+    fn a_value_after_equals_is_checked_whole_too() {
+        for (command, code) in [
+            ("git diff --output=/workspace:x", Some(2002)),
+            ("git diff --output=/workspace/a:/workspace/b", None),
+            ("ls =/workspace:x/etc", Some(2002)),
+            ("ls PATH=/workspace/bin:/workspace/x", None),
+        ] {
+            assert_eq!(
+                with_paths(json!({ "command": command })).map_err(|(code, _)| code),
+                code.map_or(Ok(()), Err),
+                "{command}"
+            );
+        }
     }
 
     #[test]
