@@ -19,6 +19,7 @@ use crate::envelope::{
     decode_signature, jcs, parse_call, parse_envelope, sign_envelope, signature_text,
     signing_key_from_text, Call, SessionKey,
 };
+use crate::policy::commands::unlisted_option;
 use crate::policy::paths::{normalize_absolute, DEFAULT_PATH_ARGUMENTS};
 use crate::policy::{decide, parse_context_json, parse_context_yaml, Pattern, SecurityContext};
 use crate::strict_json::{
@@ -342,7 +343,9 @@ pub fn jwt(data: &[u8]) {
 /// allowed call is allowlisted, and for `git` its first non-option word is an allowlisted subcommand.
 /// Under the path allowlist (SPEC 6.3 r3), an allowed call's shell text holds no unquoted glob, `~`,
 /// `{` nor word-leading `=`, and no word nor `NAME=VALUE` value leaves `/workspace`: an absolute one
-/// normalises inside it, a relative one never climbs with `..`.
+/// normalises inside it, a relative one never climbs with `..`. Under an `option_allowlist` (SPEC 6.3
+/// r4), every option word of an allowed call before `--` is listed (by name, or letter by letter), and
+/// the option splitter names an option only by its name or one of its letters, never by a value.
 pub fn commands(data: &[u8]) {
     let Some((mode, rest)) = data.split_first() else {
         return;
@@ -396,6 +399,30 @@ pub fn commands(data: &[u8]) {
     {
         assert_stays_in_workspace(mode % 2 == 0, &arguments);
     }
+    // The option splitter names only an option, never a value: the word's name before `=`, or one
+    // letter of it; and a word whose name is listed passes (SPEC 6.3 r4).
+    let listed: BTreeSet<String> = ["-n", "--format", "-ab"].map(String::from).into();
+    for word in words.iter().filter(|word| word.starts_with('-')) {
+        let name = word.split('=').next().unwrap_or_default();
+        if let Some(option) = unlisted_option(word, &listed) {
+            let one_letter = option
+                .strip_prefix('-')
+                .is_some_and(|letter| letter.chars().count() == 1 && name.contains(letter));
+            assert!(option == name || one_letter, "{word:?} named {option:?}");
+        }
+        let own: BTreeSet<String> = [name.to_owned()].into();
+        assert!(unlisted_option(word, &own).is_none(), "{word:?} listed");
+    }
+    if decide(
+        Some(fixtures().commands_with_options),
+        &any_tool(),
+        "cmd.run",
+        &arguments,
+    )
+    .is_allow()
+    {
+        assert_options_listed(&words);
+    }
     // The same call against an allowlist made of the input's own words.
     let context = json!({
         "name": "fuzz-commands-entries",
@@ -403,6 +430,36 @@ pub fn commands(data: &[u8]) {
     });
     if let Ok(context) = parse_context_json(&context) {
         let _ = decide(Some(&context), &any_tool(), "cmd.run", &arguments);
+    }
+}
+
+/// SPEC 6.3 r4's promise for a call allowed under [`COMMANDS_WITH_OPTIONS_CONTEXT`]: before the first
+/// `--`, every `--long` option is listed by its name before `=`, and every short cluster is listed
+/// whole or each of its letters is (digits may be a value).
+fn assert_options_listed(words: &[String]) {
+    let listed: &[&str] = match (
+        words.first().map(String::as_str),
+        words.get(1).map(String::as_str),
+    ) {
+        (Some("git"), Some("log")) => &["--oneline", "-n", "--format"],
+        (Some("git"), _) => &["-s"],
+        _ => &["-l", "-a"],
+    };
+    for word in words.iter().skip(1).take_while(|word| *word != "--") {
+        let Some(short) = word.strip_prefix('-') else {
+            continue;
+        };
+        let name = word.split('=').next().unwrap_or_default();
+        let whole = listed.contains(&name);
+        let letters = !short.starts_with('-')
+            && name[1..]
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .all(|c| listed.contains(&format!("-{c}").as_str()));
+        assert!(
+            whole || letters,
+            "allowed the option word {word:?} in {words:?}"
+        );
     }
 }
 
@@ -745,6 +802,7 @@ fn decide_arguments(bytes: &[u8]) -> Map<String, Value> {
 struct Fixtures {
     commands: &'static SecurityContext,
     commands_in_workspace: &'static SecurityContext,
+    commands_with_options: &'static SecurityContext,
     domains: &'static SecurityContext,
     paths: &'static SecurityContext,
     decide: &'static SecurityContext,
@@ -765,6 +823,15 @@ capabilities:
     path_allowlist: ["/workspace"]
     command_allowlist: ["git", "ls", "cat", "dd", "make", "curl"]
     subcommand_allowlist: { git: ["status", "log", "diff"] }
+"#;
+
+const COMMANDS_WITH_OPTIONS_CONTEXT: &str = r#"
+name: fuzz-commands-with-options
+capabilities:
+  - tool_pattern: "cmd.run"
+    command_allowlist: ["git", "ls"]
+    subcommand_allowlist: { git: ["status", "log", "diff"] }
+    option_allowlist: { "git log": ["--oneline", "-n", "--format"], git: ["-s"], ls: ["-l", "-a"] }
 "#;
 
 const DOMAINS_CONTEXT: &str = r#"
@@ -801,6 +868,7 @@ fn fixtures() -> &'static Fixtures {
     FIXTURES.get_or_init(|| Fixtures {
         commands: fixed_context(COMMANDS_CONTEXT),
         commands_in_workspace: fixed_context(COMMANDS_IN_WORKSPACE_CONTEXT),
+        commands_with_options: fixed_context(COMMANDS_WITH_OPTIONS_CONTEXT),
         domains: fixed_context(DOMAINS_CONTEXT),
         paths: fixed_context(PATHS_CONTEXT),
         decide: fixed_context(DECIDE_CONTEXT),

@@ -1,7 +1,8 @@
 //! Adversarial table for the argument checks of SPEC 6.3 (paths 2002, commands 2003, domains 2004),
 //! revision 2 included: `#` hides nothing, `args` next to a string command obey its shell rules,
 //! no options before an allowlisted subcommand, and paths inside a command obey `path_allowlist` (2002);
-//! and revision 3: shell globs, `NAME=VALUE` and `-xVALUE` words under a path allowlist.
+//! and revision 3: shell globs, `NAME=VALUE` and `-xVALUE` words under a path allowlist; and revision 4:
+//! `option_allowlist`.
 //!
 //! Argument names are matched without regard to ASCII case, and `arguments` holding two names equal
 //! under case folding are refused with 1000 (SPEC 6.3 r3).
@@ -58,6 +59,9 @@ const WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"]}"#;
 const GIT: &str = r#"{"command_allowlist": ["git", "ls"], "subcommand_allowlist": {"git": ["status", "log", "diff"]}}"#;
 const GIT_IN_WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"], "command_allowlist": ["git", "ls"], "subcommand_allowlist": {"git": ["status", "log", "diff"]}}"#;
 const SHELL_IN_WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"], "command_allowlist": ["cat", "ls", "dd", "make", "tar", "wget", "curl"]}"#;
+/// SPEC 6.3 r4 (issue 35): `git status` and `git log` allowed, `git log` with three options only.
+const GIT_LOG_OPTIONS: &str = r#"{"command_allowlist": ["git"], "subcommand_allowlist": {"git": ["status", "log"]}, "option_allowlist": {"git log": ["--oneline", "-n", "--format"]}}"#;
+const GIT_LOG_OPTIONS_IN_WORKSPACE: &str = r#"{"path_allowlist": ["/workspace"], "command_allowlist": ["git"], "subcommand_allowlist": {"git": ["status", "log"]}, "option_allowlist": {"git log": ["--oneline", "-n", "--format"], "git": []}}"#;
 const WEB: &str = r#"{"domain_allowlist": ["example.com", "*.github.com"]}"#;
 const LOOPBACK: &str = r#"{"domain_allowlist": ["127.0.0.1"]}"#;
 
@@ -306,6 +310,17 @@ pub const ROWS: &[Row] = &[
     row(Domains, WEB, r#"{"URL": "https://evil.test/"}"#, Deny(2004), "r3: URL reaches a tool as url"),
     row(Domains, WEB, r#"{"Urls": ["https://example.com/", "https://evil.test/"]}"#, Deny(2004), "r3: urls in another case"),
     row(Domains, WEB, r#"{"uRi": "https://evil.test/?api_key=SECRET"}"#, Deny(2004), "r3: marker: uri in mixed case"),
+    // ---- commands: option_allowlist (r4) ----------------------------------------------------
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log --output=x.txt"}"#, Deny(2003), "r4: an option the entry does not list"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": ["git", "log", "--output=MARKER.txt"]}"#, Deny(2003), "r4: marker: the value of a refused option is not quoted"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log -n 1", "args": ["x --output=MARKER"]}"#, Deny(2003), "r4: marker: an option inside an args element joined into shell text"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log -n 1", "args": ["a -- b", "--output=MARKER"]}"#, Deny(2003), "r4: marker: a -- inside an argv element ends nothing"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log -np"}"#, Deny(2003), "r4: a cluster is its letters"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log -n5 --oneline"}"#, Allow, "r4: -n5 is -n"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git log '--format=%H %s' -- --output=x"}"#, Allow, "r4: --format by its name; -- ends the options"),
+    row(Commands, GIT_LOG_OPTIONS, r#"{"command": "git status --porcelain"}"#, Allow, "r4: git status has no entry"),
+    row(Commands, GIT_LOG_OPTIONS_IN_WORKSPACE, r#"{"command": "git status -s"}"#, Deny(2003), "r4: an empty list allows no option"),
+    row(Commands, GIT_LOG_OPTIONS_IN_WORKSPACE, r#"{"command": "git log -n 3 /workspace/a"}"#, Allow, "r4: the most specific entry wins over git's"),
     // ---- domains: what must keep working -----------------------------------------------------
     row(Domains, WEB, r#"{"url": "https://example.com/a?b#c"}"#, Allow, "exact host"),
     row(Domains, WEB, r#"{"url": "HTTPS://EXAMPLE.com./"}"#, Allow, "case and one trailing dot"),
@@ -359,7 +374,14 @@ fn run(row: &Row) -> Result<(Outcome, Option<String>), String> {
                     serde_json::from_value(value.clone()).map_err(|problem| problem.to_string())?,
                 ),
             };
-            let rule = CommandRule::new(commands.as_deref(), subcommands.as_ref())?;
+            let mut rule = CommandRule::new(commands.as_deref(), subcommands.as_ref())?;
+            if let Some(value) = config.get("option_allowlist") {
+                let options: BTreeMap<String, Vec<String>> =
+                    serde_json::from_value(value.clone()).map_err(|problem| problem.to_string())?;
+                rule = rule
+                    .with_options(&options)
+                    .map_err(|refused| refused.to_string())?;
+            }
             // The command's own check (2003), then the paths among its words (2002, SPEC 6.3 r2).
             match (rule.check(&arguments), path_rule(&config)?) {
                 (Err(message), _) => Err((2003, message)),
@@ -610,4 +632,45 @@ async fn every_row_gets_its_expected_outcome_through_the_gateway() {
         ROWS.len(),
         failures.join("\n")
     );
+}
+
+/// Issue 35 through the real binary: with `git status` and `git log` allowed and `git log` limited to
+/// three options, `git log --output=x.txt` is refused (2003) naming `--output` and nothing of its
+/// value, and `git log -n5 --oneline` runs.
+#[tokio::test]
+async fn option_allowlist_refuses_git_log_output_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, tool) = Gateway::start(dir.path(), "").await;
+    let context = json!({"capabilities": [{
+        "tool_pattern": "tool.git", "claim": "off",
+        "command_allowlist": ["git"],
+        "subcommand_allowlist": {"git": ["status", "log"]},
+        "option_allowlist": {"git log": ["--oneline", "-n", "--format"]},
+    }]});
+    let (status, body) = gw
+        .admin(
+            reqwest::Method::PUT,
+            "/v1/security-contexts/options",
+            Some(context),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (key, token) = gw.session_in("exec-options", "options").await;
+
+    let call = tool_call(1, "tool.git", json!({"command": "git log --output=x.txt"}));
+    let (_, body) = gw.call(&key, &token, call).await;
+    assert_eq!(code(&body), 2003, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"--output\""), "{message}");
+    assert!(!message.contains("x.txt"), "{message}");
+    assert_eq!(tool.count(), 0);
+
+    let call = tool_call(2, "tool.git", json!({"command": "git log -n5 --oneline"}));
+    let (status, body) = gw.call(&key, &token, call).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("success")),
+        "{body}"
+    );
+    assert_eq!(tool.count(), 1);
 }

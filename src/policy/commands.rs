@@ -44,6 +44,30 @@ pub struct CommandRule {
     allowed_commands: BTreeSet<String>,
     /// Base command → the only words allowed right after it (no option may come first).
     allowed_subcommands: BTreeMap<String, BTreeSet<String>>,
+    /// `option_allowlist` (SPEC 6.3 r4): `"git"` or `"git log"` → the only options allowed there.
+    allowed_options: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// Why an `option_allowlist` was refused at load: the entry (its key, and the index of the option in
+/// its list) when one is at fault, so that the loader can point at its line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionsError {
+    pub key: Option<String>,
+    pub index: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("option_allowlist")?;
+        if let Some(key) = &self.key {
+            write!(f, " for {}", excerpt(key))?;
+        }
+        if let Some(index) = self.index {
+            write!(f, "[{index}]")?;
+        }
+        write!(f, ": {}", self.message)
+    }
 }
 
 impl CommandRule {
@@ -119,7 +143,83 @@ impl CommandRule {
         Ok(CommandRule {
             allowed_commands,
             allowed_subcommands,
+            allowed_options: BTreeMap::new(),
         })
+    }
+
+    /// Adds an `option_allowlist` (SPEC 6.3 r4), checked at load. A key is a base command of
+    /// `command_allowlist`, or `"command subcommand"` whose subcommand `subcommand_allowlist` lists for
+    /// that command: only there is the subcommand surely the word after the command (no option may
+    /// come before it), so an entry for it cannot be dodged with `git -C x log`. Every option starts
+    /// with `-`, holds no `=` (names are compared before it) and is not `--` (which ends the options
+    /// and is never compared); each would otherwise never match. An empty list allows no option.
+    pub fn with_options(
+        mut self,
+        table: &BTreeMap<String, Vec<String>>,
+    ) -> Result<CommandRule, OptionsError> {
+        let refuse = |key: Option<&String>, index: Option<usize>, message: String| OptionsError {
+            key: key.cloned(),
+            index,
+            message,
+        };
+        if table.is_empty() {
+            return Err(refuse(
+                None,
+                None,
+                "is empty and would limit nothing".into(),
+            ));
+        }
+        for (key, options) in table {
+            let mut parts = key.split(' ');
+            let (command, subcommand) = (parts.next().unwrap_or_default(), parts.next());
+            let shape = "a key is a command or \"command subcommand\", one space apart";
+            if parts.next().is_some() {
+                return Err(refuse(Some(key), None, shape.into()));
+            }
+            for word in std::iter::once(command).chain(subcommand) {
+                plain_word(word).map_err(|problem| refuse(Some(key), None, problem))?;
+            }
+            if !self.allowed_commands.contains(command) {
+                let message = format!("{} is not in command_allowlist", excerpt(command));
+                return Err(refuse(Some(key), None, message));
+            }
+            if let Some(subcommand) = subcommand {
+                let message = match self.allowed_subcommands.get(command) {
+                    None => format!(
+                        "an entry for a subcommand needs a subcommand_allowlist for {}",
+                        excerpt(command)
+                    ),
+                    Some(listed) if !listed.contains(subcommand) => format!(
+                        "{} is not in subcommand_allowlist for {}",
+                        excerpt(subcommand),
+                        excerpt(command)
+                    ),
+                    Some(_) => String::new(),
+                };
+                if !message.is_empty() {
+                    return Err(refuse(Some(key), None, message));
+                }
+            }
+            let mut allowed = BTreeSet::new();
+            for (index, option) in options.iter().enumerate() {
+                let at = Some(index);
+                plain_word(option).map_err(|problem| refuse(Some(key), at, problem))?;
+                let problem = if !option.starts_with('-') {
+                    "is not an option: options start with '-'"
+                } else if option.contains('=') {
+                    "holds '=' and can never match: an option is compared by its name before '='"
+                } else if option == "--" {
+                    "ends the options and is never compared"
+                } else {
+                    allowed.insert(option.clone());
+                    continue;
+                };
+                let message = format!("{} {problem}", excerpt(option));
+                return Err(refuse(Some(key), at, message));
+            }
+            self.allowed_options.insert(key.clone(), allowed);
+        }
+        Ok(self)
     }
 
     /// Checks the `command` (and `args`) arguments of one call, found by name without regard to ASCII
@@ -197,6 +297,19 @@ impl CommandRule {
             words.push((WordAt::Args(index), Cow::Borrowed(word)));
         }
         self.check_words(&words)?;
+        // Options are checked on argv as the program gets it and, next to a string command, on the
+        // words of the shell text that a tool may join (`args: ["x --output=y"]`), each with its own
+        // `--`: either may be what runs.
+        self.check_options(&words)?;
+        if shell_text {
+            let joined: Vec<_> = words
+                .iter()
+                .filter(|(at, _)| !matches!(at, WordAt::Args(_)))
+                .chain(&split_args)
+                .cloned()
+                .collect();
+            self.check_options(&joined)?;
+        }
         words.extend(split_args);
         Ok(CommandWords { words, expanding })
     }
@@ -225,6 +338,73 @@ impl CommandRule {
             Some((at, _)) => Err(format!("{at} is not in subcommand_allowlist")),
         }
     }
+
+    /// The `option_allowlist` (SPEC 6.3 r4) over words that passed [`Self::check_words`]: the entry
+    /// for `"command subcommand"` when there is one, else the command's; without either, any option.
+    fn check_options(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), String> {
+        let Some((_, base)) = words.first() else {
+            return Ok(());
+        };
+        // With a subcommand_allowlist for the base, its second word is the subcommand (check_words).
+        let specific = match (
+            self.allowed_subcommands.contains_key(base.as_ref()),
+            words.get(1),
+        ) {
+            (true, Some((_, subcommand))) => {
+                let key = format!("{base} {subcommand}");
+                self.allowed_options.get_key_value(&key)
+            }
+            _ => None,
+        };
+        let Some((key, listed)) =
+            specific.or_else(|| self.allowed_options.get_key_value(base.as_ref()))
+        else {
+            return Ok(());
+        };
+        for (at, word) in &words[1..] {
+            if word == "--" {
+                break;
+            }
+            if !word.starts_with('-') {
+                continue;
+            }
+            if let Some(option) = unlisted_option(word, listed) {
+                return Err(format!(
+                    "{at} is the option {}, which option_allowlist for {} does not list",
+                    excerpt(&option),
+                    excerpt(key)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first option of `word` (which starts with `-`) that `listed` lacks (SPEC 6.3 r4), by name only,
+/// never a value: the name is what comes before any `=` (`--format=%H` is `--format`). A short-option
+/// cluster that is not listed as a whole is its letters (`-abc` is `-a`, `-b`, `-c`), and digits that
+/// end it are the value of the option before them (`-n5` is `-n`), as getopt reads them.
+pub fn unlisted_option<'w>(word: &'w str, listed: &BTreeSet<String>) -> Option<Cow<'w, str>> {
+    let name = word.split('=').next().unwrap_or_default();
+    if listed.contains(name) {
+        return None;
+    }
+    let Some(cluster) = name
+        .strip_prefix('-')
+        .filter(|rest| !rest.starts_with('-') && rest.chars().nth(1).is_some())
+    else {
+        return Some(Cow::Borrowed(name));
+    };
+    for (at, letter) in cluster.char_indices() {
+        if at > 0 && cluster[at..].bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        let option = format!("-{letter}");
+        if !listed.contains(&option) {
+            return Some(Cow::Owned(option));
+        }
+    }
+    None
 }
 
 /// Where a command word came from: refusals name the place, never the word (SPEC 9.1 r2).
@@ -280,6 +460,12 @@ impl CommandWords<'_> {
             if whole.starts_with('/') || !whole.contains(VALUE_SEPARATORS) {
                 check_path_value(word, paths)
                     .map_err(|problem| format!("{at} (a path) {problem}"))?;
+            }
+            // The value after an `=` is a path as a whole too: `--output=/workspace:x` names the
+            // sibling `/workspace:x`, whatever its parts between `:` and `,` say.
+            for value in word.split('=').skip(1) {
+                check_path_value(value, paths)
+                    .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
             }
             for value in embedded_values(word).map_err(|problem| format!("{at} {problem}"))? {
                 check_path_value(value, paths)
@@ -1116,5 +1302,192 @@ mod tests {
             );
         }
         assert!(CommandRule::new(Some(&strings(&["/usr/bin/git", "git-lfs"])), None).is_ok());
+    }
+
+    fn option_rule(options: &[(&str, &[&str])]) -> Result<CommandRule, OptionsError> {
+        let table: BTreeMap<String, Vec<String>> = options
+            .iter()
+            .map(|(key, list)| (key.to_string(), strings(list)))
+            .collect();
+        git_rule().with_options(&table)
+    }
+
+    fn git_log_options() -> CommandRule {
+        match option_rule(&[
+            ("git log", &["--oneline", "-n", "--format"]),
+            ("git", &["-s", "--stat"]),
+            ("ls", &["-l", "-a", "-abc"]),
+        ]) {
+            Ok(rule) => rule,
+            Err(problem) => panic!("test option rule refused: {problem}"),
+        }
+    }
+
+    fn options_check(call: Value) -> Result<(), String> {
+        git_log_options().check(&args(call)).map(|_| ())
+    }
+
+    #[test]
+    fn a_value_after_equals_is_checked_whole_too() {
+        for (command, code) in [
+            ("git diff --output=/workspace:x", Some(2002)),
+            ("git diff --output=/workspace/a:/workspace/b", None),
+            ("ls =/workspace:x/etc", Some(2002)),
+            ("ls PATH=/workspace/bin:/workspace/x", None),
+        ] {
+            assert_eq!(
+                with_paths(json!({ "command": command })).map_err(|(code, _)| code),
+                code.map_or(Ok(()), Err),
+                "{command}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_are_compared_by_name_before_any_equals() {
+        for command in [
+            "git log --oneline",
+            "git log -n5 --oneline",
+            "git log -n 5",
+            "git log --format=%H",
+            "git log '--format=%H %s'",
+            "git log -- --output=x.txt",
+            "git status -s",
+            "git diff --stat",
+            "ls -la",
+            "ls -abc",
+            "ls -l /workspace",
+            "ls",
+        ] {
+            assert_eq!(
+                options_check(json!({ "command": command })),
+                Ok(()),
+                "{command}"
+            );
+        }
+        for (command, option) in [
+            ("git log --output=x.txt", "\"--output\""),
+            ("git log --oneline --output x.txt", "\"--output\""),
+            ("git log -p", "\"-p\""),
+            ("git log -np", "\"-p\""),
+            ("git log -n5x", "\"-5\""),
+            ("git log '--output=x.txt'", "\"--output\""),
+            // "git log" is the most specific entry: the "git" entry's options do not reach it.
+            ("git log --stat", "\"--stat\""),
+            ("git status --porcelain", "\"--porcelain\""),
+            ("ls -lR", "\"-R\""),
+            ("ls -", "\"-\""),
+        ] {
+            match options_check(json!({ "command": command })) {
+                Ok(()) => panic!("{command} should be refused"),
+                Err(problem) => assert!(
+                    problem.contains(&format!("the option {option},"))
+                        && !problem.contains("x.txt"),
+                    "{command}: {problem}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn options_in_args_are_checked_as_argv_and_as_joined_shell_text() {
+        for (call, allowed) in [
+            (json!({"command": ["git", "log", "--output=x"]}), false),
+            (json!({"command": ["git", "log", "--", "--output=x"]}), true),
+            (json!({"command": "git log", "args": ["--oneline"]}), true),
+            (json!({"command": "git log", "args": ["--output=x"]}), false),
+            // Joined into shell text the element is two words, and the second is an option.
+            (
+                json!({"command": "git log", "args": ["x --output=y"]}),
+                false,
+            ),
+            // As argv, this `--` is no separator, so the next element is an option.
+            (
+                json!({"command": "git log", "args": ["a -- b", "--output=y"]}),
+                false,
+            ),
+            (json!({"command": "git", "args": ["log", "-n3"]}), true),
+            (
+                json!({"command": "git", "args": ["log", "--output=y"]}),
+                false,
+            ),
+        ] {
+            assert_eq!(options_check(call.clone()).is_ok(), allowed, "{call}");
+        }
+    }
+
+    #[test]
+    fn the_option_splitter() {
+        let listed: BTreeSet<String> = strings(&["-a", "-b", "-n", "--format", "-xyz"])
+            .into_iter()
+            .collect();
+        for (word, unlisted) in [
+            ("-a", None),
+            ("-ab", None),
+            ("-abn12", None),
+            ("-n5", None),
+            ("-n=5", None),
+            ("--format=%H", None),
+            ("-xyz", None),
+            ("-xyz=1", None),
+            ("-x", Some("-x")),
+            ("-ax", Some("-x")),
+            ("-a5b", Some("-5")),
+            ("-", Some("-")),
+            ("--", Some("--")),
+            ("--form", Some("--form")),
+            ("--format-x=1", Some("--format-x")),
+            ("-é", Some("-é")),
+            ("-aé", Some("-é")),
+        ] {
+            assert_eq!(
+                unlisted_option(word, &listed).as_deref(),
+                unlisted,
+                "{word}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_bad_option_allowlists() {
+        for (table, key, index) in [
+            (vec![("cargo", &["-q"][..])], Some("cargo"), None),
+            (vec![("git push", &["-q"][..])], Some("git push"), None),
+            (vec![("ls -l", &["-a"][..])], Some("ls -l"), None),
+            (vec![("ls x", &["-a"][..])], Some("ls x"), None),
+            (vec![("git log x", &["-a"][..])], Some("git log x"), None),
+            (vec![("git  log", &["-a"][..])], Some("git  log"), None),
+            (vec![("git log", &["-a", ""][..])], Some("git log"), Some(1)),
+            (
+                vec![("git log", &["oneline"][..])],
+                Some("git log"),
+                Some(0),
+            ),
+            (
+                vec![("git log", &["--format=%H"][..])],
+                Some("git log"),
+                Some(0),
+            ),
+            (vec![("git log", &["--"][..])], Some("git log"), Some(0)),
+            (vec![("git log", &["--a b"][..])], Some("git log"), Some(0)),
+            (vec![], None, None),
+        ] {
+            match option_rule(&table) {
+                Ok(_) => panic!("{table:?} should be refused"),
+                Err(refused) => {
+                    assert_eq!(refused.key.as_deref(), key, "{refused}");
+                    assert_eq!(refused.index, index, "{refused}");
+                }
+            }
+        }
+        // An empty list allows the command without any option.
+        let rule = option_rule(&[("git status", &[])]);
+        assert!(rule.is_ok());
+        let rule = rule.unwrap_or_else(|_| git_rule());
+        assert!(rule.check(&args(json!({"command": "git status"}))).is_ok());
+        assert!(rule
+            .check(&args(json!({"command": "git status -s"})))
+            .is_err());
+        assert!(rule.check(&args(json!({"command": "git log -p"}))).is_ok());
     }
 }

@@ -520,6 +520,27 @@ capabilities:
     }
 
     #[test]
+    fn a_bad_option_allowlist_names_file_line_and_field() {
+        let text = "name: c\ncapabilities:\n  - tool_pattern: cmd.run\n    command_allowlist: [git]\n    subcommand_allowlist: { git: [status, log] }\n    option_allowlist:\n      \"git log\": [\"--oneline\", \"-n\"]\n      \"git push\": [\"-q\"]\n";
+        assert_eq!(
+            parse_err(text).to_string(),
+            "policies/x.yaml:8: capabilities[0].option_allowlist.git push: \"push\" is not in subcommand_allowlist for \"git\""
+        );
+        let text = text.replace("\"git push\": [\"-q\"]", "git: [\"-q\", \"\"]");
+        assert_eq!(
+            parse_err(&text).to_string(),
+            "policies/x.yaml:8: capabilities[0].option_allowlist.git[1]: entry is empty"
+        );
+        let text = text.replace("\"-q\", \"\"", "\"q\"");
+        assert_eq!(
+            parse_err(&text).to_string(),
+            "policies/x.yaml:8: capabilities[0].option_allowlist.git[0]: \"q\" is not an option: options start with '-'"
+        );
+        let text = text.replace("git: [\"q\"]", "git: [\"-q\"]");
+        assert!(parse_ok(&text).capabilities[0].commands.is_some());
+    }
+
+    #[test]
     fn invalid_pattern_names_the_field() {
         let error =
             parse_err("name: c\ncapabilities:\n  - tool_pattern: x\n  - tool_pattern: \"fs*\"\n");

@@ -157,6 +157,15 @@ pub struct CapabilitySpec {
     )]
     #[schemars(with = "BTreeMap<String, Vec<String>>", length(min = 1))]
     pub subcommand_allowlist: Option<BTreeMap<String, Vec<String>>>,
+    /// Per base command, or `"command subcommand"` (e.g. `"git log"`), the only options allowed there
+    /// (SPEC 6.3 r4); the most specific entry applies. An empty list allows no option.
+    #[serde(
+        default,
+        deserialize_with = "present_not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "BTreeMap<String, Vec<String>>", length(min = 1))]
+    pub option_allowlist: Option<BTreeMap<String, Vec<String>>>,
     /// Hosts that `url`/`uri`/`urls` arguments may name (`*.example.com` for subdomains).
     #[serde(
         default,
@@ -819,6 +828,12 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
         }
     };
 
+    if spec.option_allowlist.is_some() && spec.command_allowlist.is_none() {
+        return Err(spec_error(
+            at.clone().key("option_allowlist"),
+            "option_allowlist without command_allowlist",
+        ));
+    }
     let commands = match (&spec.command_allowlist, &spec.subcommand_allowlist) {
         (None, None) => None,
         (None, Some(_)) => {
@@ -846,10 +861,21 @@ fn compile_capability(spec: &CapabilitySpec, at: &FieldPath) -> Result<Capabilit
                     require_entries(allowed, &entry_at)?;
                 }
             }
-            Some(
-                CommandRule::new(Some(commands), subcommands.as_ref())
-                    .map_err(|message| spec_error(commands_at, message))?,
-            )
+            let rule = CommandRule::new(Some(commands), subcommands.as_ref())
+                .map_err(|message| spec_error(commands_at, message))?;
+            match &spec.option_allowlist {
+                None => Some(rule),
+                Some(options) => Some(rule.with_options(options).map_err(|refused| {
+                    let mut path = at.clone().key("option_allowlist");
+                    if let Some(key) = &refused.key {
+                        path = path.key(key);
+                    }
+                    if let Some(index) = refused.index {
+                        path = path.index(index);
+                    }
+                    spec_error(path, refused.message)
+                })?),
+            }
         }
     };
 
@@ -1147,6 +1173,22 @@ mod tests {
             ),
             (
                 serde_json::json!({"tool_pattern": "w", "domain_allowlist": []}),
+                "capabilities[0].domain_allowlist",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "option_allowlist": {"git": ["-s"]}}),
+                "capabilities[0].option_allowlist",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git"], "option_allowlist": {"ls": ["-l"]}}),
+                "capabilities[0].option_allowlist.ls",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git"], "subcommand_allowlist": {"git": ["log"]}, "option_allowlist": {"git log": ["-n", "oneline"]}}),
+                "capabilities[0].option_allowlist.git log[1]",
+            ),
+            (
+                serde_json::json!({"tool_pattern": "c", "command_allowlist": ["git"], "option_allowlist": {"git": []}, "subcommand_allowlist": {"git": ["log"]}, "path_allowlist": ["/w"], "domain_allowlist": [], "rate_limit": {"calls": 1, "per_seconds": 1}}),
                 "capabilities[0].domain_allowlist",
             ),
         ];
