@@ -578,7 +578,7 @@ mod tests {
             ("expires_at", json!(2_100_000_000i64)),
             ("expires_at", json!("tomorrow")),
             ("expires_at", json!(1e300)),
-            ("allowed_tool_patterns", json!(["fs*"])),
+            ("allowed_tool_patterns", json!(["fs.**"])),
             ("budget", json!({"max_calls": -1})),
             ("budget", json!({"max_cals": 1})),
             ("agent_id", json!("")),

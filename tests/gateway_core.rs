@@ -451,6 +451,19 @@ async fn sessions_api_with_its_auth() {
         let (status, answer) = gw.register(Some(&creator), bad).await;
         assert_eq!((status, code(&answer)), (422, 6005), "{field}: {answer}");
     }
+    // SPEC 6.2 r4: `*` anywhere is a pattern, any other glob syntax is a 422 that names it.
+    for pattern in ["fs.rea?", "fs.**", "fs.[ab]"] {
+        let mut bad = body.clone();
+        bad["session_id"] = json!("exec-invalid");
+        bad["allowed_tool_patterns"] = json!(["fs.read*", pattern]);
+        let (status, answer) = gw.register(Some(&creator), bad).await;
+        assert_eq!((status, code(&answer)), (422, 6005), "{pattern}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("allowed_tool_patterns[1]") && message.contains(pattern),
+            "{answer}"
+        );
+    }
     let raw = gw
         .client
         .post(format!("{}/v1/seal/sessions", gw.base))

@@ -204,7 +204,7 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
             Method::PUT,
             "/v1/security-contexts/api2",
             Some(&writer),
-            Some(json!({"capabilities": [{"tool_pattern": "fs*"}]})),
+            Some(json!({"capabilities": [{"tool_pattern": "fs.{a,b}"}]})),
         )
         .await;
     assert_eq!((status, code(&bad)), (422, 6005));
@@ -212,7 +212,7 @@ async fn context_api_with_auth_read_only_files_and_evaluate() {
         bad["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("tool_pattern"),
+            .contains("tool_pattern: invalid pattern \"fs.{a,b}\""),
         "{bad}"
     );
     let (status, bad) = gw

@@ -542,13 +542,20 @@ capabilities:
 
     #[test]
     fn invalid_pattern_names_the_field() {
-        let error =
-            parse_err("name: c\ncapabilities:\n  - tool_pattern: x\n  - tool_pattern: \"fs*\"\n");
+        let error = parse_err(
+            "name: c\ncapabilities:\n  - tool_pattern: x\n  - tool_pattern: \"fs.rea?\"\n",
+        );
         assert_eq!(error.line, Some(4));
         assert_eq!(error.field.as_deref(), Some("capabilities[1].tool_pattern"));
-        let error = parse_err("name: c\ndeny_list:\n  - ok\n  - \"*.read\"\ncapabilities: []\n");
+        assert!(error.to_string().contains("\"fs.rea?\""), "{error}");
+        let error = parse_err("name: c\ndeny_list:\n  - ok\n  - \"fs.**\"\ncapabilities: []\n");
         assert_eq!(error.line, Some(4));
         assert_eq!(error.field.as_deref(), Some("deny_list[1]"));
+        assert!(error.to_string().contains("\"fs.**\""), "{error}");
+        // `*` anywhere is a pattern now (SPEC 6.2 r4).
+        parse_ok(
+            "name: c\ndeny_list: [\"*.delete\"]\ncapabilities:\n  - tool_pattern: \"fs.read*\"\n",
+        );
     }
 
     #[test]

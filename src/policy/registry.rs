@@ -771,7 +771,7 @@ mod tests {
         write(
             dir.path(),
             "a.yaml",
-            "name: a\ncapabilities: [{tool_pattern: \"fs*\"}]\n",
+            "name: a\ncapabilities: [{tool_pattern: \"fs.[ab]\"}]\n",
         );
         let file = dir.path().join("a.yaml");
         assert!(wait_until(limit, || {
