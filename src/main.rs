@@ -131,7 +131,8 @@ struct SignArgs {
 enum PolicyCommand {
     /// Validate every context file in DIR (default ./policies); exit 1 on the first invalid one.
     Check { dir: Option<PathBuf> },
-    /// Print the decision a call would get, its code and the rule that decided.
+    /// Print the decision a call would get, its code and the rule that decided. Exits 0 allowed,
+    /// 1 refused, 2 bad usage or invalid policies, 3 allowed after a person's approval.
     Explain {
         #[arg(long)]
         context: String,

@@ -553,17 +553,26 @@ async fn evaluate_explain_and_check_speak_of_flow_rules() {
         let mut args = vec!["policy", "explain", "--policies", policies_arg];
         args.extend(["--context", "trifecta", "--tool", "email.send"]);
         args.extend(labels);
-        let (ok, out, err) = sealgate(&args);
-        assert!(ok, "{err}");
-        out
+        let out = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), text)
     };
-    let out = explain(&["--session-labels", "untrusted_content,private_data"]);
+    // SPEC 6.4 r4: 1 refused, 0 allowed, 3 allowed after a person's approval (the flow rule's).
+    let (status, out) = explain(&["--session-labels", "untrusted_content,private_data"]);
     assert!(
         out.starts_with("deny  code: 2010 FLOW_BLOCKED  rule: flow_rule #0"),
         "{out}"
     );
-    let out = explain(&[]);
-    assert!(out.starts_with("allow"), "{out}");
+    assert_eq!(status, Some(1), "{out}");
+    let (status, out) = explain(&[]);
+    assert!(out.starts_with("allow  rule:"), "{out}");
+    assert_eq!(status, Some(0), "{out}");
+    let (status, out) = explain(&["--session-labels", "untrusted_content"]);
+    assert!(out.starts_with("allow, approval required  rule:"), "{out}");
+    assert_eq!(status, Some(3), "{out}");
 
     // `policy check` warns of a rule that names a label no capability gives, and still passes.
     std::fs::write(

@@ -448,32 +448,38 @@ fn policy_cli_checks_and_explains() {
             repo_policies,
         ])
     };
+    // SPEC 6.4 r4: a refusal exits 1, with its code and name.
     let (status, out) = explain("fs.read_file", r#"{"path": "/workspace/../etc/passwd"}"#);
-    assert_eq!(status, 0, "{out}");
+    assert_eq!(status, 1, "{out}");
     assert!(
         out.contains("2002") && out.contains("capability") && out.contains("fs.*"),
         "{out}"
     );
-    let (_, out) = explain("fs.delete", "{}");
-    assert!(out.contains("2001") && out.contains("deny_list"), "{out}");
-    let (_, out) = explain("cmd.run", r#"{"command": "git status"}"#);
-    assert!(out.starts_with("allow"), "{out}");
+    let (status, out) = explain("fs.delete", "{}");
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.contains("2001 POLICY_VIOLATION_TOOL_DENIED") && out.contains("deny_list"),
+        "{out}"
+    );
+    let (status, out) = explain("cmd.run", r#"{"command": "git status"}"#);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.starts_with("allow  rule:"), "{out}");
     // Arguments are read as the gateway reads a payload: a duplicate key is refused, not resolved.
     let (status, out) = explain(
         "fs.read_file",
         r#"{"path": "/etc/passwd", "path": "/workspace/a"}"#,
     );
-    assert_eq!(status, 1, "{out}");
+    assert_eq!(status, 2, "{out}");
     assert!(out.contains("duplicate key"), "{out}");
     // SPEC 6.3 r3, as the gateway decides: `Path` is checked like `path`, and twins are refused.
     let (status, out) = explain("fs.read_file", r#"{"Path": "/etc/passwd"}"#);
-    assert_eq!(status, 0, "{out}");
+    assert_eq!(status, 1, "{out}");
     assert!(out.starts_with("deny  code: 2002"), "{out}");
     let (status, out) = explain(
         "fs.read_file",
         r#"{"path": "/workspace/a", "PATH": "/etc/passwd"}"#,
     );
-    assert_eq!(status, 1, "{out}");
+    assert_eq!(status, 2, "{out}");
     assert!(
         out.starts_with("--args: the names") && out.contains("ASCII case folding"),
         "{out}"
@@ -485,6 +491,73 @@ fn policy_cli_checks_and_explains() {
     let (status, out) = run_cli(&["policy", "check", linked.path().to_str().unwrap()]);
     assert_eq!(status, 1, "{out}");
     assert!(out.contains("gone.yaml"), "{out}");
+}
+
+/// SPEC 6.4 r4: `policy explain` exits 0 allowed, 1 refused, 2 bad usage or invalid policies, 3 allowed
+/// after a person's approval (and says so in its first line).
+#[test]
+fn policy_explain_exit_codes_tell_the_answers_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pay.yaml"),
+        "name: pay\ndeny_list: [\"*.delete\"]\ncapabilities:\n  - tool_pattern: \"fs.read*\"\n  - tool_pattern: \"pay.*\"\n    approval: { required: true }\n",
+    )
+    .unwrap();
+    let policies = dir.path().to_str().unwrap().to_owned();
+    let explain = |context: &str, tool: &str| {
+        run_cli(&[
+            "policy",
+            "explain",
+            "--context",
+            context,
+            "--tool",
+            tool,
+            "--policies",
+            &policies,
+        ])
+    };
+    let (status, out) = explain("pay", "fs.read_file");
+    assert_eq!(status, 0, "{out}");
+    assert!(
+        out.starts_with("allow  rule: capability #0 fs.read*"),
+        "{out}"
+    );
+    let (status, out) = explain("pay", "pay.send");
+    assert_eq!(status, 3, "{out}");
+    assert!(
+        out.starts_with("allow, approval required  rule: capability #1 pay.*"),
+        "{out}"
+    );
+    let (status, out) = explain("pay", "db.delete");
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with("deny  code: 2001 POLICY_VIOLATION_TOOL_DENIED"),
+        "{out}"
+    );
+    let (status, out) = explain("pay", "fs.write");
+    assert_eq!(status, 1, "{out}");
+    assert!(
+        out.starts_with("deny  code: 2006 POLICY_VIOLATION_NO_MATCHING_CAPABILITY"),
+        "{out}"
+    );
+    // Bad usage: an unknown context, a bad tool name, a missing flag, invalid policies.
+    let (status, out) = explain("nope", "fs.read");
+    assert_eq!(status, 2, "{out}");
+    let (status, out) = explain("pay", "fs..read");
+    assert_eq!(status, 2, "{out}");
+    let (status, out) = run_cli(&["policy", "explain", "--tool", "fs.read"]);
+    assert_eq!(status, 2, "{out}");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "name: bad\ncapabilities:\n  - tool_pattern: \"fs.rea?\"\n",
+    )
+    .unwrap();
+    let (status, out) = explain("pay", "fs.read_file");
+    assert_eq!(status, 2, "{out}");
+    assert!(
+        out.contains("bad.yaml:3") && out.contains("\"fs.rea?\""),
+        "{out}"
+    );
 }
 
 /// A reader that stops early (`sealgate policy explain … | head -1`) gets no panic: the answer is
@@ -510,7 +583,8 @@ fn policy_explain_into_a_closed_pipe_exits_cleanly() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    // The call is refused, so the exit code is explain's 1 (SPEC 6.4 r4), not a panic's 101.
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 

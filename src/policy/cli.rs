@@ -8,6 +8,13 @@ use serde_json::{json, Map, Value};
 
 use super::{decide_in_session, load_dir, Decision, HeldLabel, Pattern, SecurityContext};
 
+/// `policy explain`'s exit codes (SPEC 6.4 r4), so that a script or a CI step can tell the
+/// answers apart without reading the text: allowed, refused, bad usage, allowed after a person's approval.
+pub const EXPLAIN_ALLOW: u8 = 0;
+pub const EXPLAIN_DENY: u8 = 1;
+pub const EXPLAIN_USAGE: u8 = 2;
+pub const EXPLAIN_APPROVAL: u8 = 3;
+
 pub enum PolicyCommand {
     Check {
         dir: PathBuf,
@@ -115,32 +122,32 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                     Ok(Value::Object(map)) => map,
                     Ok(_) => {
                         eprintln!("--args must be a JSON object");
-                        return ExitCode::FAILURE;
+                        return ExitCode::from(EXPLAIN_USAGE);
                     }
                     Err(e) => {
                         eprintln!("--args: {e}");
-                        return ExitCode::FAILURE;
+                        return ExitCode::from(EXPLAIN_USAGE);
                     }
                 };
             // A call whose argument names are equal under case folding never reaches the policy (1000).
             if let Err(e) = crate::strict_json::refuse_case_folded_names(&arguments) {
                 eprintln!("--args: {e}");
-                return ExitCode::FAILURE;
+                return ExitCode::from(EXPLAIN_USAGE);
             }
             if let Err(e) = crate::envelope::ToolName::parse(&tool) {
                 eprintln!("--tool: {e}");
-                return ExitCode::FAILURE;
+                return ExitCode::from(EXPLAIN_USAGE);
             }
             let contexts = match load_dir(&policies) {
                 Ok(contexts) => contexts,
                 Err(e) => {
                     eprintln!("invalid: {e}");
-                    return ExitCode::FAILURE;
+                    return ExitCode::from(EXPLAIN_USAGE);
                 }
             };
             let Some(found) = contexts.iter().find(|c| c.spec.name == context) else {
                 eprintln!("no security context {context:?} in {}", policies.display());
-                return ExitCode::FAILURE;
+                return ExitCode::from(EXPLAIN_USAGE);
             };
             let mut held = Vec::with_capacity(session_labels.len());
             for label in session_labels.iter().filter(|label| !label.is_empty()) {
@@ -148,7 +155,7 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                     eprintln!(
                         "--session-labels: invalid label {label:?}: letters, digits, '_' or '-'"
                     );
-                    return ExitCode::FAILURE;
+                    return ExitCode::from(EXPLAIN_USAGE);
                 }
                 held.push(HeldLabel::assumed(label));
             }
@@ -160,17 +167,27 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 rule["index"],
                 rule["pattern"].as_str().unwrap_or("-")
             );
-            match answer["decision"].as_str() {
-                Some("allow") => say!("allow  rule: {rule_text}"),
-                _ => say!(
-                    "deny  code: {} {}  rule: {rule_text}\n{}",
-                    answer["code"],
-                    answer["name"].as_str().unwrap_or("?"),
-                    answer["message"].as_str().unwrap_or("")
-                ),
-            }
+            let code = match answer["decision"].as_str() {
+                Some("allow") if answer["approval"]["required"] == true => {
+                    say!("allow, approval required  rule: {rule_text}");
+                    EXPLAIN_APPROVAL
+                }
+                Some("allow") => {
+                    say!("allow  rule: {rule_text}");
+                    EXPLAIN_ALLOW
+                }
+                _ => {
+                    say!(
+                        "deny  code: {} {}  rule: {rule_text}\n{}",
+                        answer["code"],
+                        answer["name"].as_str().unwrap_or("?"),
+                        answer["message"].as_str().unwrap_or("")
+                    );
+                    EXPLAIN_DENY
+                }
+            };
             say!("{answer}");
-            ExitCode::SUCCESS
+            ExitCode::from(code)
         }
     }
 }
