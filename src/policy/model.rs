@@ -61,7 +61,9 @@ pub struct SecurityContextSpec {
     pub team: Option<String>,
     /// Tool patterns that are always refused (code 2001), checked before any capability.
     #[serde(default)]
-    #[schemars(inner(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$")))]
+    #[schemars(inner(regex(
+        pattern = r"^((\*?[A-Za-z0-9_-])+\*?|\*)(\.((\*?[A-Za-z0-9_-])+\*?|\*))*$"
+    )))]
     pub deny_list: Vec<String>,
     /// What the context allows; the first capability whose pattern matches decides. May be empty.
     pub capabilities: Vec<CapabilitySpec>,
@@ -122,8 +124,9 @@ pub struct CapabilitySpec {
         regex(pattern = r"^[A-Za-z0-9_-]+$")
     )]
     pub id: Option<String>,
-    /// `*`, `family.*` or an exact tool name.
-    #[schemars(regex(pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$"))]
+    /// An exact tool name, or one with `*` anywhere (`*`, `fs.*`, `fs.read*`, `*.delete`); a pattern ending
+    /// in `.*` wants at least one character after the dot.
+    #[schemars(regex(pattern = r"^((\*?[A-Za-z0-9_-])+\*?|\*)(\.((\*?[A-Za-z0-9_-])+\*?|\*))*$"))]
     pub tool_pattern: String,
     /// Directories that path arguments must lie at or below (absolute).
     #[serde(

@@ -356,6 +356,20 @@ mod tests {
         }
     }
 
+    fn schema_regex() -> regex_automata::meta::Regex {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/policies/schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let deny = schema["properties"]["deny_list"]["items"]["pattern"]
+            .as_str()
+            .unwrap();
+        let capability = schema["$defs"]["CapabilitySpec"]["properties"]["tool_pattern"]["pattern"]
+            .as_str()
+            .unwrap();
+        assert_eq!(deny, capability);
+        regex_automata::meta::Regex::new(deny).unwrap()
+    }
+
     proptest::proptest! {
         #[test]
         fn matching_agrees_with_the_reference(
@@ -369,6 +383,17 @@ mod tests {
                     "pattern {:?} against {:?}", pattern, name
                 );
             }
+        }
+
+        /// Editors check `tool_pattern` and `deny_list` with policies/schema.json's regex: it accepts
+        /// exactly what `parse` accepts.
+        #[test]
+        fn the_schema_regex_agrees_with_parse(text in "[ab.*?\\[{]{0,8}") {
+            proptest::prop_assert_eq!(
+                schema_regex().is_match(&text),
+                Pattern::parse(&text).is_ok(),
+                "{:?}", text
+            );
         }
 
         /// `could_match_within` says yes exactly when some name routed to the upstream matches.
