@@ -227,6 +227,18 @@ fn insert_or_get<T: serde::de::DeserializeOwned>(
 }
 
 /// Runs a compare-and-set statement; true when it changed the one row.
+/// Every record that `sql` (a query of one `record` column) selects, decoded.
+fn all_records<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+) -> StoreResult<Vec<T>> {
+    let texts: Vec<String> = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
+        .map_err(db)?;
+    texts.iter().map(|text| decode_record(text)).collect()
+}
+
 fn changes_one(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> StoreResult<bool> {
     let changed = conn
         .prepare_cached(sql)
@@ -768,14 +780,7 @@ impl Store for SqliteStore {
 
     async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
         self.writer
-            .write(|w| {
-                let texts: Vec<String> = w
-                    .conn
-                    .prepare_cached("SELECT record FROM contexts ORDER BY name")
-                    .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
-                    .map_err(db)?;
-                texts.iter().map(|text| decode_record(text)).collect()
-            })
+            .write(|w| all_records(&w.conn, "SELECT record FROM contexts ORDER BY name"))
             .await
     }
 
@@ -821,12 +826,10 @@ impl Store for SqliteStore {
     async fn tool_pins(&self) -> StoreResult<Vec<ToolPin>> {
         self.writer
             .write(|w| {
-                let texts: Vec<String> = w
-                    .conn
-                    .prepare_cached("SELECT record FROM tool_pins ORDER BY upstream, tool")
-                    .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
-                    .map_err(db)?;
-                texts.iter().map(|text| decode_record(text)).collect()
+                all_records(
+                    &w.conn,
+                    "SELECT record FROM tool_pins ORDER BY upstream, tool",
+                )
             })
             .await
     }
