@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
 use crate::session::SessionCache;
 use crate::store::postgres::CONTEXT_POLL;
-use crate::store::{PgStore, SqliteStore, Store, StoredContext};
+use crate::store::{PgStore, Shelf, SqliteStore, Store, StoredContext, StoredContexts};
 use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
@@ -26,6 +26,8 @@ pub struct Gateway {
     /// `/v1/invoke` calls in progress; none left → 5006 at once (SPEC 11 r2 admission control).
     pub call_slots: Arc<tokio::sync::Semaphore>,
     pub contexts: Arc<ContextRegistry>,
+    /// The comparisons of calls' decisions with their contexts' shadow versions (SPEC 6.4 r4).
+    pub shadows: crate::shadow::Tallies,
     /// One turn for each change to the store's contexts (an API write, or a replica's poll), held from
     /// the store until the registry has it, so that two changes cannot apply in the opposite order.
     pub context_writes: tokio::sync::Mutex<()>,
@@ -108,7 +110,7 @@ impl Gateway {
     async fn assemble(
         config: Config,
         store: Arc<dyn Store>,
-    ) -> Result<(Arc<Gateway>, Vec<StoredContext>), String> {
+    ) -> Result<(Arc<Gateway>, StoredContexts), String> {
         // Before anything registers a metric handle (the upstreams do).
         let metrics = crate::telemetry::install();
         let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
@@ -143,13 +145,15 @@ impl Gateway {
         let policies_dir = config.policies_folder()?;
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
-        let stored = store.context_list().await.map_err(|e| e.to_string())?;
-        for context in &stored {
-            let loaded = crate::policy::parse_context_json(&context.spec)
-                .map_err(|e| e.to_string())
-                .and_then(|ctx| contexts.put_store_context(ctx).map_err(|e| e.to_string()));
-            if let Err(e) = loaded {
-                tracing::error!(context = %context.name, error = %e, "stored security context no longer loads; skipped");
+        let stored = StoredContexts {
+            live: store.context_list(Shelf::Live).await.map_err(|e| e.to_string())?,
+            shadows: store.context_list(Shelf::Shadow).await.map_err(|e| e.to_string())?,
+        };
+        for (shelf, list) in [(Shelf::Live, &stored.live), (Shelf::Shadow, &stored.shadows)] {
+            for context in list {
+                if let Err(e) = put_stored(&contexts, shelf, &context.spec) {
+                    tracing::error!(context = %context.name, ?shelf, error = %e, "stored security context no longer loads; skipped");
+                }
             }
         }
         let restored = crate::recovery::restore(
@@ -223,6 +227,7 @@ impl Gateway {
             store.tool_pins().await.map_err(|e| format!("store: {e}"))?,
         )?;
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
+        let shadows = crate::shadow::Tallies::new(store.clone());
         let gateway = Arc::new(Gateway {
             call_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.limits.max_concurrent_calls,
@@ -231,6 +236,7 @@ impl Gateway {
             store,
             sessions: SessionCache::default(),
             contexts,
+            shadows,
             context_writes: tokio::sync::Mutex::new(()),
             agent_tokens,
             operators,
@@ -275,13 +281,13 @@ fn spawn_pin_poll(gateway: &Arc<Gateway>) {
     });
 }
 
-/// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed. Each
-/// poll reads and applies in one turn of [`Gateway::context_writes`], so that it never interleaves with
-/// this replica's own API changes.
-fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: Vec<StoredContext>) {
+/// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed, the
+/// contexts and their shadow versions. Each poll reads and applies in one turn of
+/// [`Gateway::context_writes`], so that it never interleaves with this replica's own API changes.
+fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: StoredContexts) {
     let gateway = Arc::downgrade(gateway);
     tokio::spawn(async move {
-        let mut previous = stored_specs(loaded);
+        let mut previous = [stored_specs(loaded.live), stored_specs(loaded.shadows)];
         let mut seen = None;
         let mut tick = tokio::time::interval(CONTEXT_POLL);
         loop {
@@ -293,7 +299,9 @@ fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: Vec<S
             match store.contexts_if_changed(seen).await {
                 Ok(None) => {}
                 Ok(Some((version, polled))) => {
-                    apply_polled_contexts(&gateway.contexts, &mut previous, polled);
+                    let [live, shadows] = &mut previous;
+                    apply_polled(&gateway.contexts, Shelf::Live, live, polled.live);
+                    apply_polled(&gateway.contexts, Shelf::Shadow, shadows, polled.shadows);
                     seen = Some(version);
                 }
                 // Polled again at the next tick; the calls themselves fail closed meanwhile.
@@ -307,11 +315,24 @@ fn stored_specs(contexts: Vec<StoredContext>) -> BTreeMap<String, Value> {
     contexts.into_iter().map(|c| (c.name, c.spec)).collect()
 }
 
-/// Applies the store's API-managed contexts as polled: puts what is new or changed since the previous
-/// poll and removes what is gone. The first poll is diffed against what start-up loaded, and every poll
-/// against the one before, never against the registry, which also holds this replica's own changes.
-fn apply_polled_contexts(
+/// Puts a stored context, or shadow version, into the registry.
+fn put_stored(contexts: &ContextRegistry, shelf: Shelf, spec: &Value) -> Result<(), String> {
+    let context = crate::policy::parse_context_json(spec).map_err(|e| e.to_string())?;
+    match shelf {
+        Shelf::Live => contexts.put_store_context(context),
+        Shelf::Shadow => contexts.put_store_shadow(context),
+    }
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// Applies the store's API-managed contexts (or shadows) as polled: puts what is new or changed since the
+/// previous poll and removes what is gone. The first poll is diffed against what start-up loaded, and
+/// every poll against the one before, never against the registry, which also holds this replica's own
+/// changes.
+fn apply_polled(
     contexts: &ContextRegistry,
+    shelf: Shelf,
     previous: &mut BTreeMap<String, Value>,
     polled: Vec<StoredContext>,
 ) {
@@ -322,12 +343,16 @@ fn apply_polled_contexts(
         .cloned()
         .collect();
     for name in gone {
-        match contexts.remove_store_context(&name) {
-            Ok(_) => tracing::info!(context = %name, "security context removed by another replica"),
+        let removed = match shelf {
+            Shelf::Live => contexts.remove_store_context(&name),
+            Shelf::Shadow => contexts.remove_store_shadow(&name),
+        };
+        match removed {
+            Ok(_) => tracing::info!(context = %name, ?shelf, "stored security context removed by another replica"),
             // Already removed here (this replica's own API call).
             Err(RegistryError::NotFound(_)) => {}
             Err(e) => {
-                tracing::error!(context = %name, error = %e, "stored security context removal not applied")
+                tracing::error!(context = %name, ?shelf, error = %e, "stored security context removal not applied")
             }
         }
     }
@@ -335,18 +360,20 @@ fn apply_polled_contexts(
         if previous.get(name) == Some(spec) {
             continue;
         }
-        let applied = crate::policy::parse_context_json(spec)
-            .map_err(|e| e.to_string())
-            .and_then(|ctx| contexts.put_store_context(ctx).map_err(|e| e.to_string()));
-        match applied {
-            Ok(_) => tracing::debug!(context = %name, "stored security context applied"),
+        match put_stored(contexts, shelf, spec) {
+            Ok(()) => tracing::debug!(context = %name, ?shelf, "stored security context applied"),
             Err(e) => {
-                tracing::error!(context = %name, error = %e, "stored security context no longer loads; skipped")
+                tracing::error!(context = %name, ?shelf, error = %e, "stored security context no longer loads; skipped")
             }
         }
     }
     *previous = polled;
 }
+
+/// The `detail` of the `SecurityContextChanged` events that say a shadow version was set or removed
+/// (SPEC 6.4 r4); their `context_version` is the shadow's.
+pub const SHADOW_SET: &str = "shadow set";
+pub const SHADOW_REMOVED: &str = "shadow removed";
 
 /// Hot reload: applied changes and refused files both leave an audit event.
 fn watch_policies(
@@ -370,6 +397,21 @@ fn watch_policies(
                     AuditEvent::new(EventType::SecurityContextChanged)
                         .scp(&name)
                         .detail("removed")
+                        .team(team)
+                }
+                ReloadEvent::ShadowChanged { name, version, team, .. } => {
+                    tracing::info!(context = %name, %version, "shadow version reloaded");
+                    AuditEvent::new(EventType::SecurityContextChanged)
+                        .scp(&name)
+                        .context_version(&version)
+                        .detail(SHADOW_SET)
+                        .team(team)
+                }
+                ReloadEvent::ShadowRemoved { name, team } => {
+                    tracing::info!(context = %name, "shadow version removed");
+                    AuditEvent::new(EventType::SecurityContextChanged)
+                        .scp(&name)
+                        .detail(SHADOW_REMOVED)
                         .team(team)
                 }
                 ReloadEvent::Rejected { file, error } => {
@@ -417,6 +459,19 @@ impl Gateway {
         if let Some(retention) = retention {
             crate::retention::spawn(Arc::downgrade(&self.store), retention);
         }
+        let gateway = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::shadow::FLUSH_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(gateway) = gateway.upgrade() else {
+                    break;
+                };
+                if let Err(e) = gateway.shadows.flush().await {
+                    tracing::warn!(error = %e, "could not add the shadow tallies to the store's");
+                }
+            }
+        });
         let store = Arc::downgrade(&self.store);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(10));
@@ -538,10 +593,10 @@ mod tests {
         let mut previous = stored_specs(vec![kept.clone()]);
         // The poll read the store, then this replica's API stored and applied "fresh".
         put(&contexts, &stored("fresh", "b.*"));
-        apply_polled_contexts(&contexts, &mut previous, vec![kept.clone()]);
+        apply_polled(&contexts, Shelf::Live, &mut previous, vec![kept.clone()]);
         assert_eq!(names(&contexts), ["fresh", "kept"]);
         // The next poll sees it stored, and keeps it.
-        apply_polled_contexts(&contexts, &mut previous, vec![kept, stored("fresh", "b.*")]);
+        apply_polled(&contexts, Shelf::Live, &mut previous, vec![kept, stored("fresh", "b.*")]);
         assert_eq!(names(&contexts), ["fresh", "kept"]);
     }
 
@@ -553,7 +608,7 @@ mod tests {
         put(&contexts, &b);
         let mut previous = stored_specs(vec![a, b]);
         let changed = stored("a", "changed.*");
-        apply_polled_contexts(&contexts, &mut previous, vec![changed, stored("c", "c.*")]);
+        apply_polled(&contexts, Shelf::Live, &mut previous, vec![changed, stored("c", "c.*")]);
         assert_eq!(names(&contexts), ["a", "c"]);
         let a = contexts.get("a").unwrap();
         assert!(a.capabilities[0].pattern.matches("changed.x"));

@@ -40,6 +40,7 @@ pub mod replay;
 pub mod retention;
 pub mod serve;
 pub mod session;
+pub mod shadow;
 pub mod store;
 pub mod strict_json;
 pub mod telemetry;

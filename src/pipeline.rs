@@ -427,7 +427,9 @@ async fn after_verification(
         .ok_or_else(|| store_refusal("no verified caller"))?;
     let call =
         envelope::parse_call(sent.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
-    let context = gw.contexts.get(&session.record.security_context);
+    let (context, shadow) = gw
+        .contexts
+        .get_with_shadow(&session.record.security_context);
     facts.context = context.as_ref().map(|c| c.spec.name.clone());
     facts.context_version = context.as_ref().map(|c| c.version.clone());
     let (id, tool, arguments, idempotency_key) = match call {
@@ -444,7 +446,12 @@ async fn after_verification(
     };
     facts.tool = Some(tool.clone());
     facts.phases.enter(Phase::Decide);
-    let (context, index, rule, flow) = decide(gw, context, session, &tool, &arguments).await?; // SPEC 6.3, 19
+    let asked = Asked {
+        session,
+        tool: &tool,
+        arguments: &arguments,
+    };
+    let (context, index, rule, flow) = decide(gw, context, shadow, &asked, facts, sent).await?; // SPEC 6.3, 19, 6.4
     let capability = &context.capabilities[index];
     if !gw.upstreams.has_route(&tool) {
         return Err(refuse(
@@ -878,18 +885,35 @@ fn bind_token(env: &Envelope, claims: &AgentClaims, session: &LiveSession) -> Re
     Ok(())
 }
 
+/// The call a decision is about.
+struct Asked<'a> {
+    session: &'a LiveSession,
+    tool: &'a str,
+    arguments: &'a Map<String, Value>,
+}
+
 /// SPEC 6.3 and 19: deny list, the first matching capability, the flow rules with the session's labels
 /// (read from the store only when a rule could apply to that capability), and its argument checks.
 /// Returns the context in force for this call, the index of the capability that allowed it, and the
-/// flow rule that asks a person's approval first, when one does.
+/// flow rule that asks a person's approval first, when one does. A shadow version (SPEC 6.4 r4) decides
+/// the call too, and changes nothing for it.
 async fn decide(
     gw: &Gateway,
     context: Option<Arc<SecurityContext>>,
-    session: &LiveSession,
-    tool: &str,
-    arguments: &Map<String, Value>,
+    shadow: Option<Arc<SecurityContext>>,
+    asked: &Asked<'_>,
+    facts: &CallFacts,
+    sent: &Sent<'_>,
 ) -> Result<(Arc<SecurityContext>, usize, policy::Rule, Option<FlowMatch>), Refused> {
-    let held = if policy::flows::needs_labels(context.as_deref(), &session.patterns, tool) {
+    let Asked {
+        session,
+        tool,
+        arguments,
+    } = *asked;
+    let needs_labels = |context: Option<&SecurityContext>| {
+        policy::flows::needs_labels(context, &session.patterns, tool)
+    };
+    let held = if needs_labels(context.as_deref()) || needs_labels(shadow.as_deref()) {
         crate::session::labels(gw.store.as_ref(), &session.record.session_id)
             .await
             .map_err(store_refusal)?
@@ -903,6 +927,10 @@ async fn decide(
         arguments,
         &held,
     );
+    if let Some(shadow) = shadow {
+        let live = (&decision, context.as_deref());
+        compare_with_shadow(gw, live, &shadow, asked, &held, facts, sent).await;
+    }
     match decision {
         Decision::Allow {
             capability,
@@ -931,6 +959,49 @@ async fn decide(
                 event: None,
             }))
         }
+    }
+}
+
+/// SPEC 6.4 r4: the shadow version decides the call with the same labels; the comparison is counted,
+/// and a different decision is recorded (made durable by the call's own event) and counted per context.
+async fn compare_with_shadow(
+    gw: &Gateway,
+    (live, context): (&Decision, Option<&SecurityContext>),
+    shadow: &SecurityContext,
+    asked: &Asked<'_>,
+    held: &[policy::HeldLabel],
+    facts: &CallFacts,
+    sent: &Sent<'_>,
+) {
+    let shadowed = policy::decide_in_session(
+        Some(shadow),
+        &asked.session.patterns,
+        asked.tool,
+        asked.arguments,
+        held,
+    );
+    let live_verdict = crate::shadow::verdict(live, context);
+    let shadow_verdict = crate::shadow::verdict(&shadowed, Some(shadow));
+    gw.shadows.count(
+        shadow,
+        asked.tool,
+        &live_verdict,
+        &shadow_verdict,
+        crate::clock::now_millis(),
+    );
+    if live_verdict == shadow_verdict {
+        return;
+    }
+    metrics::counter!("sealgate_shadow_differences_total", "context" => shadow.name().to_owned())
+        .increment(1);
+    let event = facts
+        .event(gw, EventType::ShadowDecisionDiffered, sent)
+        .decisions(json!({
+            "live": crate::shadow::side(live, &live_verdict, context),
+            "shadow": crate::shadow::side(&shadowed, &shadow_verdict, Some(shadow)),
+        }));
+    if let Err(e) = gw.audit.record_deferred(event).await {
+        tracing::warn!(error = %e, "could not record a shadow decision that differed");
     }
 }
 

@@ -42,6 +42,9 @@ pub async fn serve_on(
     }
     gateway.audit.shutdown().await;
     gateway.upstreams.shutdown().await;
+    if let Err(e) = gateway.shadows.flush().await {
+        tracing::warn!(error = %e, "the last shadow tallies could not be stored at shutdown");
+    }
     let store = gateway.store.clone();
     if let Err(e) = store.sync().await {
         tracing::error!(error = %e, "the store could not be synced at shutdown");

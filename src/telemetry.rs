@@ -201,6 +201,10 @@ fn describe() {
         "sealgate_answer_guard_total",
         "What the answer guard found in tools' answers (SPEC 18), by kind and action (redacted, stripped, refused)"
     );
+    describe_counter!(
+        "sealgate_shadow_differences_total",
+        "Calls a context's shadow version decided differently from the version in force (SPEC 6.4), by context"
+    );
     describe_gauge!(
         "sealgate_upstream_up",
         "1 while an MCP upstream's server runs, 0 once it failed to start or exited; no series before its first start"

@@ -139,6 +139,17 @@ async fn the_console_works_in_a_real_browser() {
         },
     );
 
+    // A shadow version of `test` that also denies tool.write (SPEC 6.4 r4), set before any call: of the
+    // three calls the two versions decide below, one gets a different decision.
+    let (status, shadow) = gw
+        .admin(
+            Method::PUT,
+            "/v1/security-contexts/test/shadow",
+            Some(json!({"deny_list": ["tool.forbidden", "tool.write"],
+                        "capabilities": [{"tool_pattern": "*", "claim": "off"}]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{shadow}");
     // Real state through the API: two sessions, a completed call (a COMMITTED claim), a refusal, and a
     // context kept in the store that the console may edit.
     let (revoked_key, revoked_token) = agent_session(&gw, "console-revoke-me").await;

@@ -14,7 +14,7 @@ use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, SessionLabel, SessionRecord, SignInAttempt, SqliteStore,
-    Store, StoreError, StoreResult, StoredContext, ToolPin,
+    ShadowTally, Shelf, Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use serde_json::{json, Value};
 
@@ -220,13 +220,21 @@ impl Store for SwitchableStore {
         self.check()?;
         self.inner.approval_page(before, limit, keep).await
     }
-    async fn context_put(&self, c: &StoredContext) -> StoreResult<()> {
+    async fn context_put(&self, shelf: Shelf, c: &StoredContext) -> StoreResult<()> {
         self.check()?;
-        self.inner.context_put(c).await
+        self.inner.context_put(shelf, c).await
     }
-    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
+    async fn context_delete(&self, shelf: Shelf, name: &str) -> StoreResult<bool> {
         self.check()?;
-        self.inner.context_delete(name).await
+        self.inner.context_delete(shelf, name).await
+    }
+    async fn shadow_tally_add(&self, counts: &[ShadowTally]) -> StoreResult<()> {
+        self.check()?;
+        self.inner.shadow_tally_add(counts).await
+    }
+    async fn shadow_tallies(&self, context: &str, version: &str) -> StoreResult<Vec<ShadowTally>> {
+        self.check()?;
+        self.inner.shadow_tallies(context, version).await
     }
     async fn first_seq(&self) -> StoreResult<Option<u64>> {
         self.check()?;
@@ -248,9 +256,9 @@ impl Store for SwitchableStore {
         self.check()?;
         self.inner.set_replay_cover(cover).await
     }
-    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+    async fn context_list(&self, shelf: Shelf) -> StoreResult<Vec<StoredContext>> {
         self.check()?;
-        self.inner.context_list().await
+        self.inner.context_list(shelf).await
     }
 }
 

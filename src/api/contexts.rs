@@ -10,7 +10,7 @@ use super::{json_body, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::policy::{self, ContextSource, RegistryError, SecurityContext};
-use crate::store::StoredContext;
+use crate::store::{Shelf, StoredContext};
 
 /// Every loaded context, by name.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -32,13 +32,13 @@ pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Res
     Ok(axum::Json(ContextList { items }).into_response())
 }
 
-fn not_found(name: &str) -> ApiError {
+pub(super) fn not_found(name: &str) -> ApiError {
     ApiError::new(Code::NotFound, format!("no security context {name:?}"))
 }
 
 /// The context `name`, for doing `scope` to it: another team's context is not found (SPEC 16), like a
 /// missing one.
-fn find(
+pub(super) fn find(
     gw: &crate::gateway::Gateway,
     caller: &Caller,
     name: &str,
@@ -65,7 +65,7 @@ pub async fn read(
     Ok(axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view()).into_response())
 }
 
-fn file_backed(context: &SecurityContext) -> Option<ApiError> {
+pub(super) fn file_backed(context: &SecurityContext) -> Option<ApiError> {
     matches!(context.source, ContextSource::File(_)).then(|| {
         ApiError::new(
             Code::Conflict,
@@ -81,7 +81,7 @@ fn file_backed(context: &SecurityContext) -> Option<ApiError> {
 /// equals the path's; checked as a policy file is. `version` and `source`, which the gateway adds to
 /// what it answers, are dropped, so that a context read can be sent back as it is. Returns the spec
 /// with its name and the context.
-fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), ApiError> {
+pub(super) fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), ApiError> {
     let obj = spec.as_object_mut().ok_or_else(|| {
         ApiError::new(
             Code::InvalidRequest,
@@ -150,7 +150,7 @@ pub async fn put(
         spec: spec.clone(),
     };
     gw.store
-        .context_put(&stored)
+        .context_put(Shelf::Live, &stored)
         .await
         .map_err(ApiError::store)?;
     let version = context.version.clone();
@@ -206,7 +206,7 @@ pub async fn delete(
         return Err(conflict);
     }
     gw.store
-        .context_delete(&name)
+        .context_delete(Shelf::Live, &name)
         .await
         .map_err(ApiError::store)?;
     let (contexts, key) = (gw.contexts.clone(), name.clone());

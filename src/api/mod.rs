@@ -15,6 +15,7 @@ pub(crate) mod metrics;
 pub mod openapi;
 pub mod server;
 mod sessions;
+mod shadows;
 pub mod sign_in;
 mod tools;
 
@@ -47,6 +48,7 @@ fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(contexts::list))
         .routes(routes!(contexts::read, contexts::put, contexts::delete))
         .routes(routes!(contexts::evaluate))
+        .routes(routes!(shadows::read, shadows::put, shadows::delete))
         .routes(routes!(claims::list))
         .routes(routes!(claims::read))
         .routes(routes!(claims::resolve))

@@ -44,6 +44,8 @@ pub enum EventType {
     ToolDefinitionAccepted,
     /// The answer guard changed or withheld an answer (SPEC 18 r4): kinds and counts, never values.
     AnswerGuarded,
+    /// A call's context and its shadow version decided differently (SPEC 6.4 r4); the live one stood.
+    ShadowDecisionDiffered,
 }
 
 impl EventType {
@@ -94,7 +96,7 @@ impl EventType {
     }
 
     /// Every type, in the order of SPEC 9.1.
-    pub const ALL: [EventType; 25] = [
+    pub const ALL: [EventType; 26] = [
         EventType::SessionCreated,
         EventType::SessionRevoked,
         EventType::ToolCallAuthorized,
@@ -120,6 +122,7 @@ impl EventType {
         EventType::ToolDefinitionChanged,
         EventType::ToolDefinitionAccepted,
         EventType::AnswerGuarded,
+        EventType::ShadowDecisionDiffered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -149,6 +152,7 @@ impl EventType {
             EventType::ToolDefinitionChanged => "ToolDefinitionChanged",
             EventType::ToolDefinitionAccepted => "ToolDefinitionAccepted",
             EventType::AnswerGuarded => "AnswerGuarded",
+            EventType::ShadowDecisionDiffered => "ShadowDecisionDiffered",
         }
     }
 
@@ -195,7 +199,8 @@ impl EventType {
             | EventType::ApprovalExpired
             | EventType::AuditCheckpoint
             | EventType::ToolDefinitionChanged
-            | EventType::ToolDefinitionAccepted => CodeRule::Forbidden,
+            | EventType::ToolDefinitionAccepted
+            | EventType::ShadowDecisionDiffered => CodeRule::Forbidden,
             // A withheld answer is recorded by the call's ToolCallFailed (2011); a rewritten one by this.
             EventType::AnswerGuarded => CodeRule::Optional(&[2011]),
         }
@@ -358,6 +363,8 @@ pub struct AuditEvent {
     payload: Option<Value>,
     result: Option<Value>,
     checkpoint: Option<Value>,
+    /// A shadow comparison's two decisions (SPEC 6.4 r4).
+    decisions: Option<Value>,
 }
 
 pub use crate::store::LABELS_ADDED;
@@ -413,6 +420,7 @@ impl AuditEvent {
             payload: None,
             result: None,
             checkpoint: None,
+            decisions: None,
         }
     }
 
@@ -580,6 +588,13 @@ impl AuditEvent {
         self
     }
 
+    /// The two decisions of a shadow comparison (SPEC 6.4 r4): `{"live": …, "shadow": …}`, each with its
+    /// decision, code, rule and context version.
+    pub fn decisions(mut self, decisions: Value) -> Self {
+        self.decisions = Some(decisions);
+        self
+    }
+
     /// Checks the event against SPEC 9.1, fills in what its type implies, and turns it into the JSON
     /// object that the writer chains.
     pub(crate) fn into_object(
@@ -652,6 +667,9 @@ impl AuditEvent {
         }
         if let Some(checkpoint) = self.checkpoint {
             object.insert("checkpoint".to_owned(), checkpoint);
+        }
+        if let Some(decisions) = self.decisions {
+            object.insert("decisions".to_owned(), decisions);
         }
         // Payloads and tool answers may hold secrets; SPEC 9.1 keeps them out unless asked for.
         if include_payloads {

@@ -106,6 +106,7 @@ fn event_type_names_are_the_spec_strings() {
         "ToolDefinitionChanged",
         "ToolDefinitionAccepted",
         "AnswerGuarded",
+        "ShadowDecisionDiffered",
     ];
     assert_eq!(EventType::ALL.len(), names.len());
     for (event_type, name) in EventType::ALL.iter().zip(names) {

@@ -426,7 +426,34 @@ function renderContext(detail, context, reload) {
   if (edit) parts.push(edit.node);
   // The dry run evaluates the editor's draft while it is valid, else the saved version.
   if (edit || context.version) parts.push(tryCall(context.name, edit ? edit.draft : () => null));
+  const shadow = el('section', { 'aria-label': 'Shadow version' });
+  if (context.version) parts.push(shadow);
   replace(detail, ...parts);
+  if (context.version) showShadow(shadow, context, spec);
+}
+
+// SPEC 6.4 r4: a candidate version that decides every call beside the one in force, which alone takes
+// effect. Shows what changes, and how often the two decided differently, by tool and pair of decisions.
+async function showShadow(section, context, spec) {
+  let shadow;
+  try {
+    shadow = await api('GET', `/v1/security-contexts/${encodeURIComponent(context.name)}/shadow`);
+  } catch (error) {
+    if (error.status !== 404) replace(section, problem(error));
+    return;
+  }
+  const { summary, live_version: live, ...rest } = shadow;
+  const lines = diffLines(toYaml(spec), toYaml(specOf(rest)));
+  const from = shadow.source.kind === 'file' ? `the file ${shadow.source.path}` : 'the API (store)';
+  const since = summary.first_call_at ? `since ${summary.first_call_at}` : 'no call yet';
+  replace(section, el('h3', {}, `Shadow version ${shadow.version.slice(0, 12)}`),
+    el('p', { class: 'muted' }, `From ${from}; it decides every call beside version ${String(live).slice(0, 12)}, which alone takes effect.`),
+    el('p', { 'data-testid': 'shadow-summary' }, `${summary.calls} calls decided (${since}), ${summary.differed} differently.`),
+    table(['Tool', 'Live', 'Shadow', 'Calls'], summary.differences.map((d) => el('tr', { 'data-testid': 'shadow-difference' },
+      el('td', {}, el('code', {}, d.tool)), el('td', {}, d.live), el('td', {}, d.shadow), el('td', {}, String(d.calls)))),
+    'Where the decisions differed'),
+    el('h3', {}, 'What promoting it changes'),
+    el('pre', { class: 'diff', 'data-testid': 'shadow-diff' }, lines.map((l) => el('span', { class: l.op === '+' ? 'add' : l.op === '-' ? 'del' : '' }, `${l.op} ${l.line}\n`))));
 }
 
 function editor(context, spec, reload) {

@@ -142,9 +142,11 @@ pub fn parse_context_json(value: &serde_json::Value) -> Result<SecurityContext, 
 }
 
 /// Loads every policy file of `dir` (strict: the first invalid file, or a context name defined
-/// twice, is an error). Files are read in name order.
+/// twice, is an error). Files are read in name order. Shadow files (SPEC 6.4 r4) are checked as
+/// strictly but not returned: they decide nothing.
 pub fn load_dir(dir: &Path) -> Result<Vec<SecurityContext>, PolicyError> {
     Ok(load_dir_files(dir)?
+        .live
         .into_iter()
         .map(|file| file.context)
         .collect())
@@ -157,23 +159,69 @@ pub(crate) struct LoadedFile {
     pub context: SecurityContext,
 }
 
-pub(crate) fn load_dir_files(dir: &Path) -> Result<Vec<LoadedFile>, PolicyError> {
-    let mut loaded: Vec<LoadedFile> = Vec::new();
-    let mut owners: BTreeMap<String, PathBuf> = BTreeMap::new();
+/// A policy folder as read: the contexts in force and the shadow versions (`NAME.shadow.yaml`).
+pub(crate) struct LoadedDir {
+    pub live: Vec<LoadedFile>,
+    pub shadows: Vec<LoadedFile>,
+}
+
+pub(crate) fn load_dir_files(dir: &Path) -> Result<LoadedDir, PolicyError> {
+    let mut loaded = LoadedDir {
+        live: Vec::new(),
+        shadows: Vec::new(),
+    };
+    let mut owners: BTreeMap<(bool, String), PathBuf> = BTreeMap::new();
     for path in policy_files(dir)? {
         let text = read_policy_file(&path)?;
-        let context = parse_context_yaml(&text, &path)?;
-        if let Some(first) = owners.get(context.name()) {
+        let is_shadow = shadow_name(&path).is_some();
+        let context = parse_policy_file(&text, &path)?;
+        let key = (is_shadow, context.name().to_owned());
+        if let Some(first) = owners.get(&key) {
             return Err(duplicate_name_error(&text, &path, context.name(), first));
         }
-        owners.insert(context.name().to_owned(), path.clone());
-        loaded.push(LoadedFile {
+        owners.insert(key, path.clone());
+        let file = LoadedFile {
             digest: digest(&text),
             path,
             context,
-        });
+        };
+        if is_shadow {
+            loaded.shadows.push(file);
+        } else {
+            loaded.live.push(file);
+        }
     }
     Ok(loaded)
+}
+
+/// The context a shadow file is the candidate version of: `coding-agent` for
+/// `coding-agent.shadow.yaml` (or `.yml`); None for a policy file in force.
+pub(crate) fn shadow_name(path: &Path) -> Option<&str> {
+    let file = path.file_name()?.to_str()?;
+    let stem = file
+        .strip_suffix(".yaml")
+        .or_else(|| file.strip_suffix(".yml"))?;
+    stem.strip_suffix(".shadow")
+}
+
+/// Parses a policy file, a shadow file included: a shadow's `name` must be the one its file is named
+/// after, so that the file says plainly which context it would replace.
+pub(crate) fn parse_policy_file(text: &str, path: &Path) -> Result<SecurityContext, PolicyError> {
+    let context = parse_context_yaml(text, path)?;
+    match shadow_name(path) {
+        Some(expected) if context.name() != expected => {
+            let field = FieldPath::root().key("name");
+            Err(PolicyError {
+                file: Some(path.to_path_buf()),
+                line: locate_line(text, &field),
+                field: Some(field.to_string()),
+                message: format!(
+                    "a shadow file's name must be {expected:?}, the context its file is named after"
+                ),
+            })
+        }
+        _ => Ok(context),
+    }
 }
 
 pub(crate) fn duplicate_name_error(

@@ -8,6 +8,10 @@
 //! Reload rules, per file: a valid new or changed file replaces that file's context; a deleted file
 //! removes it; an invalid file keeps its last good version in force (a new invalid file does not
 //! load) and is reported once. A context name defined by a file hides a store context of that name.
+//!
+//! Shadow versions (SPEC 6.4 r4) live beside the contexts under the same rules: `NAME.shadow.yaml`
+//! files and shadows kept in the store, a file's hiding the store's. A shadow decides nothing; the
+//! pipeline asks it too and compares.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,8 +25,8 @@ use arc_swap::ArcSwap;
 use notify::{RecursiveMode, Watcher};
 
 use super::load::{
-    digest, duplicate_name_error, load_dir_files, parse_context_yaml, policy_files,
-    read_policy_file, PolicyError,
+    digest, duplicate_name_error, load_dir_files, parse_policy_file, policy_files,
+    read_policy_file, shadow_name, PolicyError,
 };
 use super::model::{ContextSource, SecurityContext};
 
@@ -33,15 +37,21 @@ pub const MAX_DEBOUNCE: Duration = Duration::from_millis(800);
 /// The folder is also compared every so often, in case the watcher misses an event.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The contexts in force at one moment.
+/// The contexts in force at one moment, and their shadow versions.
 #[derive(Default)]
 pub struct Snapshot {
     contexts: BTreeMap<String, Arc<SecurityContext>>,
+    shadows: BTreeMap<String, Arc<SecurityContext>>,
 }
 
 impl Snapshot {
     pub fn get(&self, name: &str) -> Option<&Arc<SecurityContext>> {
         self.contexts.get(name)
+    }
+
+    /// The shadow version of the context `name`, when one is set.
+    pub fn shadow(&self, name: &str) -> Option<&Arc<SecurityContext>> {
+        self.shadows.get(name)
     }
 
     /// All contexts, by name.
@@ -71,6 +81,15 @@ pub enum ReloadEvent {
     },
     /// A context is gone; `team` is the one it belonged to.
     Removed { name: String, team: String },
+    /// A shadow version was set or replaced (SPEC 6.4 r4).
+    ShadowChanged {
+        name: String,
+        version: String,
+        source: ContextSource,
+        team: String,
+    },
+    /// A shadow version is gone.
+    ShadowRemoved { name: String, team: String },
     /// A file (or the folder) could not be loaded; what was in force stays.
     Rejected { file: PathBuf, error: PolicyError },
 }
@@ -110,14 +129,14 @@ struct FileState {
     reported: Option<PolicyError>,
 }
 
+/// The contexts, or the shadows, from both sources.
 #[derive(Default)]
-struct State {
+struct Versions {
     files: BTreeMap<PathBuf, FileState>,
     store: BTreeMap<String, Arc<SecurityContext>>,
-    folder_error: Option<PolicyError>,
 }
 
-impl State {
+impl Versions {
     fn file_owns(&self, name: &str) -> bool {
         self.files
             .values()
@@ -125,17 +144,57 @@ impl State {
             .any(|context| context.name() == name)
     }
 
-    fn snapshot(&self) -> Snapshot {
-        let mut contexts = self.store.clone();
+    fn in_force(&self) -> BTreeMap<String, Arc<SecurityContext>> {
+        let mut in_force = self.store.clone();
         // Files win over the store.
         for context in self
             .files
             .values()
             .filter_map(|file| file.in_force.as_ref())
         {
-            contexts.insert(context.name().to_owned(), Arc::clone(context));
+            in_force.insert(context.name().to_owned(), Arc::clone(context));
         }
-        Snapshot { contexts }
+        in_force
+    }
+
+    fn put_store(
+        &mut self,
+        context: SecurityContext,
+    ) -> Result<Option<Arc<SecurityContext>>, RegistryError> {
+        let name = context.name().to_owned();
+        if self.file_owns(&name) {
+            return Err(RegistryError::Conflict(name));
+        }
+        let context = SecurityContext {
+            source: ContextSource::Store,
+            ..context
+        };
+        Ok(self.store.insert(name, Arc::new(context)))
+    }
+
+    fn remove_store(&mut self, name: &str) -> Result<Arc<SecurityContext>, RegistryError> {
+        if self.file_owns(name) {
+            return Err(RegistryError::Conflict(name.to_owned()));
+        }
+        self.store
+            .remove(name)
+            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    live: Versions,
+    shadows: Versions,
+    folder_error: Option<PolicyError>,
+}
+
+impl State {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            contexts: self.live.in_force(),
+            shadows: self.shadows.in_force(),
+        }
     }
 }
 
@@ -156,17 +215,23 @@ impl ContextRegistry {
     /// error that names the file and line.
     pub fn load(dir: &Path) -> Result<ContextRegistry, PolicyError> {
         let mut state = State::default();
-        for file in load_dir_files(dir)? {
-            let context = Arc::new(file.context);
-            state.files.insert(
-                file.path,
-                FileState {
-                    digest: Some(file.digest),
-                    candidate: Some(Arc::clone(&context)),
-                    in_force: Some(context),
-                    reported: None,
-                },
-            );
+        let loaded = load_dir_files(dir)?;
+        for (versions, files) in [
+            (&mut state.live, loaded.live),
+            (&mut state.shadows, loaded.shadows),
+        ] {
+            for file in files {
+                let context = Arc::new(file.context);
+                versions.files.insert(
+                    file.path,
+                    FileState {
+                        digest: Some(file.digest),
+                        candidate: Some(Arc::clone(&context)),
+                        in_force: Some(context),
+                        reported: None,
+                    },
+                );
+            }
         }
         let registry = ContextRegistry {
             snapshot: ArcSwap::from_pointee(state.snapshot()),
@@ -178,6 +243,23 @@ impl ContextRegistry {
     /// The context named `name` as it is now; the caller keeps this one version for its decision.
     pub fn get(&self, name: &str) -> Option<Arc<SecurityContext>> {
         self.snapshot.load().get(name).cloned()
+    }
+
+    /// The context `name` and its shadow version, from one snapshot (SPEC 6.4 r4).
+    pub fn get_with_shadow(
+        &self,
+        name: &str,
+    ) -> (Option<Arc<SecurityContext>>, Option<Arc<SecurityContext>>) {
+        let snapshot = self.snapshot.load();
+        (
+            snapshot.get(name).cloned(),
+            snapshot.shadow(name).cloned(),
+        )
+    }
+
+    /// The shadow version of `name` as it is now.
+    pub fn shadow(&self, name: &str) -> Option<Arc<SecurityContext>> {
+        self.snapshot.load().shadow(name).cloned()
     }
 
     /// The whole set as it is now.
@@ -204,32 +286,36 @@ impl ContextRegistry {
         &self,
         context: SecurityContext,
     ) -> Result<Option<Arc<SecurityContext>>, RegistryError> {
-        let mut state = self.lock();
-        let name = context.name().to_owned();
-        if state.file_owns(&name) {
-            return Err(RegistryError::Conflict(name));
-        }
-        let context = SecurityContext {
-            source: ContextSource::Store,
-            ..context
-        };
-        let previous = state.store.insert(name, Arc::new(context));
-        self.snapshot.store(Arc::new(state.snapshot()));
-        Ok(previous)
+        self.change(|state| state.live.put_store(context))
     }
 
     /// Removes a store context (API DELETE). A file context is refused; an unknown name is NotFound.
     pub fn remove_store_context(&self, name: &str) -> Result<Arc<SecurityContext>, RegistryError> {
+        self.change(|state| state.live.remove_store(name))
+    }
+
+    /// Sets or replaces a shadow version kept in the store; a shadow file of that name is refused.
+    pub fn put_store_shadow(
+        &self,
+        shadow: SecurityContext,
+    ) -> Result<Option<Arc<SecurityContext>>, RegistryError> {
+        self.change(|state| state.shadows.put_store(shadow))
+    }
+
+    /// Removes a shadow version kept in the store.
+    pub fn remove_store_shadow(&self, name: &str) -> Result<Arc<SecurityContext>, RegistryError> {
+        self.change(|state| state.shadows.remove_store(name))
+    }
+
+    /// Applies one store change and publishes the new snapshot when it succeeded.
+    fn change<T>(
+        &self,
+        apply: impl FnOnce(&mut State) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
         let mut state = self.lock();
-        if state.file_owns(name) {
-            return Err(RegistryError::Conflict(name.to_owned()));
-        }
-        let removed = state
-            .store
-            .remove(name)
-            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let done = apply(&mut state)?;
         self.snapshot.store(Arc::new(state.snapshot()));
-        Ok(removed)
+        Ok(done)
     }
 
     /// Reads `dir` again and applies what changed, per file. Returns what happened.
@@ -256,65 +342,15 @@ impl ContextRegistry {
             }
         };
 
-        let mut pending: BTreeMap<PathBuf, Pending> = BTreeMap::new();
-        for path in listing {
-            let previous = state.files.remove(&path);
-            let entry = read_one(&path, previous, &mut events);
-            pending.insert(path, entry);
-        }
-
-        // Names go first to files whose version stays in force, then to the others in file order.
-        let mut owners: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for (path, entry) in pending.iter_mut() {
-            if let (Some(candidate), Some(in_force)) =
-                (&entry.state.candidate, &entry.state.in_force)
-            {
-                if Arc::ptr_eq(candidate, in_force) && !owners.contains_key(candidate.name()) {
-                    owners.insert(candidate.name().to_owned(), path.clone());
-                    entry.assigned = true;
-                }
-            }
-        }
-        for (path, entry) in pending.iter_mut() {
-            if entry.assigned {
-                continue;
-            }
-            let previous = entry.state.in_force.take();
-            let Some(candidate) = entry.state.candidate.clone() else {
-                continue;
-            };
-            match owners.get(candidate.name()) {
-                None => {
-                    owners.insert(candidate.name().to_owned(), path.clone());
-                    entry.state.in_force = Some(candidate);
-                }
-                Some(owner) => {
-                    if let Some(text) = &entry.text {
-                        let error = duplicate_name_error(text, path, candidate.name(), owner);
-                        entry.state.reported = Some(error.clone());
-                        events.push(ReloadEvent::Rejected {
-                            file: path.clone(),
-                            error,
-                        });
-                    }
-                    // The file's previous version stays if its name is still free.
-                    if let Some(previous) = previous {
-                        if !owners.contains_key(previous.name()) {
-                            owners.insert(previous.name().to_owned(), path.clone());
-                            entry.state.in_force = Some(previous);
-                        }
-                    }
-                }
-            }
-        }
-
-        state.files = pending
+        let (shadow_listing, live_listing): (Vec<PathBuf>, Vec<PathBuf>) = listing
             .into_iter()
-            .map(|(path, entry)| (path, entry.state))
-            .collect();
+            .partition(|path| shadow_name(path).is_some());
+        reload_files(&mut state.live.files, live_listing, &mut events);
+        reload_files(&mut state.shadows.files, shadow_listing, &mut events);
         let old = self.snapshot.load_full();
         let new = state.snapshot();
-        events.extend(diff(&old, &new));
+        events.extend(diff(&old.contexts, &new.contexts, Kind::Live));
+        events.extend(diff(&old.shadows, &new.shadows, Kind::Shadow));
         self.snapshot.store(Arc::new(new));
         events
     }
@@ -369,6 +405,73 @@ impl ContextRegistry {
     }
 }
 
+/// Reads `listing` again into `files` (the contexts' or the shadows'), applying what changed per file.
+/// Names go first to files whose version stays in force, then to the others in file order.
+fn reload_files(
+    files: &mut BTreeMap<PathBuf, FileState>,
+    listing: Vec<PathBuf>,
+    events: &mut Vec<ReloadEvent>,
+) {
+    let mut pending: BTreeMap<PathBuf, Pending> = BTreeMap::new();
+    for path in listing {
+        let previous = files.remove(&path);
+        let entry = read_one(&path, previous, events);
+        pending.insert(path, entry);
+    }
+    let mut owners: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for (path, entry) in pending.iter_mut() {
+        if let (Some(candidate), Some(in_force)) = (&entry.state.candidate, &entry.state.in_force)
+        {
+            if Arc::ptr_eq(candidate, in_force) && !owners.contains_key(candidate.name()) {
+                owners.insert(candidate.name().to_owned(), path.clone());
+                entry.assigned = true;
+            }
+        }
+    }
+    for (path, entry) in pending.iter_mut() {
+        if !entry.assigned {
+            assign(path, entry, &mut owners, events);
+        }
+    }
+    *files = pending
+        .into_iter()
+        .map(|(path, entry)| (path, entry.state))
+        .collect();
+}
+
+/// Gives a changed file its name, or refuses it when another file holds the name; the file's previous
+/// version then stays if its name is still free.
+fn assign(
+    path: &Path,
+    entry: &mut Pending,
+    owners: &mut BTreeMap<String, PathBuf>,
+    events: &mut Vec<ReloadEvent>,
+) {
+    let previous = entry.state.in_force.take();
+    let Some(candidate) = entry.state.candidate.clone() else {
+        return;
+    };
+    let Some(owner) = owners.get(candidate.name()) else {
+        owners.insert(candidate.name().to_owned(), path.to_path_buf());
+        entry.state.in_force = Some(candidate);
+        return;
+    };
+    if let Some(text) = &entry.text {
+        let error = duplicate_name_error(text, path, candidate.name(), owner);
+        entry.state.reported = Some(error.clone());
+        events.push(ReloadEvent::Rejected {
+            file: path.to_path_buf(),
+            error,
+        });
+    }
+    if let Some(previous) = previous {
+        if !owners.contains_key(previous.name()) {
+            owners.insert(previous.name().to_owned(), path.to_path_buf());
+            entry.state.in_force = Some(previous);
+        }
+    }
+}
+
 /// A file read during a reload, before names are assigned.
 struct Pending {
     state: FileState,
@@ -411,7 +514,7 @@ fn read_one(path: &Path, previous: Option<FileState>, events: &mut Vec<ReloadEve
             };
         }
     }
-    match parse_context_yaml(&text, path) {
+    match parse_policy_file(&text, path) {
         Ok(context) => Pending {
             state: FileState {
                 digest: Some(new_digest),
@@ -441,26 +544,52 @@ fn read_one(path: &Path, previous: Option<FileState>, events: &mut Vec<ReloadEve
     }
 }
 
-fn diff(old: &Snapshot, new: &Snapshot) -> Vec<ReloadEvent> {
+/// Whether a diff is of the contexts in force or of their shadows.
+#[derive(Clone, Copy)]
+enum Kind {
+    Live,
+    Shadow,
+}
+
+fn diff(
+    old: &BTreeMap<String, Arc<SecurityContext>>,
+    new: &BTreeMap<String, Arc<SecurityContext>>,
+    kind: Kind,
+) -> Vec<ReloadEvent> {
     let mut events = Vec::new();
-    for (name, context) in &new.contexts {
-        let same = old.contexts.get(name).is_some_and(|before| {
+    for (name, context) in new {
+        let same = old.get(name).is_some_and(|before| {
             before.version == context.version && before.source == context.source
         });
         if !same {
-            events.push(ReloadEvent::Changed {
-                name: name.clone(),
-                version: context.version.clone(),
-                source: context.source.clone(),
-                team: context.team().to_owned(),
+            let (name, version, source, team) = (
+                name.clone(),
+                context.version.clone(),
+                context.source.clone(),
+                context.team().to_owned(),
+            );
+            events.push(match kind {
+                Kind::Live => ReloadEvent::Changed {
+                    name,
+                    version,
+                    source,
+                    team,
+                },
+                Kind::Shadow => ReloadEvent::ShadowChanged {
+                    name,
+                    version,
+                    source,
+                    team,
+                },
             });
         }
     }
-    for (name, context) in &old.contexts {
-        if !new.contexts.contains_key(name) {
-            events.push(ReloadEvent::Removed {
-                name: name.clone(),
-                team: context.team().to_owned(),
+    for (name, context) in old {
+        if !new.contains_key(name) {
+            let (name, team) = (name.clone(), context.team().to_owned());
+            events.push(match kind {
+                Kind::Live => ReloadEvent::Removed { name, team },
+                Kind::Shadow => ReloadEvent::ShadowRemoved { name, team },
             });
         }
     }
@@ -608,6 +737,57 @@ mod tests {
         );
         assert!(registry.get("b").is_none());
         assert!(registry.get("a").is_some());
+    }
+
+    #[test]
+    fn shadow_files_load_apart_from_the_contexts_and_reload_under_the_same_rules() {
+        let dir = temp_dir();
+        write(dir.path(), "a.yaml", &context_yaml("a", "/workspace"));
+        write(dir.path(), "a.shadow.yaml", &context_yaml("a", "/workspace/src"));
+        let registry = load(dir.path());
+        assert_eq!(allowlist(&registry, "a"), Some(vec!["/workspace".to_owned()]));
+        let shadow_paths = |registry: &ContextRegistry| {
+            registry
+                .shadow("a")
+                .map(|shadow| shadow.spec.capabilities[0].path_allowlist.clone())
+        };
+        assert_eq!(shadow_paths(&registry), Some(Some(vec!["/workspace/src".to_owned()])));
+        assert_eq!(registry.list().len(), 1, "a shadow is not a context");
+
+        // A shadow named after another context is refused; the last good shadow stays.
+        write(dir.path(), "a.shadow.yaml", &context_yaml("b", "/b"));
+        let events = registry.reload_now(dir.path());
+        assert_eq!(rejected_files(&events), vec![dir.path().join("a.shadow.yaml")]);
+        assert!(registry.get("b").is_none());
+        assert_eq!(shadow_paths(&registry), Some(Some(vec!["/workspace/src".to_owned()])));
+
+        write(dir.path(), "a.shadow.yml", &context_yaml("a", "/tmp"));
+        std::fs::remove_file(dir.path().join("a.shadow.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        let events = registry.reload_now(dir.path());
+        assert!(
+            matches!(events.as_slice(), [ReloadEvent::ShadowChanged { name, .. }] if name == "a"),
+            "{events:?}"
+        );
+        assert_eq!(shadow_paths(&registry), Some(Some(vec!["/tmp".to_owned()])));
+        // The store cannot set a shadow that a file sets.
+        assert_eq!(
+            registry.put_store_shadow(store_context("a")).err(),
+            Some(RegistryError::Conflict("a".into()))
+        );
+        std::fs::remove_file(dir.path().join("a.shadow.yml")).unwrap_or_else(|e| panic!("{e}"));
+        let events = registry.reload_now(dir.path());
+        assert_eq!(
+            events,
+            vec![ReloadEvent::ShadowRemoved {
+                name: "a".into(),
+                team: "default".into()
+            }]
+        );
+        assert!(registry.shadow("a").is_none());
+        assert!(registry.put_store_shadow(store_context("a")).is_ok());
+        let (live, shadow) = registry.get_with_shadow("a");
+        assert_eq!(live.map(|c| c.source.clone()), Some(ContextSource::File(dir.path().join("a.yaml"))));
+        assert_eq!(shadow.map(|c| c.source.clone()), Some(ContextSource::Store));
     }
 
     #[test]

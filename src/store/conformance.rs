@@ -6,8 +6,8 @@ use serde_json::json;
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, ConsoleSessionRecord,
-    LiveCounts, RecordedIdentity, SeenSignature, SessionLabel, SessionRecord, SignInAttempt, Store,
-    StoreError, ToolPin,
+    LiveCounts, RecordedIdentity, SeenSignature, SessionLabel, SessionRecord, ShadowTally, Shelf,
+    SignInAttempt, Store, StoreError, StoredContext, ToolPin,
 };
 use crate::policy::rate::SlidingWindow;
 
@@ -788,4 +788,52 @@ pub(crate) async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_o
         .tool_sighting_first("web", "read", "bb", 8)
         .await
         .unwrap());
+}
+
+fn tally(version: &str, tool: &str, shadow: &str, calls: u64, first_at_ms: i64) -> ShadowTally {
+    ShadowTally {
+        context: "ci".into(),
+        version: version.into(),
+        tool: tool.into(),
+        live: "allow".into(),
+        shadow: shadow.into(),
+        calls,
+        first_at_ms,
+    }
+}
+
+/// SPEC 6.4 r4: a shadow is kept apart from the context of its name, its tallies add up per version and
+/// keep their first time, and setting it again or removing it starts the count over.
+pub(crate) async fn shadows_are_kept_apart_and_their_tallies_add_up(store: &dyn Store) {
+    let spec = |tools: &str| StoredContext {
+        name: "ci".into(),
+        spec: json!({"name": "ci", "capabilities": [{"tool_pattern": tools}]}),
+    };
+    store.context_put(Shelf::Live, &spec("fs.*")).await.unwrap();
+    store.context_put(Shelf::Shadow, &spec("fs.read*")).await.unwrap();
+    assert_eq!(store.context_list(Shelf::Live).await.unwrap(), [spec("fs.*")]);
+    assert_eq!(store.context_list(Shelf::Shadow).await.unwrap(), [spec("fs.read*")]);
+
+    store
+        .shadow_tally_add(&[tally("v1", "", "allow", 3, 20), tally("v1", "fs.write", "2006", 1, 30)])
+        .await
+        .unwrap();
+    store
+        .shadow_tally_add(&[tally("v1", "", "allow", 2, 10), tally("v2", "", "allow", 7, 40)])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.shadow_tallies("ci", "v1").await.unwrap(),
+        [tally("v1", "", "allow", 5, 10), tally("v1", "fs.write", "2006", 1, 30)]
+    );
+    assert_eq!(store.shadow_tallies("other", "v1").await.unwrap(), []);
+
+    store.context_put(Shelf::Shadow, &spec("fs.*")).await.unwrap();
+    assert_eq!(store.shadow_tallies("ci", "v1").await.unwrap(), []);
+    store.shadow_tally_add(&[tally("v1", "", "allow", 1, 50)]).await.unwrap();
+    assert!(store.context_delete(Shelf::Shadow, "ci").await.unwrap());
+    assert!(!store.context_delete(Shelf::Shadow, "ci").await.unwrap());
+    assert_eq!(store.shadow_tallies("ci", "v1").await.unwrap(), []);
+    assert_eq!(store.context_list(Shelf::Shadow).await.unwrap(), []);
+    assert_eq!(store.context_list(Shelf::Live).await.unwrap(), [spec("fs.*")]);
 }

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::{
-    ApprovalRecord, AuditBackend, ChainHead, ClaimRecord, SessionRecord, SqliteStore, Store,
+    ApprovalRecord, AuditBackend, ChainHead, ClaimRecord, SessionRecord, Shelf, SqliteStore, Store,
     StoredContext,
 };
 
@@ -77,7 +77,7 @@ async fn copy(sled: &sled::Db, store: &SqliteStore) -> Result<Copied, String> {
     let mut copied = Copied::default();
     for context in records::<StoredContext>(sled, "contexts")? {
         store
-            .context_put(&context)
+            .context_put(Shelf::Live, &context)
             .await
             .map_err(|e| e.to_string())?;
         copied.contexts += 1;

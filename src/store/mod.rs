@@ -434,6 +434,36 @@ pub struct StoredContext {
     pub spec: Value,
 }
 
+/// The store's contexts and shadow versions, as one poll read them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredContexts {
+    pub live: Vec<StoredContext>,
+    pub shadows: Vec<StoredContext>,
+}
+
+/// Which of a context's versions a stored context is: the one in force, or its shadow (SPEC 6.4 r4),
+/// each kept in a table of its own so that a shadow can never be read as a context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shelf {
+    Live,
+    Shadow,
+}
+
+/// How many calls under a context one shadow version decided, for one tool and one pair of decisions
+/// (SPEC 6.4 r4): `live` and `shadow` are `allow`, `approval` or a refusal code. Calls both decided alike
+/// are counted under the tool `""`, so that an agent's made-up tool names add no rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowTally {
+    pub context: String,
+    pub version: String,
+    pub tool: String,
+    pub live: String,
+    pub shadow: String,
+    pub calls: u64,
+    /// When the first of these calls was decided, in Unix milliseconds.
+    pub first_at_ms: i64,
+}
+
 /// A pinned tool definition (SPEC 18): the definition of an MCP upstream's tool that calls are allowed
 /// against. Its upstream and `tool` (the upstream's own name) are its key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -632,10 +662,15 @@ pub trait Store: AuditBackend {
         keep: &(dyn for<'r> Fn(&'r ApprovalRecord) -> bool + Sync),
     ) -> StoreResult<(Vec<ApprovalRecord>, bool)>;
 
-    async fn context_put(&self, context: &StoredContext) -> StoreResult<()>;
-    /// True when something was deleted.
-    async fn context_delete(&self, name: &str) -> StoreResult<bool>;
-    async fn context_list(&self) -> StoreResult<Vec<StoredContext>>;
+    /// Puts a context, or a shadow version; putting a shadow starts its tallies over.
+    async fn context_put(&self, shelf: Shelf, context: &StoredContext) -> StoreResult<()>;
+    /// True when something was deleted; deleting a shadow drops its tallies.
+    async fn context_delete(&self, shelf: Shelf, name: &str) -> StoreResult<bool>;
+    async fn context_list(&self, shelf: Shelf) -> StoreResult<Vec<StoredContext>>;
+    /// Adds these counts to the stored tallies (SPEC 6.4 r4), keeping each row's earliest `first_at_ms`.
+    async fn shadow_tally_add(&self, counts: &[ShadowTally]) -> StoreResult<()>;
+    /// The tallies of one shadow version of a context.
+    async fn shadow_tallies(&self, context: &str, version: &str) -> StoreResult<Vec<ShadowTally>>;
 
     /// SPEC 18: pins `pin` unless its tool has a pin, and returns the tool's pin as stored (on replicas,
     /// another's first sighting may have won).

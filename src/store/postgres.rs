@@ -18,7 +18,7 @@ use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, Page, SessionLabel, SessionRecord, SignInAttempt,
-    SigningKeyRecord, Store, StoreError, StoreResult, StoredContext, ToolPin,
+    ShadowTally, Shelf, SigningKeyRecord, Store, StoreError, StoreResult, StoredContext, StoredContexts, ToolPin,
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0009_console_sign_in.sql"),
     include_str!("migrations/postgres/0010_session_labels.sql"),
     include_str!("migrations/postgres/0011_tool_pins.sql"),
+    include_str!("migrations/postgres/0012_context_shadows.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
@@ -149,6 +150,14 @@ trait Prepared: deadpool_postgres::GenericClient {
 
 impl<T: deadpool_postgres::GenericClient> Prepared for T {}
 
+/// A shadow set again, or removed, starts its count over (SPEC 6.4 r4: calls decided since it was set).
+async fn forget_tallies(tx: &impl Prepared, context: &str) -> StoreResult<()> {
+    tx.execute_prepared("DELETE FROM shadow_tallies WHERE context = $1", &[&context])
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
 impl PgStore {
     /// Connects to `url` (`postgres://USER@HOST:PORT/DB`) and brings the schema up to date; refuses a
     /// schema newer than this build knows.
@@ -218,12 +227,13 @@ impl PgStore {
         Ok(())
     }
 
-    /// The change counter and the contexts, when the counter differs from `seen`. The counter is read
-    /// first: a change made between the two reads moves it again, so the next poll reads once more.
+    /// The change counter, the contexts and their shadows, when the counter differs from `seen`. The
+    /// counter is read first: a change made between the reads moves it again, so the next poll reads once
+    /// more.
     pub async fn contexts_if_changed(
         &self,
         seen: Option<i64>,
-    ) -> StoreResult<Option<(i64, Vec<StoredContext>)>> {
+    ) -> StoreResult<Option<(i64, StoredContexts)>> {
         let version: i64 = self
             .conn()
             .await?
@@ -234,7 +244,11 @@ impl PgStore {
         if seen == Some(version) {
             return Ok(None);
         }
-        Ok(Some((version, self.context_list().await?)))
+        let contexts = StoredContexts {
+            live: self.context_list(Shelf::Live).await?,
+            shadows: self.context_list(Shelf::Shadow).await?,
+        };
+        Ok(Some((version, contexts)))
     }
 
     async fn conn(&self) -> StoreResult<Object> {
@@ -1006,27 +1020,91 @@ impl Store for PgStore {
         }
     }
 
-    async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
-        self.conn()
-            .await?
-            .execute_prepared(
+    async fn context_put(&self, shelf: Shelf, context: &StoredContext) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        let put = match shelf {
+            Shelf::Live => {
                 "INSERT INTO contexts (name, record) VALUES ($1, $2) \
-                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
-                &[&context.name, &encode(context)?],
+                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record"
+            }
+            Shelf::Shadow => {
+                forget_tallies(&tx, &context.name).await?;
+                "INSERT INTO context_shadows (name, record) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record"
+            }
+        };
+        tx.execute_prepared(put, &[&context.name, &encode(context)?])
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn context_delete(&self, shelf: Shelf, name: &str) -> StoreResult<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        let delete = match shelf {
+            Shelf::Live => "DELETE FROM contexts WHERE name = $1",
+            Shelf::Shadow => {
+                forget_tallies(&tx, name).await?;
+                "DELETE FROM context_shadows WHERE name = $1"
+            }
+        };
+        let deleted = tx.execute_prepared(delete, &[&name]).await.map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(deleted == 1)
+    }
+
+    async fn shadow_tally_add(&self, counts: &[ShadowTally]) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(db)?;
+        for count in counts {
+            tx.execute_prepared(
+                "INSERT INTO shadow_tallies \
+                 (context, version, tool, live, shadow, calls, first_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (context, version, tool, live, shadow) DO UPDATE SET \
+                 calls = shadow_tallies.calls + EXCLUDED.calls, \
+                 first_at_ms = LEAST(shadow_tallies.first_at_ms, EXCLUDED.first_at_ms)",
+                &[
+                    &count.context,
+                    &count.version,
+                    &count.tool,
+                    &count.live,
+                    &count.shadow,
+                    &bigint(count.calls),
+                    &count.first_at_ms,
+                ],
             )
             .await
             .map_err(db)?;
-        Ok(())
+        }
+        tx.commit().await.map_err(db)
     }
 
-    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
-        let deleted = self
+    async fn shadow_tallies(&self, context: &str, version: &str) -> StoreResult<Vec<ShadowTally>> {
+        let rows = self
             .conn()
             .await?
-            .execute_prepared("DELETE FROM contexts WHERE name = $1", &[&name])
+            .query_prepared(
+                "SELECT tool, live, shadow, calls, first_at_ms FROM shadow_tallies \
+                 WHERE context = $1 AND version = $2 ORDER BY tool, live, shadow",
+                &[&context, &version],
+            )
             .await
             .map_err(db)?;
-        Ok(deleted == 1)
+        Ok(rows
+            .iter()
+            .map(|row| ShadowTally {
+                context: context.to_owned(),
+                version: version.to_owned(),
+                tool: row.get(0),
+                live: row.get(1),
+                shadow: row.get(2),
+                calls: u64::try_from(row.get::<_, i64>(3)).unwrap_or(0),
+                first_at_ms: row.get(4),
+            })
+            .collect())
     }
 
     async fn tool_pin_first(&self, pin: &ToolPin) -> StoreResult<ToolPin> {
@@ -1271,11 +1349,15 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+    async fn context_list(&self, shelf: Shelf) -> StoreResult<Vec<StoredContext>> {
+        let list = match shelf {
+            Shelf::Live => "SELECT record FROM contexts ORDER BY name",
+            Shelf::Shadow => "SELECT record FROM context_shadows ORDER BY name",
+        };
         let rows = self
             .conn()
             .await?
-            .query_prepared("SELECT record FROM contexts ORDER BY name", &[])
+            .query_prepared(list, &[])
             .await
             .map_err(db)?;
         rows.iter().map(|row| decode(row.get(0))).collect()
@@ -1342,6 +1424,15 @@ mod tests {
     async fn a_sign_in_is_taken_once_and_old_ones_are_forgotten() {
         let db = TestDatabase::create().await;
         conformance::a_sign_in_is_taken_once_and_old_ones_are_forgotten(
+            &PgStore::connect(&db.url).await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn shadows_are_kept_apart_and_their_tallies_add_up() {
+        let db = TestDatabase::create().await;
+        conformance::shadows_are_kept_apart_and_their_tallies_add_up(
             &PgStore::connect(&db.url).await.unwrap(),
         )
         .await;
@@ -1694,7 +1785,7 @@ mod tests {
         let db = TestDatabase::create().await;
         let store = PgStore::connect(&db.url).await.unwrap();
         store
-            .context_put(&StoredContext {
+            .context_put(Shelf::Live, &StoredContext {
                 name: "kept".into(),
                 spec: serde_json::json!({"name": "kept"}),
             })
@@ -1703,7 +1794,7 @@ mod tests {
         drop(store);
         // A restart finds the schema current and keeps the data.
         let store = PgStore::connect(&db.url).await.unwrap();
-        assert_eq!(store.context_list().await.unwrap().len(), 1);
+        assert_eq!(store.context_list(Shelf::Live).await.unwrap().len(), 1);
         store
             .conn()
             .await

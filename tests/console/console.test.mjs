@@ -164,6 +164,13 @@ try {
   await page.getByTestId('decision').filter({ hasText: /Decisionallow/ }).waitFor();
   await shot('contexts');
 
+  step('contexts: a shadow version shows what promoting it changes and where its decisions differed');
+  await page.getByRole('button', { name: 'test', exact: true }).click();
+  await page.getByTestId('shadow-summary').filter({ hasText: '3 calls decided' }).filter({ hasText: '1 differently' }).waitFor();
+  const difference = await page.getByTestId('shadow-difference').allInnerTexts();
+  assert.deepEqual(difference.map((row) => row.split('\t')), [['tool.write', 'allow', '2001', '1']]);
+  await page.getByTestId('shadow-diff').locator('.add').filter({ hasText: 'tool.write' }).waitFor();
+
   {
     step('approvals: both pending requests are queued with their arguments and time left');
     await page.goto(`${BASE}/console/#/approvals`);

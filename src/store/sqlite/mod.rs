@@ -28,7 +28,7 @@ use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
     ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionLabel, SessionRecord,
-    SignInAttempt, Store, StoreError, StoreResult, StoredContext, ToolPin,
+    ShadowTally, Shelf, SignInAttempt, Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
 
@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0003_console_sign_in.sql"),
     include_str!("../migrations/sqlite/0004_session_labels.sql"),
     include_str!("../migrations/sqlite/0005_tool_pins.sql"),
+    include_str!("../migrations/sqlite/0006_context_shadows.sql"),
 ];
 
 /// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
@@ -237,6 +238,16 @@ fn all_records<T: serde::de::DeserializeOwned>(
         .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
         .map_err(db)?;
     texts.iter().map(|text| decode_record(text)).collect()
+}
+
+/// A shadow set again, or removed, starts its count over (SPEC 6.4 r4: calls decided since it was set).
+fn forget_tallies(conn: &Connection, context: &str) -> StoreResult<()> {
+    changes_one(
+        conn,
+        "DELETE FROM shadow_tallies WHERE context = ?1",
+        params![context],
+    )
+    .map(|_| ())
 }
 
 fn changes_one(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> StoreResult<bool> {
@@ -750,37 +761,105 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn context_put(&self, context: &StoredContext) -> StoreResult<()> {
+    async fn context_put(&self, shelf: Shelf, context: &StoredContext) -> StoreResult<()> {
         let context = context.clone();
         self.writer
             .write(move |w| {
-                changes_one(
-                    &w.conn,
-                    "INSERT INTO contexts (name, record) VALUES (?1, ?2) \
-                     ON CONFLICT (name) DO UPDATE SET record = excluded.record",
-                    params![context.name, encode_record(&context)?],
-                )
-                .map(|_| ())
+                let put = match shelf {
+                    Shelf::Live => {
+                        "INSERT INTO contexts (name, record) VALUES (?1, ?2) \
+                         ON CONFLICT (name) DO UPDATE SET record = excluded.record"
+                    }
+                    Shelf::Shadow => {
+                        forget_tallies(&w.conn, &context.name)?;
+                        "INSERT INTO context_shadows (name, record) VALUES (?1, ?2) \
+                         ON CONFLICT (name) DO UPDATE SET record = excluded.record"
+                    }
+                };
+                changes_one(&w.conn, put, params![context.name, encode_record(&context)?])
+                    .map(|_| ())
             })
             .await
     }
 
-    async fn context_delete(&self, name: &str) -> StoreResult<bool> {
+    async fn context_delete(&self, shelf: Shelf, name: &str) -> StoreResult<bool> {
         let name = name.to_owned();
         self.writer
             .write(move |w| {
-                changes_one(
-                    &w.conn,
-                    "DELETE FROM contexts WHERE name = ?1",
-                    params![name],
-                )
+                let delete = match shelf {
+                    Shelf::Live => "DELETE FROM contexts WHERE name = ?1",
+                    Shelf::Shadow => {
+                        forget_tallies(&w.conn, &name)?;
+                        "DELETE FROM context_shadows WHERE name = ?1"
+                    }
+                };
+                changes_one(&w.conn, delete, params![name])
             })
             .await
     }
 
-    async fn context_list(&self) -> StoreResult<Vec<StoredContext>> {
+    async fn context_list(&self, shelf: Shelf) -> StoreResult<Vec<StoredContext>> {
+        let list = match shelf {
+            Shelf::Live => "SELECT record FROM contexts ORDER BY name",
+            Shelf::Shadow => "SELECT record FROM context_shadows ORDER BY name",
+        };
+        self.writer.write(move |w| all_records(&w.conn, list)).await
+    }
+
+    async fn shadow_tally_add(&self, counts: &[ShadowTally]) -> StoreResult<()> {
+        let counts = counts.to_vec();
         self.writer
-            .write(|w| all_records(&w.conn, "SELECT record FROM contexts ORDER BY name"))
+            .write(move |w| {
+                for count in &counts {
+                    changes_one(
+                        &w.conn,
+                        "INSERT INTO shadow_tallies \
+                         (context, version, tool, live, shadow, calls, first_at_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                         ON CONFLICT (context, version, tool, live, shadow) DO UPDATE SET \
+                         calls = calls + excluded.calls, \
+                         first_at_ms = min(first_at_ms, excluded.first_at_ms)",
+                        params![
+                            count.context,
+                            count.version,
+                            count.tool,
+                            count.live,
+                            count.shadow,
+                            int(count.calls),
+                            count.first_at_ms
+                        ],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn shadow_tallies(&self, context: &str, version: &str) -> StoreResult<Vec<ShadowTally>> {
+        let (context, version) = (context.to_owned(), version.to_owned());
+        self.writer
+            .write(move |w| {
+                w.conn
+                    .prepare_cached(
+                        "SELECT tool, live, shadow, calls, first_at_ms FROM shadow_tallies \
+                         WHERE context = ?1 AND version = ?2 ORDER BY tool, live, shadow",
+                    )
+                    .and_then(|mut s| {
+                        s.query_map(params![context, version], |row| {
+                            Ok(ShadowTally {
+                                context: context.clone(),
+                                version: version.clone(),
+                                tool: row.get(0)?,
+                                live: row.get(1)?,
+                                shadow: row.get(2)?,
+                                calls: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
+                                first_at_ms: row.get(4)?,
+                            })
+                        })?
+                        .collect()
+                    })
+                    .map_err(db)
+            })
             .await
     }
 

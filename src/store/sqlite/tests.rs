@@ -101,7 +101,7 @@ async fn committed_state_survives_reopen_and_uncommitted_state_does_not() {
             name: "big".into(),
             spec: Value::String("x".repeat(300_000)),
         };
-        store.context_put(&big).await.unwrap();
+        store.context_put(Shelf::Live, &big).await.unwrap();
         store.sync().await.unwrap();
     }
     let store = SqliteStore::open(dir.path()).unwrap();
@@ -111,7 +111,7 @@ async fn committed_state_survives_reopen_and_uncommitted_state_does_not() {
         .unwrap()
         .is_some());
     assert_eq!(store.counter_get("n").await.unwrap(), Some(1));
-    assert_eq!(store.context_list().await.unwrap().len(), 1);
+    assert_eq!(store.context_list(Shelf::Live).await.unwrap().len(), 1);
     assert_eq!(store.live_counts(0).await.unwrap().pending_claims, 1);
 }
 
@@ -230,7 +230,7 @@ async fn a_lost_transaction_stops_the_store_and_nothing_it_held_is_reported_dura
         name: "big".into(),
         spec: Value::String("x".repeat(1_000_000)),
     };
-    assert!(store.context_put(&big).await.is_err());
+    assert!(store.context_put(Shelf::Live, &big).await.is_err());
     // The answered claim was lost with the transaction: no commit may now report it durable.
     assert!(store.sync().await.is_err());
     assert!(store.ping().await.is_err());
@@ -402,4 +402,10 @@ async fn console_sessions_are_kept_touched_and_ended() {
 async fn tool_pins_are_first_wins_then_replaced_and_sightings_count_once() {
     let (_dir, store) = open();
     conformance::tool_pins_are_first_wins_then_replaced_and_sightings_count_once(&store).await;
+}
+
+#[tokio::test]
+async fn shadows_are_kept_apart_and_their_tallies_add_up() {
+    let (_dir, store) = open();
+    conformance::shadows_are_kept_apart_and_their_tallies_add_up(&store).await;
 }
