@@ -62,7 +62,7 @@ impl PolicyError {
     }
 }
 
-fn yaml_options() -> serde_saphyr::Options {
+pub(crate) fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         duplicate_keys: DuplicateKeyPolicy::Error,
         merge_keys: MergeKeyPolicy::Error,
@@ -270,7 +270,7 @@ pub(crate) fn field_path_from(path: &serde_path_to_error::Path) -> FieldPath {
 
 /// The reader's message, in policy terms where the reader's own would mislead (it suggests
 /// options that this loader refuses on purpose), without its position suffix.
-fn yaml_message(error: &serde_saphyr::Error) -> String {
+pub(crate) fn yaml_message(error: &serde_saphyr::Error) -> String {
     use serde_saphyr::budget::BudgetBreach;
     match error.without_snippet() {
         serde_saphyr::Error::DuplicateMappingKey { key: Some(key), .. } => {

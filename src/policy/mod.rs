@@ -3,6 +3,7 @@
 //! returns a decision together with the rule that made it. Knows nothing about the store or HTTP.
 
 pub mod arguments;
+pub mod cases;
 pub mod cli;
 pub mod commands;
 pub mod decide;
