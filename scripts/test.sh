@@ -60,6 +60,13 @@ python_tools evidence rfc8785==0.1.4 cryptography==48.0.0
 # kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas that it ships (tests/kubernetes.rs,
 # which renders the setups with the kustomize of the machine image's kubectl).
 python_tools kubernetes-validate kubernetes-validate==1.37.0
+# junitparser reads `policy test --junit` reports back and xmlschema validates them against junit-10.xsd, the
+# Jenkins xunit plugin's JUnit schema as shipped in pytest's pinned sdist (tests/policy_cases.rs).
+python_tools junit junitparser==5.0.3 xmlschema==4.3.2
+if [ ! -f target/venvs/junit/junit-10.xsd ]; then
+  target/venvs/junit/bin/pip download --quiet --disable-pip-version-check --no-binary :all: --no-deps pytest==8.4.2 -d target/venvs/junit/sdist
+  tar -xzOf target/venvs/junit/sdist/pytest-8.4.2.tar.gz pytest-8.4.2/testing/example_scripts/junit-10.xsd > target/venvs/junit/junit-10.xsd
+fi
 cargo test --locked "$@"
 
 # The black-box suite again with every gateway on PostgreSQL (a database of its own per gateway, made by

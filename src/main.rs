@@ -69,7 +69,7 @@ enum Command {
     /// The MCP front door: an MCP server (stdio, or Streamable HTTP with --listen) that signs every
     /// tool call for the gateway with the session's key.
     Connect(sealgate::connect::ConnectArgs),
-    /// Check or explain security contexts offline.
+    /// Check, explain or test security contexts offline.
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
@@ -145,6 +145,23 @@ enum PolicyCommand {
         /// Labels the session is assumed to hold (SPEC 19), comma-separated: how the flow rules decide.
         #[arg(long, value_delimiter = ',')]
         session_labels: Vec<String>,
+    },
+    /// Run test cases (YAML: `cases: [{name, context, tool, args, session_labels?, expect}]`) against
+    /// the policies of DIR (default ./policies), calling nothing. CASES are files or folders of
+    /// *.yaml/*.yml files; with two or more arguments the first is DIR. Prints one line per failing
+    /// case and `N passed, M failed`; exits 0 when all passed, 1 when one failed, 2 when nothing could
+    /// run (bad usage, an unreadable or invalid cases file, invalid policies).
+    Test {
+        /// `[DIR] CASES…`: with two or more paths the first is the policies folder; each CASES is a
+        /// cases file or a folder of them.
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Also write a JUnit XML report to FILE (for CI).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Decide by each context's shadow version (NAME.shadow.yaml) where one exists, as if promoted.
+        #[arg(long)]
+        shadow: bool,
     },
 }
 
@@ -338,5 +355,23 @@ fn command_to_policy(command: PolicyCommand) -> sealgate::policy::cli::PolicyCom
             policies,
             session_labels,
         },
+        PolicyCommand::Test {
+            mut paths,
+            junit,
+            shadow,
+        } => {
+            // `[DIR] CASES…`: CASES needs one path at least, so a lone path is CASES.
+            let dir = if paths.len() > 1 {
+                paths.remove(0)
+            } else {
+                PathBuf::from("policies")
+            };
+            sealgate::policy::cli::PolicyCommand::Test {
+                dir,
+                cases: paths,
+                junit,
+                shadow,
+            }
+        }
     }
 }

@@ -980,16 +980,10 @@ async fn compare_with_shadow(
         asked.arguments,
         held,
     );
-    let live_verdict = crate::shadow::verdict(live, context);
-    let shadow_verdict = crate::shadow::verdict(&shadowed, Some(shadow));
-    gw.shadows.count(
-        shadow,
-        asked.tool,
-        &live_verdict,
-        &shadow_verdict,
-        crate::clock::now_millis(),
-    );
-    if live_verdict == shadow_verdict {
+    let verdicts = (live.verdict(context), shadowed.verdict(Some(shadow)));
+    gw.shadows
+        .count(shadow, asked.tool, verdicts, crate::clock::now_millis());
+    if verdicts.0 == verdicts.1 {
         return;
     }
     metrics::counter!("sealgate_shadow_differences_total", "context" => shadow.name().to_owned())
@@ -997,8 +991,8 @@ async fn compare_with_shadow(
     let event = facts
         .event(gw, EventType::ShadowDecisionDiffered, sent)
         .decisions(json!({
-            "live": crate::shadow::side(live, &live_verdict, context),
-            "shadow": crate::shadow::side(&shadowed, &shadow_verdict, Some(shadow)),
+            "live": crate::shadow::side(live, verdicts.0, context),
+            "shadow": crate::shadow::side(&shadowed, verdicts.1, Some(shadow)),
         }));
     if let Err(e) = gw.audit.record_deferred(event).await {
         tracing::warn!(error = %e, "could not record a shadow decision that differed");

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::policy::{Decision, SecurityContext};
+use crate::policy::{Decision, SecurityContext, Verdict};
 use crate::store::{ShadowTally, Store, StoreResult};
 
 /// How often the counts are added to the store's.
@@ -21,30 +21,10 @@ pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// their decisions, so that an agent calling made-up tools cannot grow memory or the table.
 const MAX_PENDING_ROWS: usize = 4096;
 
-/// What a decision means for the call, as SPEC 6.4 r4 compares decisions: `allow`, `approval` (allowed
-/// once a person approves) or the refusal code.
-pub fn verdict(decision: &Decision, context: Option<&SecurityContext>) -> String {
-    match decision {
-        Decision::Allow {
-            capability, flow, ..
-        } => {
-            let asks_approval = context
-                .and_then(|context| context.capabilities.get(*capability))
-                .is_some_and(|capability| capability.approval.is_some());
-            if asks_approval || flow.is_some() {
-                "approval".to_owned()
-            } else {
-                "allow".to_owned()
-            }
-        }
-        Decision::Deny { code, .. } => code.number().to_string(),
-    }
-}
-
 /// One side of a comparison, as the `ShadowDecisionDiffered` event shows it.
-pub fn side(decision: &Decision, verdict: &str, context: Option<&SecurityContext>) -> Value {
+pub fn side(decision: &Decision, verdict: Verdict, context: Option<&SecurityContext>) -> Value {
     let mut side = match decision {
-        Decision::Allow { rule, .. } => json!({"decision": verdict, "rule": rule}),
+        Decision::Allow { rule, .. } => json!({"decision": verdict.short(), "rule": rule}),
         Decision::Deny { code, rule, .. } => json!({
             "decision": "deny", "code": code.number(), "name": code.name(), "rule": rule,
         }),
@@ -74,17 +54,23 @@ impl Tallies {
         }
     }
 
-    /// Counts one call that `shadow` decided beside the version in force: `live` and `shadowed` are
-    /// verdicts. Calls decided alike are counted without their tool.
-    pub fn count(&self, shadow: &SecurityContext, tool: &str, live: &str, shadowed: &str, at_ms: i64) {
+    /// Counts one call that `shadow` decided beside the version in force. Calls decided alike are counted
+    /// without their tool.
+    pub fn count(
+        &self,
+        shadow: &SecurityContext,
+        tool: &str,
+        (live, shadowed): (Verdict, Verdict),
+        at_ms: i64,
+    ) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let differing = live != shadowed && pending.len() < MAX_PENDING_ROWS;
         let key = (
             shadow.name().to_owned(),
             shadow.version.clone(),
             if differing { tool } else { "" }.to_owned(),
-            live.to_owned(),
-            shadowed.to_owned(),
+            live.short(),
+            shadowed.short(),
         );
         let entry = pending.entry(key).or_insert((0, at_ms));
         entry.0 += 1;
@@ -199,7 +185,9 @@ mod tests {
         let context = context();
         let any = [Pattern::parse("*").unwrap_or_else(|e| panic!("{e}"))];
         let arguments = arguments.as_object().cloned().unwrap_or_default();
-        verdict(&decide(Some(&context), &any, tool, &arguments), Some(&context))
+        decide(Some(&context), &any, tool, &arguments)
+            .verdict(Some(&context))
+            .short()
     }
 
     #[test]

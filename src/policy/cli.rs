@@ -1,12 +1,15 @@
-//! `sealgate policy check [DIR]` and `sealgate policy explain`: the operator's offline view of the same
-//! loading and decision code the gateway runs.
+//! `sealgate policy check [DIR]`, `sealgate policy explain` and `sealgate policy test`: the operator's
+//! offline view of the same loading and decision code the gateway runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
 
-use super::{decide_in_session, load_dir, Decision, HeldLabel, Pattern, SecurityContext};
+use super::load::{load_dir_files, load_dir_promoted};
+use super::{
+    cases, decide_in_session, load_dir, Decision, HeldLabel, Pattern, PolicyError, SecurityContext,
+};
 
 /// `policy explain`'s exit codes (SPEC 6.4 r4), so that a script or a CI step can tell the
 /// answers apart without reading the text: allowed, refused, bad usage, allowed after a person's approval.
@@ -26,6 +29,15 @@ pub enum PolicyCommand {
         policies: PathBuf,
         /// Labels the session is assumed to hold (SPEC 19).
         session_labels: Vec<String>,
+    },
+    /// Run the cases files (or folders of them) `cases` against the policies of `dir` (SPEC 6.4 r4).
+    Test {
+        dir: PathBuf,
+        cases: Vec<PathBuf>,
+        /// Also write a JUnit XML report here.
+        junit: Option<PathBuf>,
+        /// Decide by each context's shadow version where one exists, as if it were promoted.
+        shadow: bool,
     },
 }
 
@@ -89,17 +101,40 @@ pub fn explain(
 
 pub fn run(command: PolicyCommand) -> ExitCode {
     match command {
-        PolicyCommand::Check { dir } => match load_dir(&dir) {
-            Ok(contexts) => {
-                for context in &contexts {
-                    say!("ok  {}  (version {})", context.spec.name, context.version);
+        PolicyCommand::Test {
+            dir,
+            cases,
+            junit,
+            shadow,
+        } => {
+            let contexts = if shadow {
+                load_dir_promoted(&dir)
+            } else {
+                load_dir(&dir)
+            };
+            ExitCode::from(test(contexts, &cases, junit.as_deref()))
+        }
+        PolicyCommand::Check { dir } => match load_dir_files(&dir) {
+            Ok(loaded) => {
+                for (file, shadow) in loaded
+                    .live
+                    .iter()
+                    .map(|file| (file, ""))
+                    .chain(loaded.shadows.iter().map(|file| (file, "  shadow")))
+                {
+                    let context = &file.context;
+                    say!("ok  {}{shadow}  (version {})", context.name(), context.version);
                     for warning in context.flow_warnings() {
-                        say!("warning  {}: {warning}", context.spec.name);
+                        say!("warning  {}{shadow}: {warning}", context.name());
                     }
                 }
+                let shadows = match loaded.shadows.len() {
+                    0 => String::new(),
+                    n => format!(" and {n} shadow version(s)"),
+                };
                 say!(
-                    "{} security context(s) valid in {}",
-                    contexts.len(),
+                    "{} security context(s){shadows} valid in {}",
+                    loaded.live.len(),
                     dir.display()
                 );
                 ExitCode::SUCCESS
@@ -189,5 +224,68 @@ pub fn run(command: PolicyCommand) -> ExitCode {
             say!("{answer}");
             ExitCode::from(code)
         }
+    }
+}
+
+/// `policy test`'s exit codes (SPEC 6.4 r4): every case passed, a case failed, and nothing run (bad
+/// usage, an unreadable or invalid cases file, invalid policies, or a report that cannot be written).
+pub const TEST_PASSED: u8 = 0;
+pub const TEST_FAILED: u8 = 1;
+pub const TEST_UNUSABLE: u8 = 2;
+
+/// `sealgate policy test [DIR] CASES… [--junit FILE]`: loads the policies and every cases file first
+/// (any problem: nothing runs), then runs every case and prints one line per failing case and the count.
+fn test(
+    contexts: Result<Vec<SecurityContext>, PolicyError>,
+    arguments: &[PathBuf],
+    junit: Option<&Path>,
+) -> u8 {
+    let contexts = match contexts {
+        Ok(contexts) => contexts,
+        Err(e) => {
+            eprintln!("invalid policies: {e}");
+            return TEST_UNUSABLE;
+        }
+    };
+    let loaded = cases::case_files(arguments).and_then(|paths| {
+        paths
+            .iter()
+            .map(|path| cases::load_cases_file(path, &contexts))
+            .collect::<Result<Vec<_>, _>>()
+    });
+    let files = match loaded {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("invalid cases: {e}");
+            return TEST_UNUSABLE;
+        }
+    };
+    let results: Vec<_> = files
+        .iter()
+        .map(|file| cases::run_file(file, &contexts))
+        .collect();
+    let (mut passed, mut failed) = (0, 0);
+    for file in &results {
+        for result in &file.results {
+            if result.passed() {
+                passed += 1;
+                continue;
+            }
+            failed += 1;
+            let path = file.file.path.display();
+            say!("FAIL {path}: {}: {}", result.case.name, result.mismatch());
+        }
+    }
+    say!("{passed} passed, {failed} failed");
+    if let Some(report) = junit {
+        if let Err(e) = cases::junit_report(&results).and_then(|xml| std::fs::write(report, xml)) {
+            eprintln!("cannot write the JUnit report {}: {e}", report.display());
+            return TEST_UNUSABLE;
+        }
+    }
+    if failed == 0 {
+        TEST_PASSED
+    } else {
+        TEST_FAILED
     }
 }

@@ -91,7 +91,56 @@ fn code_number<S: Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Er
     serializer.serialize_u16(code.number())
 }
 
+/// What a decision means for the call, as `policy test` expects it and a shadow version is compared
+/// (SPEC 6.4 r4): allowed, allowed once a person approves it, or refused with a code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Allowed once a person approves it: the capability's `approval`, or a flow rule's (SPEC 19).
+    Approval,
+    Refused(Code),
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Allow => f.write_str("allow"),
+            Verdict::Approval => f.write_str("approval"),
+            Verdict::Refused(code) => write!(f, "{} {}", code.number(), code.name()),
+        }
+    }
+}
+
+impl Verdict {
+    /// `allow`, `approval` or the code's number: how the shadow summary names a decision.
+    pub fn short(self) -> String {
+        match self {
+            Verdict::Refused(code) => code.number().to_string(),
+            allowed => allowed.to_string(),
+        }
+    }
+}
+
 impl Decision {
+    /// The verdict of this decision, made with `context`.
+    pub fn verdict(&self, context: Option<&SecurityContext>) -> Verdict {
+        match self {
+            Decision::Allow {
+                capability, flow, ..
+            } => {
+                let asks_approval = context
+                    .and_then(|context| context.capabilities.get(*capability))
+                    .is_some_and(|capability| capability.approval.is_some());
+                if asks_approval || flow.is_some() {
+                    Verdict::Approval
+                } else {
+                    Verdict::Allow
+                }
+            }
+            Decision::Deny { code, .. } => Verdict::Refused(*code),
+        }
+    }
+
     pub fn is_allow(&self) -> bool {
         matches!(self, Decision::Allow { .. })
     }

@@ -62,7 +62,7 @@ impl PolicyError {
     }
 }
 
-fn yaml_options() -> serde_saphyr::Options {
+pub(crate) fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         duplicate_keys: DuplicateKeyPolicy::Error,
         merge_keys: MergeKeyPolicy::Error,
@@ -150,6 +150,17 @@ pub fn load_dir(dir: &Path) -> Result<Vec<SecurityContext>, PolicyError> {
         .into_iter()
         .map(|file| file.context)
         .collect())
+}
+
+/// The contexts of `dir` as they would be with every shadow version promoted (SPEC 6.4 r4): what
+/// `policy test --shadow` decides cases by. Checked as strictly as [`load_dir`].
+pub fn load_dir_promoted(dir: &Path) -> Result<Vec<SecurityContext>, PolicyError> {
+    let loaded = load_dir_files(dir)?;
+    let mut by_name: BTreeMap<String, SecurityContext> = BTreeMap::new();
+    for file in loaded.live.into_iter().chain(loaded.shadows) {
+        by_name.insert(file.context.name().to_owned(), file.context);
+    }
+    Ok(by_name.into_values().collect())
 }
 
 /// One policy file as read: its path, the SHA-256 of its bytes, and its context.
@@ -318,7 +329,7 @@ pub(crate) fn field_path_from(path: &serde_path_to_error::Path) -> FieldPath {
 
 /// The reader's message, in policy terms where the reader's own would mislead (it suggests
 /// options that this loader refuses on purpose), without its position suffix.
-fn yaml_message(error: &serde_saphyr::Error) -> String {
+pub(crate) fn yaml_message(error: &serde_saphyr::Error) -> String {
     use serde_saphyr::budget::BudgetBreach;
     match error.without_snippet() {
         serde_saphyr::Error::DuplicateMappingKey { key: Some(key), .. } => {

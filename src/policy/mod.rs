@@ -3,6 +3,7 @@
 //! returns a decision together with the rule that made it. Knows nothing about the store or HTTP.
 
 pub mod arguments;
+pub mod cases;
 pub mod cli;
 pub mod commands;
 pub mod decide;
@@ -16,7 +17,7 @@ pub mod rate;
 pub mod registry;
 
 pub use decide::{
-    could_allow, could_allow_within, decide, decide_in_session, Decision, Rule, RuleKind,
+    could_allow, could_allow_within, decide, decide_in_session, Decision, Rule, RuleKind, Verdict,
 };
 pub use flows::{FlowMatch, HeldLabel};
 pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
