@@ -146,10 +146,19 @@ impl Gateway {
         let contexts =
             Arc::new(ContextRegistry::load(&policies_dir).map_err(|e| format!("policies: {e}"))?);
         let stored = StoredContexts {
-            live: store.context_list(Shelf::Live).await.map_err(|e| e.to_string())?,
-            shadows: store.context_list(Shelf::Shadow).await.map_err(|e| e.to_string())?,
+            live: store
+                .context_list(Shelf::Live)
+                .await
+                .map_err(|e| e.to_string())?,
+            shadows: store
+                .context_list(Shelf::Shadow)
+                .await
+                .map_err(|e| e.to_string())?,
         };
-        for (shelf, list) in [(Shelf::Live, &stored.live), (Shelf::Shadow, &stored.shadows)] {
+        for (shelf, list) in [
+            (Shelf::Live, &stored.live),
+            (Shelf::Shadow, &stored.shadows),
+        ] {
             for context in list {
                 if let Err(e) = put_stored(&contexts, shelf, &context.spec) {
                     tracing::error!(context = %context.name, ?shelf, error = %e, "stored security context no longer loads; skipped");
@@ -348,7 +357,9 @@ fn apply_polled(
             Shelf::Shadow => contexts.remove_store_shadow(&name),
         };
         match removed {
-            Ok(_) => tracing::info!(context = %name, ?shelf, "stored security context removed by another replica"),
+            Ok(_) => {
+                tracing::info!(context = %name, ?shelf, "stored security context removed by another replica")
+            }
             // Already removed here (this replica's own API call).
             Err(RegistryError::NotFound(_)) => {}
             Err(e) => {
@@ -596,7 +607,12 @@ mod tests {
         apply_polled(&contexts, Shelf::Live, &mut previous, vec![kept.clone()]);
         assert_eq!(names(&contexts), ["fresh", "kept"]);
         // The next poll sees it stored, and keeps it.
-        apply_polled(&contexts, Shelf::Live, &mut previous, vec![kept, stored("fresh", "b.*")]);
+        apply_polled(
+            &contexts,
+            Shelf::Live,
+            &mut previous,
+            vec![kept, stored("fresh", "b.*")],
+        );
         assert_eq!(names(&contexts), ["fresh", "kept"]);
     }
 
@@ -608,7 +624,12 @@ mod tests {
         put(&contexts, &b);
         let mut previous = stored_specs(vec![a, b]);
         let changed = stored("a", "changed.*");
-        apply_polled(&contexts, Shelf::Live, &mut previous, vec![changed, stored("c", "c.*")]);
+        apply_polled(
+            &contexts,
+            Shelf::Live,
+            &mut previous,
+            vec![changed, stored("c", "c.*")],
+        );
         assert_eq!(names(&contexts), ["a", "c"]);
         let a = contexts.get("a").unwrap();
         assert!(a.capabilities[0].pattern.matches("changed.x"));

@@ -81,21 +81,24 @@ impl Tallies {
     /// kept for the next flush.
     pub async fn flush(&self) -> StoreResult<()> {
         let _turn = self.flushing.lock().await;
-        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        let taken =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
         if taken.is_empty() {
             return Ok(());
         }
         let rows: Vec<ShadowTally> = taken
             .iter()
-            .map(|((context, version, tool, live, shadow), (calls, first_at_ms))| ShadowTally {
-                context: context.clone(),
-                version: version.clone(),
-                tool: tool.clone(),
-                live: live.clone(),
-                shadow: shadow.clone(),
-                calls: *calls,
-                first_at_ms: *first_at_ms,
-            })
+            .map(
+                |((context, version, tool, live, shadow), (calls, first_at_ms))| ShadowTally {
+                    context: context.clone(),
+                    version: version.clone(),
+                    tool: tool.clone(),
+                    live: live.clone(),
+                    shadow: shadow.clone(),
+                    calls: *calls,
+                    first_at_ms: *first_at_ms,
+                },
+            )
             .collect();
         let written = self.store.shadow_tally_add(&rows).await;
         if written.is_err() {
@@ -222,7 +225,11 @@ mod tests {
             summary.first_call_at.as_deref(),
             Some("1970-01-01T00:00:05.000Z")
         );
-        let tools: Vec<&str> = summary.differences.iter().map(|d| d.tool.as_str()).collect();
+        let tools: Vec<&str> = summary
+            .differences
+            .iter()
+            .map(|d| d.tool.as_str())
+            .collect();
         assert_eq!(tools, ["pay.x", "fs.read"]);
         assert_eq!(Summary::of(&[]).first_call_at, None);
     }

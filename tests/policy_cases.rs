@@ -510,7 +510,11 @@ fn a_shadow_version_is_checked_listed_and_tested_with_shadow() {
     // The cases decide by the version in force, or with --shadow by the candidate.
     let cases = write(dir.path(), "reader.yaml", READER_CASES);
     let (status, out) = policy_test(&policies, &[&cases], &[]);
-    assert_eq!((status, last_line(&out)), (0, "6 passed, 0 failed"), "{out}");
+    assert_eq!(
+        (status, last_line(&out)),
+        (0, "6 passed, 0 failed"),
+        "{out}"
+    );
     let (status, out) = policy_test(&policies, &[&cases], &["--shadow"]);
     assert_eq!(status, 1, "{out}");
     assert!(
@@ -520,11 +524,17 @@ fn a_shadow_version_is_checked_listed_and_tested_with_shadow() {
     assert_eq!(last_line(&out), "5 passed, 1 failed");
 
     // A shadow is checked like any policy file: named after another context, it is refused.
-    write(&policies, "repo-reader.shadow.yaml", "name: other\ncapabilities: []\n");
+    write(
+        &policies,
+        "repo-reader.shadow.yaml",
+        "name: other\ncapabilities: []\n",
+    );
     let (status, out) = run_cli(&["policy", "check", s(&policies)]);
     assert_eq!(status, 1, "{out}");
     assert!(
-        out.contains("repo-reader.shadow.yaml:1: name: a shadow file's name must be \"repo-reader\""),
+        out.contains(
+            "repo-reader.shadow.yaml:1: name: a shadow file's name must be \"repo-reader\""
+        ),
         "{out}"
     );
 }

@@ -46,7 +46,12 @@ fn differences(shadow: &Value) -> Vec<(String, String, String, u64)> {
         .iter()
         .map(|d| {
             let text = |key: &str| d[key].as_str().unwrap().to_owned();
-            (text("tool"), text("live"), text("shadow"), d["calls"].as_u64().unwrap())
+            (
+                text("tool"),
+                text("live"),
+                text("shadow"),
+                d["calls"].as_u64().unwrap(),
+            )
         })
         .collect()
 }
@@ -85,7 +90,11 @@ async fn a_shadow_file_decides_every_call_beside_the_live_version_and_changes_no
             assert_eq!(code(&body), refusal, "{name}: {body}");
         }
     }
-    assert_eq!(tool.count(), ran + 3, "the calls the live version allowed ran");
+    assert_eq!(
+        tool.count(),
+        ran + 3,
+        "the calls the live version allowed ran"
+    );
 
     let events = gw.audit_events("type=ShadowDecisionDiffered").await;
     assert_eq!(events.len(), 3, "{events:#?}");
@@ -110,7 +119,10 @@ async fn a_shadow_file_decides_every_call_beside_the_live_version_and_changes_no
     );
     assert_eq!(decisions["live"]["context_version"], live["version"]);
     assert_eq!(
-        (&decisions["shadow"]["decision"], &decisions["shadow"]["code"]),
+        (
+            &decisions["shadow"]["decision"],
+            &decisions["shadow"]["code"]
+        ),
         (&json!("deny"), &json!(2002)),
         "{decisions}"
     );
@@ -159,7 +171,9 @@ async fn a_shadow_file_decides_every_call_beside_the_live_version_and_changes_no
     )
     .unwrap();
     common::until(Duration::from_secs(5), "the refusal", || async {
-        !gw.audit_events("type=SecurityContextRejected").await.is_empty()
+        !gw.audit_events("type=SecurityContextRejected")
+            .await
+            .is_empty()
     })
     .await;
     let rejected = gw.audit_events("type=SecurityContextRejected").await;
@@ -177,13 +191,17 @@ async fn a_shadow_file_decides_every_call_beside_the_live_version_and_changes_no
         shadow_of(&gw, "test").await.0 == 404
     })
     .await;
-    let (status, body) = gw
-        .call_tool(&key, &token, "tool.off", json!({}))
-        .await;
+    let (status, body) = gw.call_tool(&key, &token, "tool.off", json!({})).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(gw.audit_events("type=ShadowDecisionDiffered").await.len(), 3);
+    assert_eq!(
+        gw.audit_events("type=ShadowDecisionDiffered").await.len(),
+        3
+    );
     let changes = gw.audit_events("type=SecurityContextChanged").await;
-    let details: Vec<&str> = changes.iter().filter_map(|e| e["detail"].as_str()).collect();
+    let details: Vec<&str> = changes
+        .iter()
+        .filter_map(|e| e["detail"].as_str())
+        .collect();
     assert!(details.contains(&"shadow removed"), "{changes:#?}");
 }
 
@@ -266,16 +284,26 @@ async fn a_shadow_set_through_the_api_is_checked_summarised_and_removed() {
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["summary"]["calls"], 0, "{again}");
     let (status, body) = gw.admin(Method::DELETE, path, None).await;
-    assert_eq!((status, &body["status"]), (200, &json!("deleted")), "{body}");
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("deleted")),
+        "{body}"
+    );
     assert_eq!(shadow_of(&gw, "other").await.0, 404);
     assert_eq!(gw.admin(Method::DELETE, path, None).await.0, 404);
     let (status, body) = gw
         .call_tool(&key, &token, "tool.read", json!({"path": "/etc/hosts"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(gw.audit_events("type=ShadowDecisionDiffered").await.len(), 2);
+    assert_eq!(
+        gw.audit_events("type=ShadowDecisionDiffered").await.len(),
+        2
+    );
     let changes = gw.audit_events("type=SecurityContextChanged").await;
-    let details: Vec<&str> = changes.iter().filter_map(|e| e["detail"].as_str()).collect();
+    let details: Vec<&str> = changes
+        .iter()
+        .filter_map(|e| e["detail"].as_str())
+        .collect();
     assert_eq!(
         details,
         ["shadow removed", "shadow set", "shadow set"],
@@ -292,9 +320,11 @@ async fn a_shadow_set_through_one_replica_decides_on_both_and_one_summary_counts
     let path = "/v1/security-contexts/other/shadow";
     let (status, set) = a.admin(Method::PUT, path, Some(other_shadow())).await;
     assert_eq!(status, 201, "{set}");
-    common::until(Duration::from_secs(3), "the shadow on the other replica", || async {
-        shadow_of(b, "other").await.0 == 200
-    })
+    common::until(
+        Duration::from_secs(3),
+        "the shadow on the other replica",
+        || async { shadow_of(b, "other").await.0 == 200 },
+    )
     .await;
 
     let (key, token) = a.session_in("replicated", "other").await;
@@ -322,8 +352,10 @@ async fn a_shadow_set_through_one_replica_decides_on_both_and_one_summary_counts
 
     let (status, body) = b.admin(Method::DELETE, path, None).await;
     assert_eq!(status, 200, "{body}");
-    common::until(Duration::from_secs(3), "the removal on the other replica", || async {
-        shadow_of(a, "other").await.0 == 404
-    })
+    common::until(
+        Duration::from_secs(3),
+        "the removal on the other replica",
+        || async { shadow_of(a, "other").await.0 == 404 },
+    )
     .await;
 }

@@ -13,8 +13,8 @@ use sealgate::audit::{AuditBackend, ChainHead, ClaimSettlement};
 use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    ConsoleSessionRecord, LiveCounts, SessionLabel, SessionRecord, SignInAttempt, SqliteStore,
-    ShadowTally, Shelf, Store, StoreError, StoreResult, StoredContext, ToolPin,
+    ConsoleSessionRecord, LiveCounts, SessionLabel, SessionRecord, ShadowTally, Shelf,
+    SignInAttempt, SqliteStore, Store, StoreError, StoreResult, StoredContext, ToolPin,
 };
 use serde_json::{json, Value};
 

@@ -81,7 +81,10 @@ pub(super) fn file_backed(context: &SecurityContext) -> Option<ApiError> {
 /// equals the path's; checked as a policy file is. `version` and `source`, which the gateway adds to
 /// what it answers, are dropped, so that a context read can be sent back as it is. Returns the spec
 /// with its name and the context.
-pub(super) fn parse_spec(name: &str, mut spec: Value) -> Result<(Value, SecurityContext), ApiError> {
+pub(super) fn parse_spec(
+    name: &str,
+    mut spec: Value,
+) -> Result<(Value, SecurityContext), ApiError> {
     let obj = spec.as_object_mut().ok_or_else(|| {
         ApiError::new(
             Code::InvalidRequest,

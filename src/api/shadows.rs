@@ -40,11 +40,7 @@ fn find_shadow(
 /// The shadow as the API shows it: its spec, `version` and `source`, the version in force beside it,
 /// and the summary of the calls it decided.
 async fn shadow_view(gw: &Gateway, shadow: &SecurityContext) -> Result<Value, ApiError> {
-    let summary = gw
-        .shadows
-        .summary(shadow)
-        .await
-        .map_err(ApiError::store)?;
+    let summary = gw.shadows.summary(shadow).await.map_err(ApiError::store)?;
     let mut view = shadow.api_view();
     view["live_version"] = json!(gw.contexts.get(shadow.name()).map(|c| c.version.clone()));
     view["summary"] = json!(summary);

@@ -123,7 +123,11 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                     .chain(loaded.shadows.iter().map(|file| (file, "  shadow")))
                 {
                     let context = &file.context;
-                    say!("ok  {}{shadow}  (version {})", context.name(), context.version);
+                    say!(
+                        "ok  {}{shadow}  (version {})",
+                        context.name(),
+                        context.version
+                    );
                     for warning in context.flow_warnings() {
                         say!("warning  {}{shadow}: {warning}", context.name());
                     }

@@ -251,10 +251,7 @@ impl ContextRegistry {
         name: &str,
     ) -> (Option<Arc<SecurityContext>>, Option<Arc<SecurityContext>>) {
         let snapshot = self.snapshot.load();
-        (
-            snapshot.get(name).cloned(),
-            snapshot.shadow(name).cloned(),
-        )
+        (snapshot.get(name).cloned(), snapshot.shadow(name).cloned())
     }
 
     /// The shadow version of `name` as it is now.
@@ -420,8 +417,7 @@ fn reload_files(
     }
     let mut owners: BTreeMap<String, PathBuf> = BTreeMap::new();
     for (path, entry) in pending.iter_mut() {
-        if let (Some(candidate), Some(in_force)) = (&entry.state.candidate, &entry.state.in_force)
-        {
+        if let (Some(candidate), Some(in_force)) = (&entry.state.candidate, &entry.state.in_force) {
             if Arc::ptr_eq(candidate, in_force) && !owners.contains_key(candidate.name()) {
                 owners.insert(candidate.name().to_owned(), path.clone());
                 entry.assigned = true;
@@ -743,23 +739,39 @@ mod tests {
     fn shadow_files_load_apart_from_the_contexts_and_reload_under_the_same_rules() {
         let dir = temp_dir();
         write(dir.path(), "a.yaml", &context_yaml("a", "/workspace"));
-        write(dir.path(), "a.shadow.yaml", &context_yaml("a", "/workspace/src"));
+        write(
+            dir.path(),
+            "a.shadow.yaml",
+            &context_yaml("a", "/workspace/src"),
+        );
         let registry = load(dir.path());
-        assert_eq!(allowlist(&registry, "a"), Some(vec!["/workspace".to_owned()]));
+        assert_eq!(
+            allowlist(&registry, "a"),
+            Some(vec!["/workspace".to_owned()])
+        );
         let shadow_paths = |registry: &ContextRegistry| {
             registry
                 .shadow("a")
                 .map(|shadow| shadow.spec.capabilities[0].path_allowlist.clone())
         };
-        assert_eq!(shadow_paths(&registry), Some(Some(vec!["/workspace/src".to_owned()])));
+        assert_eq!(
+            shadow_paths(&registry),
+            Some(Some(vec!["/workspace/src".to_owned()]))
+        );
         assert_eq!(registry.list().len(), 1, "a shadow is not a context");
 
         // A shadow named after another context is refused; the last good shadow stays.
         write(dir.path(), "a.shadow.yaml", &context_yaml("b", "/b"));
         let events = registry.reload_now(dir.path());
-        assert_eq!(rejected_files(&events), vec![dir.path().join("a.shadow.yaml")]);
+        assert_eq!(
+            rejected_files(&events),
+            vec![dir.path().join("a.shadow.yaml")]
+        );
         assert!(registry.get("b").is_none());
-        assert_eq!(shadow_paths(&registry), Some(Some(vec!["/workspace/src".to_owned()])));
+        assert_eq!(
+            shadow_paths(&registry),
+            Some(Some(vec!["/workspace/src".to_owned()]))
+        );
 
         write(dir.path(), "a.shadow.yml", &context_yaml("a", "/tmp"));
         std::fs::remove_file(dir.path().join("a.shadow.yaml")).unwrap_or_else(|e| panic!("{e}"));
@@ -786,7 +798,10 @@ mod tests {
         assert!(registry.shadow("a").is_none());
         assert!(registry.put_store_shadow(store_context("a")).is_ok());
         let (live, shadow) = registry.get_with_shadow("a");
-        assert_eq!(live.map(|c| c.source.clone()), Some(ContextSource::File(dir.path().join("a.yaml"))));
+        assert_eq!(
+            live.map(|c| c.source.clone()),
+            Some(ContextSource::File(dir.path().join("a.yaml")))
+        );
         assert_eq!(shadow.map(|c| c.source.clone()), Some(ContextSource::Store));
     }
 

@@ -810,30 +810,57 @@ pub(crate) async fn shadows_are_kept_apart_and_their_tallies_add_up(store: &dyn 
         spec: json!({"name": "ci", "capabilities": [{"tool_pattern": tools}]}),
     };
     store.context_put(Shelf::Live, &spec("fs.*")).await.unwrap();
-    store.context_put(Shelf::Shadow, &spec("fs.read*")).await.unwrap();
-    assert_eq!(store.context_list(Shelf::Live).await.unwrap(), [spec("fs.*")]);
-    assert_eq!(store.context_list(Shelf::Shadow).await.unwrap(), [spec("fs.read*")]);
+    store
+        .context_put(Shelf::Shadow, &spec("fs.read*"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.context_list(Shelf::Live).await.unwrap(),
+        [spec("fs.*")]
+    );
+    assert_eq!(
+        store.context_list(Shelf::Shadow).await.unwrap(),
+        [spec("fs.read*")]
+    );
 
     store
-        .shadow_tally_add(&[tally("v1", "", "allow", 3, 20), tally("v1", "fs.write", "2006", 1, 30)])
+        .shadow_tally_add(&[
+            tally("v1", "", "allow", 3, 20),
+            tally("v1", "fs.write", "2006", 1, 30),
+        ])
         .await
         .unwrap();
     store
-        .shadow_tally_add(&[tally("v1", "", "allow", 2, 10), tally("v2", "", "allow", 7, 40)])
+        .shadow_tally_add(&[
+            tally("v1", "", "allow", 2, 10),
+            tally("v2", "", "allow", 7, 40),
+        ])
         .await
         .unwrap();
     assert_eq!(
         store.shadow_tallies("ci", "v1").await.unwrap(),
-        [tally("v1", "", "allow", 5, 10), tally("v1", "fs.write", "2006", 1, 30)]
+        [
+            tally("v1", "", "allow", 5, 10),
+            tally("v1", "fs.write", "2006", 1, 30)
+        ]
     );
     assert_eq!(store.shadow_tallies("other", "v1").await.unwrap(), []);
 
-    store.context_put(Shelf::Shadow, &spec("fs.*")).await.unwrap();
+    store
+        .context_put(Shelf::Shadow, &spec("fs.*"))
+        .await
+        .unwrap();
     assert_eq!(store.shadow_tallies("ci", "v1").await.unwrap(), []);
-    store.shadow_tally_add(&[tally("v1", "", "allow", 1, 50)]).await.unwrap();
+    store
+        .shadow_tally_add(&[tally("v1", "", "allow", 1, 50)])
+        .await
+        .unwrap();
     assert!(store.context_delete(Shelf::Shadow, "ci").await.unwrap());
     assert!(!store.context_delete(Shelf::Shadow, "ci").await.unwrap());
     assert_eq!(store.shadow_tallies("ci", "v1").await.unwrap(), []);
     assert_eq!(store.context_list(Shelf::Shadow).await.unwrap(), []);
-    assert_eq!(store.context_list(Shelf::Live).await.unwrap(), [spec("fs.*")]);
+    assert_eq!(
+        store.context_list(Shelf::Live).await.unwrap(),
+        [spec("fs.*")]
+    );
 }

@@ -17,8 +17,9 @@ use serde_json::Value;
 use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
-    ConsoleSessionRecord, LiveCounts, Page, SessionLabel, SessionRecord, SignInAttempt,
-    ShadowTally, Shelf, SigningKeyRecord, Store, StoreError, StoreResult, StoredContext, StoredContexts, ToolPin,
+    ConsoleSessionRecord, LiveCounts, Page, SessionLabel, SessionRecord, ShadowTally, Shelf,
+    SignInAttempt, SigningKeyRecord, Store, StoreError, StoreResult, StoredContext, StoredContexts,
+    ToolPin,
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
@@ -1785,10 +1786,13 @@ mod tests {
         let db = TestDatabase::create().await;
         let store = PgStore::connect(&db.url).await.unwrap();
         store
-            .context_put(Shelf::Live, &StoredContext {
-                name: "kept".into(),
-                spec: serde_json::json!({"name": "kept"}),
-            })
+            .context_put(
+                Shelf::Live,
+                &StoredContext {
+                    name: "kept".into(),
+                    spec: serde_json::json!({"name": "kept"}),
+                },
+            )
             .await
             .unwrap();
         drop(store);

@@ -776,8 +776,12 @@ impl Store for SqliteStore {
                          ON CONFLICT (name) DO UPDATE SET record = excluded.record"
                     }
                 };
-                changes_one(&w.conn, put, params![context.name, encode_record(&context)?])
-                    .map(|_| ())
+                changes_one(
+                    &w.conn,
+                    put,
+                    params![context.name, encode_record(&context)?],
+                )
+                .map(|_| ())
             })
             .await
     }
