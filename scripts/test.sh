@@ -82,4 +82,4 @@ trap drop_test_databases EXIT
 SEALGATE_TEST_STORE=postgres cargo test --locked \
   --test approvals --test approvers --test audit_trail --test claims --test cli_tokens --test connect --test console --test front_door --test gateway_core --test hardening \
   --test mcp_gateway --test metrics --test observability --test openapi --test operability --test policy_api --test teams \
-  --test upstream_mcp --test file_modes --test retention --test sign_in --test mcp_server --test mcp_oauth --test flows --test answer_guard --test tool_pins "$@"
+  --test upstream_mcp --test file_modes --test retention --test sign_in --test mcp_server --test mcp_oauth --test flows --test answer_guard --test tool_pins --test shadow "$@"

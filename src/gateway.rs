@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, WatcherHandle};
+use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, SecurityContext, WatcherHandle};
 use crate::session::SessionCache;
 use crate::store::postgres::CONTEXT_POLL;
 use crate::store::{PgStore, Shelf, SqliteStore, Store, StoredContext, StoredContexts};
@@ -327,12 +327,33 @@ fn stored_specs(contexts: Vec<StoredContext>) -> BTreeMap<String, Value> {
 /// Puts a stored context, or shadow version, into the registry.
 fn put_stored(contexts: &ContextRegistry, shelf: Shelf, spec: &Value) -> Result<(), String> {
     let context = crate::policy::parse_context_json(spec).map_err(|e| e.to_string())?;
+    apply_stored(contexts, shelf, context)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Puts a context kept in the store, or a shadow version, into the registry; returns what it replaced.
+pub(crate) fn apply_stored(
+    contexts: &ContextRegistry,
+    shelf: Shelf,
+    context: SecurityContext,
+) -> Result<Option<Arc<SecurityContext>>, RegistryError> {
     match shelf {
         Shelf::Live => contexts.put_store_context(context),
         Shelf::Shadow => contexts.put_store_shadow(context),
     }
-    .map(|_| ())
-    .map_err(|e| e.to_string())
+}
+
+/// Removes a context kept in the store, or a shadow version, from the registry.
+pub(crate) fn remove_stored(
+    contexts: &ContextRegistry,
+    shelf: Shelf,
+    name: &str,
+) -> Result<Arc<SecurityContext>, RegistryError> {
+    match shelf {
+        Shelf::Live => contexts.remove_store_context(name),
+        Shelf::Shadow => contexts.remove_store_shadow(name),
+    }
 }
 
 /// Applies the store's API-managed contexts (or shadows) as polled: puts what is new or changed since the
@@ -352,11 +373,7 @@ fn apply_polled(
         .cloned()
         .collect();
     for name in gone {
-        let removed = match shelf {
-            Shelf::Live => contexts.remove_store_context(&name),
-            Shelf::Shadow => contexts.remove_store_shadow(&name),
-        };
-        match removed {
+        match remove_stored(contexts, shelf, &name) {
             Ok(_) => {
                 tracing::info!(context = %name, ?shelf, "stored security context removed by another replica")
             }

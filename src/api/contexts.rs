@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::{json_body, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
+use crate::gateway::{apply_stored, remove_stored, Gateway};
 use crate::policy::{self, ContextSource, RegistryError, SecurityContext};
 use crate::store::{Shelf, StoredContext};
 
@@ -39,7 +40,7 @@ pub(super) fn not_found(name: &str) -> ApiError {
 /// The context `name`, for doing `scope` to it: another team's context is not found (SPEC 16), like a
 /// missing one.
 pub(super) fn find(
-    gw: &crate::gateway::Gateway,
+    gw: &Gateway,
     caller: &Caller,
     name: &str,
     scope: &str,
@@ -51,7 +52,8 @@ pub(super) fn find(
     Ok(context)
 }
 
-/// Reads one context: its spec, `version` and `source`.
+/// Reads one context: its spec, `version` and `source`, and `shadow_version` when a shadow version decides
+/// beside it.
 #[utoipa::path(get, path = "/v1/security-contexts/{name}", operation_id = "read_context", tag = "contexts",
     params(("name" = String, Path, description = "The context name")),
     security(("operator" = ["seal.context.read"])),
@@ -62,7 +64,12 @@ pub async fn read(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_READ)?;
-    Ok(axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view()).into_response())
+    let mut view = find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view();
+    // Whether a shadow version decides beside it (SPEC 6.4 r4), so that a reader need not ask for one.
+    if let Some(shadow) = gw.contexts.shadow(&name) {
+        view["shadow_version"] = Value::from(shadow.version.clone());
+    }
+    Ok(axum::Json(view).into_response())
 }
 
 pub(super) fn file_backed(context: &SecurityContext) -> Option<ApiError> {
@@ -78,8 +85,8 @@ pub(super) fn file_backed(context: &SecurityContext) -> Option<ApiError> {
 }
 
 /// A context as PUT takes it (and as an evaluate request's draft): an object whose `name`, when given,
-/// equals the path's; checked as a policy file is. `version` and `source`, which the gateway adds to
-/// what it answers, are dropped, so that a context read can be sent back as it is. Returns the spec
+/// equals the path's; checked as a policy file is. `version`, `source` and `shadow_version`, which the
+/// gateway adds to what it answers, are dropped, so that a context read can be sent back as it is. Returns the spec
 /// with its name and the context.
 pub(super) fn parse_spec(
     name: &str,
@@ -93,6 +100,7 @@ pub(super) fn parse_spec(
     })?;
     obj.remove("version");
     obj.remove("source");
+    obj.remove("shadow_version");
     match obj.get("name") {
         None => {
             obj.insert("name".into(), json!(name));
@@ -147,21 +155,8 @@ pub async fn put(
         None => false,
     };
     caller.require(context.team(), scopes::CONTEXT_WRITE)?;
-    let team = context.team().to_owned();
-    let stored = StoredContext {
-        name: name.clone(),
-        spec: spec.clone(),
-    };
-    gw.store
-        .context_put(Shelf::Live, &stored)
-        .await
-        .map_err(ApiError::store)?;
-    let version = context.version.clone();
-    let contexts = gw.contexts.clone();
-    tokio::task::spawn_blocking(move || contexts.put_store_context(context))
-        .await
-        .map_err(ApiError::store)?
-        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+    let (team, version) = (context.team().to_owned(), context.version.clone());
+    save(&gw, Shelf::Live, spec, context).await?;
     gw.record(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
@@ -180,6 +175,48 @@ pub async fn put(
         axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?.api_view()),
     )
         .into_response())
+}
+
+/// Saves a context kept in the store, or a shadow version, as `spec`: in the store first, so that a
+/// failure there changes nothing, then in this replica's registry.
+pub(super) async fn save(
+    gw: &Gateway,
+    shelf: Shelf,
+    spec: Value,
+    context: SecurityContext,
+) -> Result<(), ApiError> {
+    let stored = StoredContext {
+        name: context.name().to_owned(),
+        spec,
+    };
+    gw.store
+        .context_put(shelf, &stored)
+        .await
+        .map_err(ApiError::store)?;
+    let contexts = gw.contexts.clone();
+    tokio::task::spawn_blocking(move || apply_stored(&contexts, shelf, context))
+        .await
+        .map_err(ApiError::store)?
+        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+    Ok(())
+}
+
+/// Removes a context kept in the store, or a shadow version: from the store, then from this replica's
+/// registry.
+pub(super) async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(), ApiError> {
+    gw.store
+        .context_delete(shelf, name)
+        .await
+        .map_err(ApiError::store)?;
+    let (contexts, key) = (gw.contexts.clone(), name.to_owned());
+    match tokio::task::spawn_blocking(move || remove_stored(&contexts, shelf, &key))
+        .await
+        .map_err(ApiError::store)?
+    {
+        // Gone already is gone.
+        Ok(_) | Err(RegistryError::NotFound(_)) => Ok(()),
+        Err(conflict) => Err(ApiError::new(Code::Conflict, conflict.to_string())),
+    }
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -208,19 +245,7 @@ pub async fn delete(
     if let Some(conflict) = file_backed(&current) {
         return Err(conflict);
     }
-    gw.store
-        .context_delete(Shelf::Live, &name)
-        .await
-        .map_err(ApiError::store)?;
-    let (contexts, key) = (gw.contexts.clone(), name.clone());
-    let removed = tokio::task::spawn_blocking(move || contexts.remove_store_context(&key))
-        .await
-        .map_err(ApiError::store)?;
-    match removed {
-        // Gone already is gone.
-        Ok(_) | Err(RegistryError::NotFound(_)) => {}
-        Err(conflict) => return Err(ApiError::new(Code::Conflict, conflict.to_string())),
-    }
+    remove(&gw, Shelf::Live, &name).await?;
     gw.record(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
@@ -298,7 +323,7 @@ pub async fn evaluate(
         }
         held.push(policy::HeldLabel::assumed(label));
     }
-    Ok(axum::Json(policy::cli::explain(
+    Ok(axum::Json(policy::explain::explain(
         &context,
         &request.tool,
         &request.arguments,

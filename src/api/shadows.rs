@@ -7,14 +7,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::contexts::{file_backed, find, parse_spec};
+use super::contexts::{file_backed, find, parse_spec, remove, save};
 use super::{json_body, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::gateway::{Gateway, SHADOW_REMOVED, SHADOW_SET};
 use crate::identity::{scopes, Caller};
-use crate::policy::{RegistryError, SecurityContext};
-use crate::store::{Shelf, StoredContext};
+use crate::policy::SecurityContext;
+use crate::store::Shelf;
 
 fn no_shadow(name: &str) -> ApiError {
     ApiError::new(
@@ -98,20 +98,8 @@ pub async fn put(
         }
         None => false,
     };
-    let stored = StoredContext {
-        name: name.clone(),
-        spec,
-    };
-    gw.store
-        .context_put(Shelf::Shadow, &stored)
-        .await
-        .map_err(ApiError::store)?;
     let (version, team) = (shadow.version.clone(), shadow.team().to_owned());
-    let contexts = gw.contexts.clone();
-    tokio::task::spawn_blocking(move || contexts.put_store_shadow(shadow))
-        .await
-        .map_err(ApiError::store)?
-        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+    save(&gw, Shelf::Shadow, spec, shadow).await?;
     gw.record(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)
@@ -151,19 +139,7 @@ pub async fn delete(
     if let Some(conflict) = file_backed(&current) {
         return Err(conflict);
     }
-    gw.store
-        .context_delete(Shelf::Shadow, &name)
-        .await
-        .map_err(ApiError::store)?;
-    let (contexts, key) = (gw.contexts.clone(), name.clone());
-    match tokio::task::spawn_blocking(move || contexts.remove_store_shadow(&key))
-        .await
-        .map_err(ApiError::store)?
-    {
-        // Gone already is gone.
-        Ok(_) | Err(RegistryError::NotFound(_)) => {}
-        Err(conflict) => return Err(ApiError::new(Code::Conflict, conflict.to_string())),
-    }
+    remove(&gw, Shelf::Shadow, &name).await?;
     gw.record(
         AuditEvent::new(EventType::SecurityContextChanged)
             .scp(&name)

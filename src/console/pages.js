@@ -361,9 +361,9 @@ function schema() {
   return schemaPromise;
 }
 
-// The spec as in its file: the API adds `version` and `source`.
+// The spec as in its file: the API adds `version`, `source` and `shadow_version`.
 function specOf(context) {
-  const { version, source, ...spec } = context;
+  const { version, source, shadow_version: shadow, ...spec } = context;
   return spec;
 }
 
@@ -427,9 +427,9 @@ function renderContext(detail, context, reload) {
   // The dry run evaluates the editor's draft while it is valid, else the saved version.
   if (edit || context.version) parts.push(tryCall(context.name, edit ? edit.draft : () => null));
   const shadow = el('section', { 'aria-label': 'Shadow version' });
-  if (context.version) parts.push(shadow);
+  if (context.shadow_version) parts.push(shadow);
   replace(detail, ...parts);
-  if (context.version) showShadow(shadow, context, spec);
+  if (context.shadow_version) showShadow(shadow, context, spec);
 }
 
 // SPEC 6.4 r4: a candidate version that decides every call beside the one in force, which alone takes
@@ -439,7 +439,7 @@ async function showShadow(section, context, spec) {
   try {
     shadow = await api('GET', `/v1/security-contexts/${encodeURIComponent(context.name)}/shadow`);
   } catch (error) {
-    if (error.status !== 404) replace(section, problem(error));
+    replace(section, problem(error));
     return;
   }
   const { summary, live_version: live, ...rest } = shadow;

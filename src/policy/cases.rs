@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde_json::{Map, Value};
 
-use super::cli::explain;
+use super::explain::{explain, rule_text};
 use super::load::{field_path_from, locate_line, read_policy_file, yaml_message, yaml_options};
 use super::model::{is_label, FieldPath};
 use super::{HeldLabel, PolicyError, SecurityContext, Verdict};
@@ -395,19 +395,6 @@ fn outcome_of(answer: &Value) -> Outcome {
         message,
         time: Duration::ZERO,
     }
-}
-
-/// `capability #2 cmd.run`, `flow_rule #0`, `deny_list #1 secrets.*`, `no_match`.
-fn rule_text(rule: &Value) -> String {
-    let mut text = rule["kind"].as_str().unwrap_or("?").to_owned();
-    if let Some(index) = rule["index"].as_u64() {
-        text.push_str(&format!(" #{index}"));
-    }
-    if let Some(pattern) = rule["pattern"].as_str() {
-        text.push(' ');
-        text.push_str(pattern);
-    }
-    text
 }
 
 /// One case run: the case and what it got.

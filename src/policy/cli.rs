@@ -4,12 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
+use super::explain::{explain, rule_text};
 use super::load::{load_dir_files, load_dir_promoted};
-use super::{
-    cases, decide_in_session, load_dir, Decision, HeldLabel, Pattern, PolicyError, SecurityContext,
-};
+use super::{cases, load_dir, HeldLabel, PolicyError, SecurityContext};
 
 /// `policy explain`'s exit codes (SPEC 6.4 r4), so that a script or a CI step can tell the
 /// answers apart without reading the text: allowed, refused, bad usage, allowed after a person's approval.
@@ -39,64 +38,6 @@ pub enum PolicyCommand {
         /// Decide by each context's shadow version where one exists, as if it were promoted.
         shadow: bool,
     },
-}
-
-/// The decision a call would get in a session holding `held` labels (SPEC 19), with its code and the
-/// rule that decided (shared with the API).
-pub fn explain(
-    context: &SecurityContext,
-    tool: &str,
-    arguments: &Map<String, Value>,
-    held: &[HeldLabel],
-) -> Value {
-    let any = [Pattern::parse("*").expect("`*` is a valid pattern")];
-    let mut answer = match decide_in_session(Some(context), &any, tool, arguments, held) {
-        Decision::Allow {
-            capability,
-            rule,
-            flow,
-        } => {
-            let mut allow = json!({"decision": "allow", "rule": rule, "capability": capability});
-            // Allowed, but only with a person's grant: the call itself gets 4003 until then (SPEC 13);
-            // a flow rule's `approval` asks one even where the capability asks none (SPEC 19).
-            let approval = context.capabilities[capability]
-                .approval
-                .or(flow.as_ref().map(|_| crate::approval::FLOW_APPROVAL));
-            if let Some(rule) = approval {
-                allow["approval"] = json!({"required": true, "expires_secs": rule.expires_secs,
-                    "approvers": rule.approvers,
-                    "separate_from_registrant": rule.separate_from_registrant});
-            }
-            if let Some(flow) = flow {
-                allow["flow_rule"] = json!(flow);
-            }
-            let labels = &context.capabilities[capability].labels;
-            if !labels.is_empty() {
-                // What the session would gain once the call completes.
-                allow["labels_added"] = json!(labels);
-            }
-            allow
-        }
-        Decision::Deny {
-            code,
-            rule,
-            message,
-            flow,
-        } => {
-            let mut deny = json!({
-                "decision": "deny", "code": code.number(), "name": code.name(),
-                "message": message, "rule": rule,
-            });
-            if let Some(flow) = flow {
-                deny["flow_rule"] = json!(flow);
-            }
-            deny
-        }
-    };
-    answer["session_labels"] = json!(held);
-    answer["context"] = json!(context.spec.name);
-    answer["context_version"] = json!(context.version);
-    answer
 }
 
 pub fn run(command: PolicyCommand) -> ExitCode {
@@ -199,25 +140,19 @@ pub fn run(command: PolicyCommand) -> ExitCode {
                 held.push(HeldLabel::assumed(label));
             }
             let answer = explain(found, &tool, &arguments, &held);
-            let rule = &answer["rule"];
-            let rule_text = format!(
-                "{} #{} {}",
-                rule["kind"].as_str().unwrap_or("?"),
-                rule["index"],
-                rule["pattern"].as_str().unwrap_or("-")
-            );
+            let rule = rule_text(&answer["rule"]);
             let code = match answer["decision"].as_str() {
                 Some("allow") if answer["approval"]["required"] == true => {
-                    say!("allow, approval required  rule: {rule_text}");
+                    say!("allow, approval required  rule: {rule}");
                     EXPLAIN_APPROVAL
                 }
                 Some("allow") => {
-                    say!("allow  rule: {rule_text}");
+                    say!("allow  rule: {rule}");
                     EXPLAIN_ALLOW
                 }
                 _ => {
                     say!(
-                        "deny  code: {} {}  rule: {rule_text}\n{}",
+                        "deny  code: {} {}  rule: {rule}\n{}",
                         answer["code"],
                         answer["name"].as_str().unwrap_or("?"),
                         answer["message"].as_str().unwrap_or("")

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod commands;
 pub mod decide;
 pub mod domains;
+pub mod explain;
 pub mod flows;
 pub mod load;
 pub mod model;
