@@ -604,7 +604,7 @@ const EVENT_TYPES = ['SessionCreated', 'SessionRevoked', 'ToolCallAuthorized', '
   'SecurityTokenExpired', 'EnvelopeRejected', 'ToolCallCompleted', 'ToolCallFailed', 'ClaimSkipped', 'ClaimBlocked', 'ClaimResolved',
   'SecurityContextChanged', 'SecurityContextRejected', 'ClaimTaken', 'ClaimSettled',
   'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalUsed', 'ApprovalExpired', 'AuditCheckpoint',
-  'ToolDefinitionChanged', 'ToolDefinitionAccepted', 'AnswerGuarded'];
+  'ToolDefinitionChanged', 'ToolDefinitionAccepted', 'AnswerGuarded', 'ShadowDecisionDiffered'];
 
 function audit(main) {
   const filters = {
