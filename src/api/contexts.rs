@@ -203,7 +203,7 @@ pub(super) async fn save(
 
 /// Removes a context kept in the store, or a shadow version: from the store, then from this replica's
 /// registry.
-pub(super) async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(), ApiError> {
+async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(), ApiError> {
     gw.store
         .context_delete(shelf, name)
         .await
@@ -217,6 +217,30 @@ pub(super) async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(),
         Ok(_) | Err(RegistryError::NotFound(_)) => Ok(()),
         Err(conflict) => Err(ApiError::new(Code::Conflict, conflict.to_string())),
     }
+}
+
+/// Removes `current` from `shelf` for `caller` (a file's version is read-only here: 409) and records
+/// the change with `detail`.
+pub(super) async fn remove_recorded(
+    gw: &Gateway,
+    caller: &Caller,
+    shelf: Shelf,
+    current: &SecurityContext,
+    detail: &str,
+) -> Result<(), ApiError> {
+    if let Some(conflict) = file_backed(current) {
+        return Err(conflict);
+    }
+    remove(gw, shelf, current.name()).await?;
+    gw.record(
+        AuditEvent::new(EventType::SecurityContextChanged)
+            .scp(current.name())
+            .detail(detail)
+            .team(current.team())
+            .actor(&caller.identity, Some(current.team())),
+    )
+    .await?;
+    Ok(())
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -242,18 +266,7 @@ pub async fn delete(
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let _turn = gw.context_writes.lock().await;
     let current = find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
-    if let Some(conflict) = file_backed(&current) {
-        return Err(conflict);
-    }
-    remove(&gw, Shelf::Live, &name).await?;
-    gw.record(
-        AuditEvent::new(EventType::SecurityContextChanged)
-            .scp(&name)
-            .detail("removed")
-            .team(current.team())
-            .actor(&caller.identity, Some(current.team())),
-    )
-    .await?;
+    remove_recorded(&gw, &caller, Shelf::Live, &current, "removed").await?;
     Ok(axum::Json(ContextDeleted {
         name,
         status: "deleted",

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::contexts::{file_backed, find, parse_spec, remove, save};
+use super::contexts::{file_backed, find, parse_spec, remove_recorded, save};
 use super::{json_body, ApiPath, ControlBody, State};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
@@ -136,17 +136,6 @@ pub async fn delete(
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let _turn = gw.context_writes.lock().await;
     let current = find_shadow(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
-    if let Some(conflict) = file_backed(&current) {
-        return Err(conflict);
-    }
-    remove(&gw, Shelf::Shadow, &name).await?;
-    gw.record(
-        AuditEvent::new(EventType::SecurityContextChanged)
-            .scp(&name)
-            .detail(SHADOW_REMOVED)
-            .team(current.team())
-            .actor(&caller.identity, Some(current.team())),
-    )
-    .await?;
+    remove_recorded(&gw, &caller, Shelf::Shadow, &current, SHADOW_REMOVED).await?;
     Ok(axum::Json(json!({"name": name, "status": "deleted"})).into_response())
 }
