@@ -26,18 +26,18 @@ use admit::{AdmitRow, Admitter, PendingClaim};
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
-    include_str!("migrations/postgres/0001_initial.sql"),
-    include_str!("migrations/postgres/0002_context_version.sql"),
-    include_str!("migrations/postgres/0003_counter_keys_bytea.sql"),
-    include_str!("migrations/postgres/0004_approvals.sql"),
-    include_str!("migrations/postgres/0005_signing_keys.sql"),
-    include_str!("migrations/postgres/0006_gauges_and_retention.sql"),
-    include_str!("migrations/postgres/0007_batch_functions.sql"),
-    include_str!("migrations/postgres/0008_replay_cover.sql"),
-    include_str!("migrations/postgres/0009_console_sign_in.sql"),
-    include_str!("migrations/postgres/0010_session_labels.sql"),
-    include_str!("migrations/postgres/0011_tool_pins.sql"),
-    include_str!("migrations/postgres/0012_context_shadows.sql"),
+    include_str!("../migrations/postgres/0001_initial.sql"),
+    include_str!("../migrations/postgres/0002_context_version.sql"),
+    include_str!("../migrations/postgres/0003_counter_keys_bytea.sql"),
+    include_str!("../migrations/postgres/0004_approvals.sql"),
+    include_str!("../migrations/postgres/0005_signing_keys.sql"),
+    include_str!("../migrations/postgres/0006_gauges_and_retention.sql"),
+    include_str!("../migrations/postgres/0007_batch_functions.sql"),
+    include_str!("../migrations/postgres/0008_replay_cover.sql"),
+    include_str!("../migrations/postgres/0009_console_sign_in.sql"),
+    include_str!("../migrations/postgres/0010_session_labels.sql"),
+    include_str!("../migrations/postgres/0011_tool_pins.sql"),
+    include_str!("../migrations/postgres/0012_context_shadows.sql"),
 ];
 
 /// Taken by whichever replica migrates, so that replicas starting together migrate once.
