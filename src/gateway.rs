@@ -19,40 +19,138 @@ use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
 pub struct Gateway {
-    pub config: Config,
-    pub store: Arc<dyn Store>,
+    config: Config,
+    store: Arc<dyn Store>,
     /// Sessions decoded in memory; revocation invalidates (SPEC 5: refused from that moment).
-    pub sessions: SessionCache,
+    sessions: SessionCache,
     /// `/v1/invoke` calls in progress; none left → 5006 at once (SPEC 11 r2 admission control).
-    pub call_slots: Arc<tokio::sync::Semaphore>,
-    pub contexts: Arc<ContextRegistry>,
+    call_slots: Arc<tokio::sync::Semaphore>,
+    contexts: Arc<ContextRegistry>,
     /// The comparisons of calls' decisions with their contexts' shadow versions (SPEC 6.4 r4).
-    pub shadows: crate::shadow::Tallies,
+    shadows: crate::shadow::Tallies,
     /// One turn for each change to the store's contexts (an API write, or a replica's poll), held from
     /// the store until the registry has it, so that two changes cannot apply in the opposite order.
-    pub context_writes: tokio::sync::Mutex<()>,
-    pub agent_tokens: AgentTokenVerifier,
-    pub operators: OperatorVerifier,
+    context_writes: tokio::sync::Mutex<()>,
+    agent_tokens: AgentTokenVerifier,
+    operators: OperatorVerifier,
     /// OpenID Connect sign-in, roles and console sessions (SPEC 16), when `operator_auth.oidc` is set.
-    pub oidc: Option<crate::identity::Oidc>,
+    oidc: Option<crate::identity::Oidc>,
     /// The MCP endpoint for hosts over the network (SPEC 17), when `mcp_server.enabled`.
-    pub mcp_server: Option<crate::mcp_server::McpServer>,
-    pub minter: Option<TokenMinter>,
-    pub upstreams: Upstreams,
+    mcp_server: Option<crate::mcp_server::McpServer>,
+    minter: Option<TokenMinter>,
+    upstreams: Upstreams,
     /// The pinned definitions of the MCP upstreams' tools (SPEC 18), checked on every call.
-    pub tools: crate::tools::Pins,
+    tools: crate::tools::Pins,
     /// The gateway-wide answer guard (SPEC 18); a capability's `answer_guard` wins over it.
-    pub answer_guard: crate::guard::Guard,
-    pub audit: AuditLog,
-    pub metrics: PrometheusHandle,
+    answer_guard: crate::guard::Guard,
+    audit: AuditLog,
+    metrics: PrometheusHandle,
     /// Announces new approval requests (SPEC 13).
-    pub notifier: crate::approval::Notifier,
+    notifier: crate::approval::Notifier,
     /// Signs receipts and audit checkpoints; publishes `/v1/keys` (SPEC 14).
-    pub evidence: crate::evidence::Evidence,
+    evidence: crate::evidence::Evidence,
     /// The clock window that the store's replay records cover (SPEC 20 rule 3), checked with check 8.
-    pub replay_cover: crate::replay::ReplayCover,
+    replay_cover: crate::replay::ReplayCover,
     /// Keeps the policy folder watched for as long as the gateway lives.
     _policy_watcher: WatcherHandle,
+}
+
+/// Each part of the gateway, read-only: handlers and rooms take the parts they use.
+impl Gateway {
+    /// The configuration it was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The durable state (SPEC 12).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Sessions decoded in memory.
+    pub fn sessions(&self) -> &SessionCache {
+        &self.sessions
+    }
+
+    /// `/v1/invoke` calls in progress (SPEC 11 r2 admission control).
+    pub fn call_slots(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.call_slots
+    }
+
+    /// The security contexts in force, with their shadow versions.
+    pub fn contexts(&self) -> &Arc<ContextRegistry> {
+        &self.contexts
+    }
+
+    /// The counts of calls decided by shadow versions (SPEC 6.4 r4).
+    pub fn shadows(&self) -> &crate::shadow::Tallies {
+        &self.shadows
+    }
+
+    /// The turn that each change to the store's contexts takes.
+    pub fn context_writes(&self) -> &tokio::sync::Mutex<()> {
+        &self.context_writes
+    }
+
+    /// Verifies agents' JWTs (checks 2–4).
+    pub fn agent_tokens(&self) -> &AgentTokenVerifier {
+        &self.agent_tokens
+    }
+
+    /// Verifies operators' tokens.
+    pub fn operators(&self) -> &OperatorVerifier {
+        &self.operators
+    }
+
+    /// OpenID Connect sign-in (SPEC 16), when configured.
+    pub fn oidc(&self) -> &Option<crate::identity::Oidc> {
+        &self.oidc
+    }
+
+    /// The MCP endpoint (SPEC 17), when enabled.
+    pub fn mcp_server(&self) -> &Option<crate::mcp_server::McpServer> {
+        &self.mcp_server
+    }
+
+    /// Mints agent tokens, when an issuer key is configured.
+    pub fn minter(&self) -> &Option<TokenMinter> {
+        &self.minter
+    }
+
+    /// The tools' servers.
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
+    /// The pinned tool definitions (SPEC 18).
+    pub fn tools(&self) -> &crate::tools::Pins {
+        &self.tools
+    }
+
+    /// The gateway-wide answer guard (SPEC 18).
+    pub fn answer_guard(&self) -> &crate::guard::Guard {
+        &self.answer_guard
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// The Prometheus registry `/metrics` renders.
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.metrics
+    }
+
+    /// Receipts, checkpoints and `/v1/keys` (SPEC 14).
+    pub fn evidence(&self) -> &crate::evidence::Evidence {
+        &self.evidence
+    }
+
+    /// The clock window the store's replay records cover (SPEC 20 rule 3).
+    pub fn replay_cover(&self) -> &crate::replay::ReplayCover {
+        &self.replay_cover
+    }
 }
 
 impl Gateway {

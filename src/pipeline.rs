@@ -15,7 +15,8 @@ use ed25519_dalek::Signature;
 use serde_json::{json, Map, Value};
 
 use crate::audit::{AuditEvent, Decision as Verdict, EventType, Recorded};
-use crate::claim::{self, Taken, Withheld};
+use crate::claim::admission::{self, Admitted, Ask, Replay};
+use crate::claim::{self, Withheld};
 use crate::clock;
 use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
@@ -23,7 +24,7 @@ use crate::gateway::Gateway;
 use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
 use crate::session::LiveSession;
-use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
+use crate::store::{ClaimKind, ClaimRecord, SeenSignature};
 use crate::token::{AccessClaims, AgentClaims, TokenError};
 use crate::upstream::UpstreamError;
 
@@ -141,15 +142,14 @@ struct CallFacts {
     action_ref: Option<String>,
     claimed_at: Option<String>,
     approval_id: Option<String>,
-    /// Check 8's replay record, not yet written: the call's first store write carries it (admission, in
-    /// the same statement or transaction), or the refusal that ends the call first.
-    replay_record: Option<SeenSignature>,
+    /// Check 8's replay record: the call's first store write carries it (admission, in the same statement
+    /// or transaction), or the refusal that ends the call first. Its `was_new` is check 8's second half.
+    replay: Replay,
     /// Some of the call may have reached the tool: its refusal event is then retried (SPEC 3 r2).
     forwarded: bool,
-    /// Check 8's two halves: the timestamp is in the window, and the signature was new when its replay
-    /// record was written. Every answer after both carries a signed receipt (SPEC 14).
+    /// Check 8's first half: the timestamp is in the window. Every answer after both halves carries a
+    /// signed receipt (SPEC 14).
     in_window: bool,
-    signature_new: bool,
     /// The exported span of the call's current phase (`crate::otel`); inert when traces are not exported.
     phases: crate::otel::Phases,
 }
@@ -190,14 +190,14 @@ impl CallFacts {
         if let Some(approval_id) = &self.approval_id {
             event = event.approval_id(approval_id);
         }
-        if gw.config.audit.include_payloads {
+        if gw.config().audit.include_payloads {
             event = event.payload(sent.payload.clone());
         }
         event
     }
 
     fn passed_check_8(&self) -> bool {
-        self.in_window && self.signature_new
+        self.in_window && self.replay.was_new
     }
 
     /// What the receipt says of the call besides the answer (SPEC 14), for evidence to sign.
@@ -268,7 +268,7 @@ pub async fn invoke(gw: &Gateway, body: &[u8], client: Option<std::net::SocketAd
     let env = match envelope::parse_envelope(body) {
         Ok(env) => env,
         Err(e) => {
-            gw.audit.record_unreadable(client, body.len());
+            gw.audit().record_unreadable(client, body.len());
             return Outcome::Refused {
                 error: ApiError::new(Code::MalformedEnvelope, e.to_string()),
                 tool: None,
@@ -309,7 +309,10 @@ pub async fn call_as_person(
         caller: Some(Verified::Person(person)),
         // No envelope, so nothing to replay: every answer carries a receipt (SPEC 14, 17).
         in_window: true,
-        signature_new: true,
+        replay: Replay {
+            unwritten: None,
+            was_new: true,
+        },
         ..CallFacts::default()
     };
     let sent = Sent {
@@ -366,16 +369,16 @@ async fn remember_before_refusing(
 /// Writes check 8's replay record on its own, for a call that ends before admission: 1008 when the
 /// signature was seen before.
 async fn write_replay_record(gw: &Gateway, facts: &mut CallFacts) -> Result<(), Refused> {
-    let Some(seen) = facts.replay_record.take() else {
+    let Some(seen) = facts.replay.unwritten.take() else {
         return Ok(());
     };
     let first_use = gw
-        .store
+        .store()
         .remember_signature(&seen.signature, seen.expires_at_ms)
         .await
         .map_err(store_refusal)?;
     if first_use {
-        facts.signature_new = true;
+        facts.replay.was_new = true;
         Ok(())
     } else {
         Err(replayed())
@@ -428,11 +431,11 @@ async fn after_verification(
     let call =
         envelope::parse_call(sent.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
     let (context, shadow) = gw
-        .contexts
+        .contexts()
         .get_with_shadow(&session.record.security_context);
     facts.context = context.as_ref().map(|c| c.spec.name.clone());
     facts.context_version = context.as_ref().map(|c| c.version.clone());
-    let (id, tool, arguments, idempotency_key) = match call {
+    let call = match call {
         Call::ToolsList { id } => {
             facts.phases.enter(Phase::Forward);
             return list_tools(gw, sent, facts, context, session, id).await;
@@ -442,151 +445,40 @@ async fn after_verification(
             tool,
             arguments,
             idempotency_key,
-        } => (id, tool.as_str().to_string(), arguments, idempotency_key),
+        } => ToolCall {
+            id,
+            tool: tool.as_str().to_owned(),
+            arguments,
+            idempotency_key,
+        },
     };
-    facts.tool = Some(tool.clone());
+    facts.tool = Some(call.tool.clone());
     facts.phases.enter(Phase::Decide);
-    let asked = Asked {
-        session,
-        tool: &tool,
-        arguments: &arguments,
-    };
-    let (context, index, rule, flow) = decide(gw, context, shadow, &asked, facts, sent).await?; // SPEC 6.3, 19, 6.4
-    let capability = &context.capabilities[index];
-    if !gw.upstreams.has_route(&tool) {
-        return Err(refuse(
-            Code::NoRouteForTool,
-            format!("no upstream serves {tool:?}"),
-        ));
-    }
-    // SPEC 18: a tool whose definition is not the pinned one is refused before anything is sent (its
-    // event names the capability that allowed the call; nothing was charged).
-    gw.check_tool(&tool).await.map_err(|withheld| {
-        let error = ApiError::new(Code::ToolDefinitionChanged, withheld.message())
-            .with_details(withheld.details());
-        decided_by(
-            Box::new(Refusal {
-                error,
-                rule: None,
-                event: None,
-            }),
-            &rule,
-        )
-    })?;
+    let allowed = decide(gw, context, shadow, &call.asked(session), facts, sent).await?; // SPEC 6.3, 19, 6.4
+    require_route(gw, &call.tool)?;
+    require_pinned(gw, &call.tool, &allowed.rule).await?; // SPEC 18, before anything is charged
     facts.phases.enter(Phase::Claim);
-    let claim_record = new_claim(
-        caller.sub(),
-        session,
-        capability,
-        &tool,
-        &arguments,
-        idempotency_key.as_deref(),
-    );
-    let with_rule = |mut refusal: Refused| {
-        // Rate and budget refusals are the capability's decision: they carry its rule.
-        if matches!(
-            refusal.error.code,
-            Code::RateLimitExceeded | Code::BudgetExhausted
-        ) {
-            refusal.rule = Some(rule.clone());
-        }
-        refusal
-    };
-    // A flow rule's `approval` asks a person even where the capability asks none; one approval for both.
-    let approval = capability
-        .approval
-        .or(flow.as_ref().map(|_| crate::approval::FLOW_APPROVAL));
-    let (admitted, grant) = match approval {
-        // Rate, budget and claim are one store call; what it finds decides whether anything runs.
-        None => (
-            admit(gw, facts, session, &context, index, claim_record)
-                .await
-                .map_err(with_rule)?,
-            None,
-        ),
-        Some(approval_rule) => {
-            let call = crate::approval::Call {
-                session_id: &session.record.session_id,
-                sub: caller.sub(),
-                tool: &tool,
-                arguments: &arguments,
-                call_digest: &claim::call_digest(&tool, &arguments),
-                context: &context.spec.name,
-                context_version: &context.version,
-                rule: approval_rule,
-                registered_by: session.record.registered_by.as_ref(),
-                team: &session.record.team,
-                flow_rule: flow.as_ref().map(|flow| flow.index),
-            };
-            refuse_while_pending(gw, facts, &call, &rule, claim_record.as_ref()).await?; // SPEC 13 r3
-            admit(gw, facts, session, &context, index, None)
-                .await
-                .map_err(with_rule)?;
-            claim_after_approval(gw, facts, &call, &rule, claim_record).await?
-        }
-    };
-    let pending = match admitted {
-        None => {
-            facts.claim = Some("NONE");
-            None
-        }
-        Some(Taken::Proceed(record)) => {
-            facts.note_claim(&record, "PROCEED");
-            Some(record)
-        }
-        Some(Taken::Skip(record)) => {
-            facts.note_claim(&record, "SKIP");
+    let (pending, grant) = match admit(gw, facts, &caller, session, &allowed, &call).await? {
+        Next::Forward { claim, grant } => (claim, grant),
+        Next::Skip(record) => {
             facts.phases.enter(Phase::Settle);
-            return skip(gw, sent, facts, (&context, index, &rule), &record, &id).await;
-        }
-        Some(Taken::Pending(record)) => {
-            facts.note_claim(&record, "PENDING");
-            return Err(decided_by(
-                refuse(
-                    Code::ClaimPending,
-                    "this call is already in flight or its outcome is unknown",
-                ),
-                &rule,
-            ));
-        }
-        Some(Taken::OtherCall(record)) => {
-            facts.note_claim(&record, "PENDING");
-            facts.claim = None;
-            return Err(decided_by(
-                refuse(
-                    Code::IdempotencyKeyReused,
-                    "this idempotency key was used for a different tool or different arguments",
-                ),
-                &rule,
-            ));
+            return skip(gw, sent, facts, &allowed, &record, &call.id).await;
         }
     };
-    // Durable before the forward when claimed.
-    if let Err(refusal) = authorize(gw, sent, facts, &rule, pending.as_ref()).await {
+    // Durable before the forward when claimed; a grant goes back when nothing was sent.
+    if let Err(refusal) = authorize(gw, sent, facts, &allowed.rule, pending.as_ref()).await {
         if let Some(used) = &grant {
-            let _ = crate::approval::restore(gw.store.as_ref(), used).await;
+            let _ = crate::approval::restore(gw.store().as_ref(), used).await;
         }
         return Err(refusal);
     }
     facts.phases.enter(Phase::Forward);
-    let answer = gw
-        .upstreams
-        .call(
-            &tool,
-            &id,
-            &arguments,
-            idempotency_key.as_deref(),
-            capability.max_response_size,
-        )
-        .await;
-    facts.forwarded = !matches!(
-        answer,
-        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
-    );
+    let answer = forward(gw, facts, &call, allowed.capability()).await;
     facts.phases.enter(Phase::Settle);
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
     }
+    let capability = allowed.capability();
     settle(
         gw,
         sent,
@@ -599,131 +491,244 @@ async fn after_verification(
     .await
 }
 
-/// SPEC 13 r3: a repeat whose own request is still pending gets 4003 with that request's id before it is
-/// charged to rate or budget (its replay record is still written, by the refusal). A call whose request
-/// id finds a claim is answered by section 7 as usual, charged.
-async fn refuse_while_pending(
-    gw: &Gateway,
-    facts: &mut CallFacts,
-    call: &crate::approval::Call<'_>,
-    rule: &policy::Rule,
-    claim_record: Option<&ClaimRecord>,
-) -> Result<(), Refused> {
-    if existing_claim(gw, claim_record).await?.is_some() {
+/// A `tools/call` as its payload asks it.
+struct ToolCall {
+    id: Value,
+    tool: String,
+    arguments: Map<String, Value>,
+    idempotency_key: Option<String>,
+}
+
+impl ToolCall {
+    fn asked<'a>(&'a self, session: &'a LiveSession) -> Asked<'a> {
+        Asked {
+            session,
+            tool: &self.tool,
+            arguments: &self.arguments,
+        }
+    }
+}
+
+/// What the policy allowed: the context in force, the capability and rule that allowed the call, and the
+/// flow rule that asks a person's approval first, when one does.
+struct Allowed {
+    context: Arc<SecurityContext>,
+    index: usize,
+    rule: policy::Rule,
+    flow: Option<FlowMatch>,
+}
+
+impl Allowed {
+    fn capability(&self) -> &Capability {
+        &self.context.capabilities[self.index]
+    }
+}
+
+/// 2006 (SPEC 4): an allowed tool that no upstream serves.
+fn require_route(gw: &Gateway, tool: &str) -> Result<(), Refused> {
+    if gw.upstreams().has_route(tool) {
         return Ok(());
     }
-    let pending =
-        crate::approval::still_pending(gw.store.as_ref(), call.session_id, call.call_digest)
-            .await
-            .map_err(store_refusal)?;
-    match pending {
-        Some(record) => {
-            let waiting = ApiError::new(Code::ApprovalRequired, WAITING);
-            Err(held(facts, rule, waiting, &record, None))
-        }
-        None => Ok(()),
-    }
+    Err(refuse(
+        Code::NoRouteForTool,
+        format!("no upstream serves {tool:?}"),
+    ))
 }
 
-/// SPEC 13, for a call already charged: the claim comes first (a call whose request id finds a claim
-/// is answered by section 7 and asks for nothing), then the approval step, and only a call holding a
-/// grant takes its claim. Returns what taking the claim found (None without a request id) and the grant,
-/// now marked used, when the call is to run.
-async fn claim_after_approval(
+/// SPEC 18: a tool whose definition is not the pinned one is refused before anything is sent; its event
+/// names the capability that allowed the call, and nothing was charged.
+async fn require_pinned(gw: &Gateway, tool: &str, rule: &policy::Rule) -> Result<(), Refused> {
+    gw.check_tool(tool).await.map_err(|withheld| {
+        let error = ApiError::new(Code::ToolDefinitionChanged, withheld.message())
+            .with_details(withheld.details());
+        decided_by(
+            Box::new(Refusal {
+                error,
+                rule: None,
+                event: None,
+            }),
+            rule,
+        )
+    })
+}
+
+/// What an admitted call does next: run, holding its claim and grant, or answer from a COMMITTED claim.
+enum Next {
+    Forward {
+        claim: Option<ClaimRecord>,
+        grant: Option<Box<crate::store::ApprovalRecord>>,
+    },
+    Skip(ClaimRecord),
+}
+
+/// SPEC 7, 11, 13 (`claim::admission`): the call's replay record, rate, budget, approval step and claim.
+/// A claim that answers the call with a refusal (4001, 4002) is refused here; every refusal of an allowed
+/// call names its capability's rule.
+async fn admit(
     gw: &Gateway,
     facts: &mut CallFacts,
-    call: &crate::approval::Call<'_>,
-    rule: &policy::Rule,
-    claim_record: Option<ClaimRecord>,
-) -> Result<(Option<Taken>, Option<crate::store::ApprovalRecord>), Refused> {
-    if let Some(found) = existing_claim(gw, claim_record.as_ref()).await? {
-        return Ok((Some(found), None));
+    caller: &Verified,
+    session: &LiveSession,
+    allowed: &Allowed,
+    call: &ToolCall,
+) -> Result<Next, Refused> {
+    // Only an approval request needs the call's digest here (a claim computes its own).
+    let call_digest =
+        approval_rule(allowed).map(|_| claim::call_digest(&call.tool, &call.arguments));
+    let ask = ask(caller, session, allowed, call, call_digest.as_deref());
+    let admitted = admission::admit(&gw.approvals(), ask, &mut facts.replay)
+        .await
+        .map_err(|refusal| not_admitted(facts, allowed, refusal))?;
+    note_admission(facts, &admitted);
+    match admitted {
+        Admitted::Run { claim, grant } => Ok(Next::Forward { claim, grant }),
+        Admitted::Skip(record) => Ok(Next::Skip(record)),
+        Admitted::Pending(_) => Err(decided_by(
+            refuse(
+                Code::ClaimPending,
+                "this call is already in flight or its outcome is unknown",
+            ),
+            &allowed.rule,
+        )),
+        Admitted::OtherCall(_) => Err(decided_by(
+            refuse(
+                Code::IdempotencyKeyReused,
+                "this idempotency key was used for a different tool or different arguments",
+            ),
+            &allowed.rule,
+        )),
     }
-    let used = approve(gw, facts, call, rule).await?;
-    let taken = match claim_record {
-        None => return Ok((None, Some(used))),
-        Some(pending) => claim::take(gw.store.as_ref(), pending).await,
-    };
-    match taken {
-        Ok(Taken::Proceed(record)) => Ok((Some(Taken::Proceed(record)), Some(used))),
-        // Another call took the claim meanwhile, or the store failed: nothing runs, the grant stays.
-        other => {
-            crate::approval::restore(gw.store.as_ref(), &used)
-                .await
-                .map_err(store_refusal)?;
-            other
-                .map(|taken| (Some(taken), None))
-                .map_err(store_refusal)
+}
+
+/// A flow rule's `approval` asks a person even where the capability asks none; one approval for both.
+fn approval_rule(allowed: &Allowed) -> Option<policy::ApprovalRule> {
+    let capability = allowed.capability();
+    let flow = allowed.flow.as_ref();
+    capability
+        .approval
+        .or(flow.map(|_| crate::approval::FLOW_APPROVAL))
+}
+
+/// What the call is admitted with: its capability's rate window, the session's budget, its claim, and
+/// the approval step when the capability or a flow rule asks for a person.
+fn ask<'a>(
+    caller: &'a Verified,
+    session: &'a LiveSession,
+    allowed: &'a Allowed,
+    call: &'a ToolCall,
+    call_digest: Option<&'a str>,
+) -> Ask<'a> {
+    let capability = allowed.capability();
+    let record = &session.record;
+    Ask {
+        rate: capability.rate_limit.map(|limit| {
+            let cell = policy::rate::cell_key(
+                &record.session_id,
+                &allowed.context.spec.name,
+                &capability.identity(),
+            );
+            (cell, policy::rate::SlidingWindow::from(limit))
+        }),
+        // Counted without a budget too: the session's `calls.allowed` reads this cell.
+        budget: (
+            crate::session::budget_key(&record.session_id),
+            record.max_calls.unwrap_or(u64::MAX),
+        ),
+        claim: new_claim(caller.sub(), session, capability, call),
+        approval: approval_rule(allowed)
+            .zip(call_digest)
+            .map(|(rule, call_digest)| crate::approval::Call {
+                session_id: &record.session_id,
+                sub: caller.sub(),
+                tool: &call.tool,
+                arguments: &call.arguments,
+                call_digest,
+                context: &allowed.context.spec.name,
+                context_version: &allowed.context.version,
+                rule,
+                registered_by: record.registered_by.as_ref(),
+                team: &record.team,
+                flow_rule: allowed.flow.as_ref().map(|flow| flow.index),
+            }),
+    }
+}
+
+/// The claim (and grant) the call's events and receipt name.
+fn note_admission(facts: &mut CallFacts, admitted: &Admitted) {
+    match admitted {
+        Admitted::Run { claim, grant } => {
+            match claim {
+                Some(record) => facts.note_claim(record, "PROCEED"),
+                None => facts.claim = Some("NONE"),
+            }
+            if let Some(used) = grant {
+                facts.approval_id = Some(used.approval_id.clone());
+            }
+        }
+        Admitted::Skip(record) => facts.note_claim(record, "SKIP"),
+        Admitted::Pending(record) => facts.note_claim(record, "PENDING"),
+        Admitted::OtherCall(record) => {
+            facts.note_claim(record, "PENDING");
+            facts.claim = None;
         }
     }
 }
 
-/// The claim a call with an approval step would meet, classified as section 7 answers it (SKIP, 4001,
-/// 4002), or None when it has no request id or none was taken yet.
-async fn existing_claim(
-    gw: &Gateway,
-    pending: Option<&ClaimRecord>,
-) -> Result<Option<Taken>, Refused> {
-    let Some(pending) = pending else {
-        return Ok(None);
-    };
-    let existing = gw
-        .store
-        .claim_get(ClaimKind::Invoke, &pending.request_id)
-        .await
-        .map_err(store_refusal)?;
-    Ok(existing.map(|existing| claim::classify(pending.clone(), Some(existing))))
+/// The refusal of an allowed call that admission turned away. Rate, budget and approval are the
+/// capability's decisions: they carry its rule.
+fn not_admitted(facts: &mut CallFacts, allowed: &Allowed, refusal: admission::Refusal) -> Refused {
+    use admission::Refusal as Not;
+    let rule = &allowed.rule;
+    match refusal {
+        Not::Replayed => replayed(),
+        Not::RateLimited { retry_after_ms } => {
+            let secs = u64::try_from(retry_after_ms)
+                .unwrap_or(0)
+                .div_ceil(1000)
+                .max(1);
+            let message = format!(
+                "rate limit of capability {} exceeded; retry in {secs} s",
+                allowed.index
+            );
+            let mut refusal = refuse(Code::RateLimitExceeded, message);
+            refusal.error = refusal.error.with_retry_after(secs);
+            decided_by(refusal, rule)
+        }
+        Not::BudgetExhausted => decided_by(
+            refuse(
+                Code::BudgetExhausted,
+                "the session's call budget is used up",
+            ),
+            rule,
+        ),
+        Not::Held(hold) => held(facts, rule, *hold),
+        Not::Store(error) => store_refusal(error),
+    }
 }
 
-/// SPEC 13's step: the call's grant, now marked used, or the refusal (4003 or 4004) that holds the call.
-async fn approve(
-    gw: &Gateway,
-    facts: &mut CallFacts,
-    call: &crate::approval::Call<'_>,
-    rule: &policy::Rule,
-) -> Result<crate::store::ApprovalRecord, Refused> {
-    use crate::approval::Gate;
-    let gate = crate::approval::gate(&gw.approvals(), call)
-        .await
-        .map_err(store_refusal)?;
-    let (code, message, record, event) = match gate {
-        Gate::Granted(used) => {
-            facts.approval_id = Some(used.approval_id.clone());
-            return Ok(used);
-        }
-        Gate::Requested(record) => (
+/// The refusal (4003 or 4004) of a call that the approval step holds back, naming its request.
+fn held(facts: &mut CallFacts, rule: &policy::Rule, hold: admission::Hold) -> Refused {
+    use admission::Hold;
+    let (code, message, record, event) = match hold {
+        Hold::Requested(record) => (
             Code::ApprovalRequired,
             "a person must approve this call first",
             record,
             Some(EventType::ApprovalRequested),
         ),
-        Gate::Waiting(record) => (Code::ApprovalRequired, WAITING, record, None),
-        Gate::Denied(record) => (
+        Hold::Waiting(record) => (
+            Code::ApprovalRequired,
+            "this call is waiting for a person's approval",
+            record,
+            None,
+        ),
+        Hold::Denied(record) => (
             Code::ApprovalDenied,
             "a person refused this call",
             record,
             None,
         ),
     };
-    Err(held(
-        facts,
-        rule,
-        ApiError::new(code, message),
-        &record,
-        event,
-    ))
-}
-
-const WAITING: &str = "this call is waiting for a person's approval";
-
-/// The refusal (4003 or 4004) of a call that the approval step holds back, naming its request.
-fn held(
-    facts: &mut CallFacts,
-    rule: &policy::Rule,
-    error: ApiError,
-    record: &crate::store::ApprovalRecord,
-    event: Option<EventType>,
-) -> Refused {
     facts.approval_id = Some(record.approval_id.clone());
     let mut details = json!({
         "approval_id": record.approval_id,
@@ -733,10 +738,34 @@ fn held(
         details["reason"] = json!(reason);
     }
     Box::new(Refusal {
-        error: error.with_details(details),
+        error: ApiError::new(code, message).with_details(details),
         rule: Some(rule.clone()),
         event,
     })
+}
+
+/// Sends the call to its upstream. A call that never left the gateway is not `forwarded` (SPEC 3 r2).
+async fn forward(
+    gw: &Gateway,
+    facts: &mut CallFacts,
+    call: &ToolCall,
+    capability: &Capability,
+) -> Result<Value, UpstreamError> {
+    let answer = gw
+        .upstreams()
+        .call(
+            &call.tool,
+            &call.id,
+            &call.arguments,
+            call.idempotency_key.as_deref(),
+            capability.max_response_size,
+        )
+        .await;
+    facts.forwarded = !matches!(
+        answer,
+        Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
+    );
+    answer
 }
 
 /// After the forward: a call that reached the tool used its grant up (`ApprovalUsed`, durable with the
@@ -750,19 +779,19 @@ async fn use_grant(
         answer,
         Err(UpstreamError::Unavailable(_) | UpstreamError::NoRoute)
     ) {
-        return crate::approval::restore(gw.store.as_ref(), used)
+        return crate::approval::restore(gw.store().as_ref(), used)
             .await
             .map_err(store_refusal);
     }
     let event = crate::approval::event(EventType::ApprovalUsed, used);
-    retry_after_forward(gw, || gw.audit.record_deferred(event.clone()))
+    retry_after_forward(gw, || gw.audit().record_deferred(event.clone()))
         .await
         .map_err(forwarded_but_unrecorded)
 }
 
 /// Checks 2–4: the token decodes, verifies with a pinned key, and is current.
 async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<AgentClaims>, Refused> {
-    gw.agent_tokens
+    gw.agent_tokens()
         .verify_with_refresh(&env.security_token, now)
         .await
         .map_err(|e| match e {
@@ -773,8 +802,8 @@ async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<Agen
 
 /// Check 5: the session of the token's execution, from memory.
 async fn session_of(gw: &Gateway, claims: &AgentClaims) -> Result<Arc<LiveSession>, Refused> {
-    gw.sessions
-        .get(gw.store.as_ref(), &claims.exec_id)
+    gw.sessions()
+        .get(gw.store().as_ref(), &claims.exec_id)
         .await
         .map_err(store_refusal)?
         .ok_or_else(|| refuse(Code::SessionNotFound, "no session for the token's exec_id"))
@@ -825,9 +854,9 @@ fn check_window(
     now: i64,
     facts: &mut CallFacts,
 ) -> Result<(), Refused> {
-    let skew = gw.config.limits.max_clock_skew_secs;
+    let skew = gw.config().limits.max_clock_skew_secs;
     let window_end_ms = crate::store::replay_record_expiry_ms(env.timestamp, skew);
-    facts.replay_record = (window_end_ms > clock::now_millis()).then(|| SeenSignature {
+    facts.replay.unwritten = (window_end_ms > clock::now_millis()).then(|| SeenSignature {
         signature: signature.to_bytes(),
         expires_at_ms: window_end_ms,
     });
@@ -838,7 +867,7 @@ fn check_window(
         ));
     }
     // Since a start with a wider window, older records may be gone: no envelope older than they cover.
-    if let Some(covered) = gw.replay_cover.narrowed_secs(clock::now_millis()) {
+    if let Some(covered) = gw.replay_cover().narrowed_secs(clock::now_millis()) {
         if now.saturating_sub(env.timestamp) > covered {
             return Err(refuse(
                 Code::TimestampOutOfWindow,
@@ -904,7 +933,7 @@ async fn decide(
     asked: &Asked<'_>,
     facts: &CallFacts,
     sent: &Sent<'_>,
-) -> Result<(Arc<SecurityContext>, usize, policy::Rule, Option<FlowMatch>), Refused> {
+) -> Result<Allowed, Refused> {
     let Asked {
         session,
         tool,
@@ -914,7 +943,7 @@ async fn decide(
         policy::flows::needs_labels(context, &session.patterns, tool)
     };
     let held = if needs_labels(context.as_deref()) || needs_labels(shadow.as_deref()) {
-        crate::session::labels(gw.store.as_ref(), &session.record.session_id)
+        crate::session::labels(gw.store().as_ref(), &session.record.session_id)
             .await
             .map_err(store_refusal)?
     } else {
@@ -937,9 +966,12 @@ async fn decide(
             rule,
             flow,
         } => match context {
-            Some(context) if capability < context.capabilities.len() => {
-                Ok((context, capability, rule, flow))
-            }
+            Some(context) if capability < context.capabilities.len() => Ok(Allowed {
+                context,
+                index: capability,
+                rule,
+                flow,
+            }),
             _ => Err(missing_context()),
         },
         Decision::Deny {
@@ -981,7 +1013,7 @@ async fn compare_with_shadow(
         held,
     );
     let verdicts = (live.verdict(context), shadowed.verdict(Some(shadow)));
-    gw.shadows
+    gw.shadows()
         .count(shadow, asked.tool, verdicts, crate::clock::now_millis());
     if verdicts.0 == verdicts.1 {
         return;
@@ -994,7 +1026,7 @@ async fn compare_with_shadow(
             "live": crate::shadow::side(live, verdicts.0, context),
             "shadow": crate::shadow::side(&shadowed, verdicts.1, Some(shadow)),
         }));
-    if let Err(e) = gw.audit.record_deferred(event).await {
+    if let Err(e) = gw.audit().record_deferred(event).await {
         tracing::warn!(error = %e, "could not record a shadow decision that differed");
     }
 }
@@ -1016,91 +1048,25 @@ fn new_claim(
     sub: &str,
     session: &LiveSession,
     capability: &Capability,
-    tool: &str,
-    arguments: &Map<String, Value>,
-    idempotency_key: Option<&str>,
+    call: &ToolCall,
 ) -> Option<ClaimRecord> {
     let request_id = claim::request_id(
         capability.claim,
         sub,
         &session.record.session_id,
-        tool,
-        arguments,
-        idempotency_key,
+        &call.tool,
+        &call.arguments,
+        call.idempotency_key.as_deref(),
     )?;
     Some(claim::new_pending(
         ClaimKind::Invoke,
         &request_id,
-        tool,
+        &call.tool,
         sub,
         Some(&session.record.session_id),
-        Some(claim::call_digest(tool, arguments)),
+        Some(claim::call_digest(&call.tool, &call.arguments)),
         &session.record.team,
     ))
-}
-
-/// Writes the replay record, charges the capability's rate window and the session's budget, then takes the
-/// claim: one store call.
-/// Returns what taking the claim found, or None when the call takes no claim.
-async fn admit(
-    gw: &Gateway,
-    facts: &mut CallFacts,
-    session: &LiveSession,
-    context: &SecurityContext,
-    capability_index: usize,
-    claim_record: Option<ClaimRecord>,
-) -> Result<Option<Taken>, Refused> {
-    let capability = &context.capabilities[capability_index];
-    let record = &session.record;
-    let admission = Admission {
-        signature: facts.replay_record.take(),
-        rate: capability.rate_limit.map(|limit| {
-            (
-                policy::rate::cell_key(
-                    &record.session_id,
-                    &context.spec.name,
-                    &capability.identity(),
-                ),
-                policy::rate::SlidingWindow::from(limit),
-            )
-        }),
-        // Counted without a budget too: the session's `calls.allowed` reads this cell.
-        budget: Some((
-            crate::session::budget_key(&record.session_id),
-            record.max_calls.unwrap_or(u64::MAX),
-        )),
-        claim: claim_record,
-        now_ms: clock::now_millis(),
-    };
-    let admitted = gw.store.admit(&admission).await.map_err(store_refusal)?;
-    facts.signature_new |= admission.signature.is_some() && admitted != Admitted::Replayed;
-    match admitted {
-        Admitted::Replayed => Err(replayed()),
-        Admitted::RateLimited { retry_after_ms } => {
-            let secs = u64::try_from(retry_after_ms)
-                .unwrap_or(0)
-                .div_ceil(1000)
-                .max(1);
-            Err(Box::new(Refusal {
-                error: ApiError::new(
-                    Code::RateLimitExceeded,
-                    format!(
-                        "rate limit of capability {capability_index} exceeded; retry in {secs} s"
-                    ),
-                )
-                .with_retry_after(secs),
-                rule: None,
-                event: None,
-            }))
-        }
-        Admitted::BudgetExhausted => Err(refuse(
-            Code::BudgetExhausted,
-            "the session's call budget is used up",
-        )),
-        Admitted::Charged { existing_claim } => Ok(admission
-            .claim
-            .map(|pending| claim::classify(pending, existing_claim.map(|c| *c)))),
-    }
 }
 
 /// Records `ToolCallAuthorized`. With a claim, it is awaited: its group commit makes the claim durable
@@ -1117,11 +1083,15 @@ async fn authorize(
         .decision(Verdict::Allow)
         .rule(serde_json::to_value(rule).unwrap_or(Value::Null));
     let Some(pending) = pending else {
-        return gw.audit.record_deferred(event).await.map_err(store_refusal);
+        return gw
+            .audit()
+            .record_deferred(event)
+            .await
+            .map_err(store_refusal);
     };
-    if let Err(e) = gw.audit.record(event).await {
+    if let Err(e) = gw.audit().record(event).await {
         // Nothing was sent: give the claim back so that a retry is not blocked by 4001 forever.
-        let _ = claim::release(gw.store.as_ref(), pending).await;
+        let _ = claim::release(gw.store().as_ref(), pending).await;
         return Err(store_refusal(e));
     }
     Ok(())
@@ -1143,7 +1113,7 @@ async fn settle(
         (Err(err), None) => return Err(upstream_refusal(&err)),
         (Err(err), Some(pending)) => {
             retry_after_forward(gw, || {
-                claim::settle_failed(gw.store.as_ref(), pending, &err)
+                claim::settle_failed(gw.store().as_ref(), pending, &err)
             })
             .await
             .map_err(forwarded_but_unrecorded)?;
@@ -1152,13 +1122,13 @@ async fn settle(
     };
     // SPEC 18: what is stored for a SKIP, recorded with payloads and bound by the receipt is the
     // guarded answer.
-    let guard = gw.answer_guard.rules(capability.answer_guard.as_ref());
+    let guard = gw.answer_guard().rules(capability.answer_guard.as_ref());
     guard_answer(gw, sent, facts, pending, &mut response, guard).await?;
     let mut completed = facts
         .event(gw, EventType::ToolCallCompleted, sent)
         .decision(Verdict::Allow)
         .duration_ms(started.elapsed().as_millis() as u64);
-    if gw.config.audit.include_payloads {
+    if gw.config().audit.include_payloads {
         completed = completed.result(response.clone());
     }
     // The session gains the capability's labels (SPEC 19) with this event: the store keeps them from the
@@ -1169,7 +1139,7 @@ async fn settle(
     // The claim's COMMITTED record rides in the same batch as the event: one durable commit for both.
     let settlement = pending.map(|pending| claim::answered(pending, &response));
     let recorded = retry_after_forward(gw, || {
-        gw.audit
+        gw.audit()
             .record_with_settlement(completed.clone(), settlement.clone())
     })
     .await
@@ -1189,7 +1159,7 @@ async fn guard_answer(
     guard: crate::guard::Rules<'_>,
 ) -> Result<(), Refused> {
     let tool = facts.tool.as_deref().unwrap_or_default();
-    let report = crate::guard::answer(response, gw.upstreams.credentials(tool), guard);
+    let report = crate::guard::answer(response, gw.upstreams().credentials(tool), guard);
     if report.is_clean() {
         return Ok(());
     }
@@ -1199,7 +1169,7 @@ async fn guard_answer(
         .detail(report.detail());
     if !report.withheld() {
         return gw
-            .audit
+            .audit()
             .record_deferred(event)
             .await
             .map_err(forwarded_but_unrecorded);
@@ -1207,7 +1177,7 @@ async fn guard_answer(
     let event = event.code(Code::AnswerWithheld.number());
     let settlement = pending.map(|pending| claim::withheld(pending, report.kinds()));
     retry_after_forward(gw, || {
-        gw.audit
+        gw.audit()
             .record_with_settlement(event.clone(), settlement.clone())
     })
     .await
@@ -1236,7 +1206,7 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
     E: std::fmt::Display,
 {
-    let deadline = Instant::now() + Duration::from_secs(gw.config.limits.store_retry_secs);
+    let deadline = Instant::now() + Duration::from_secs(gw.config().limits.store_retry_secs);
     let mut pause = Duration::from_millis(10);
     loop {
         match write().await {
@@ -1277,11 +1247,12 @@ async fn skip(
     gw: &Gateway,
     sent: &Sent<'_>,
     facts: &CallFacts,
-    (context, capability_index, rule): (&SecurityContext, usize, &policy::Rule),
+    allowed: &Allowed,
     record: &ClaimRecord,
     id: &Value,
 ) -> Result<Outcome, Refused> {
-    let cap = context.capabilities[capability_index].max_response_size;
+    let rule = &allowed.rule;
+    let cap = allowed.capability().max_response_size;
     let response = claim::skip_answer(record, id, cap).map_err(|withheld| match withheld {
         Withheld::WasTooLarge { limit } => decided_by(
             refuse(
@@ -1301,7 +1272,7 @@ async fn skip(
         Withheld::Missing => store_refusal("store holds a committed claim without an answer"),
     })?;
     let recorded = gw
-        .audit
+        .audit()
         .record(
             facts
                 .event(gw, EventType::ClaimSkipped, sent)
@@ -1318,7 +1289,7 @@ async fn skip(
 fn success(gw: &Gateway, payload: Value, facts: &CallFacts, recorded: &Recorded) -> Outcome {
     let fields = facts.receipt_fields(&recorded.event_id);
     let receipt = gw
-        .evidence
+        .evidence()
         .receipt(fields, &facts.statement(None, Some(&payload), recorded));
     Outcome::Success { payload, receipt }
 }
@@ -1331,7 +1302,7 @@ fn with_receipt(gw: &Gateway, facts: &CallFacts, error: ApiError, recorded: &Rec
     }
     let fields = facts.receipt_fields(&recorded.event_id);
     let receipt = gw
-        .evidence
+        .evidence()
         .receipt(fields, &facts.statement(Some(error.code), None, recorded));
     error.with_receipt(receipt)
 }
@@ -1353,7 +1324,7 @@ async fn record_refusal(
     // Anyone holding a captured envelope or token can cause a refusal before check 8 passes (1000–1008),
     // so those are recorded at a bounded rate per address (SPEC 9.1 r3); a refusal owed a receipt, after
     // check 8, is never left without its event.
-    if !facts.passed_check_8() && !gw.audit.admit_unauthenticated(client) {
+    if !facts.passed_check_8() && !gw.audit().admit_unauthenticated(client) {
         metrics::counter!("sealgate_decisions_total", "decision" => "deny", "code" => code.number().to_string())
             .increment(1);
         return refusal.error;
@@ -1371,7 +1342,7 @@ async fn record_refusal(
         event = event.decision(Verdict::Deny);
     }
     if !facts.forwarded {
-        return match gw.audit.record(event).await {
+        return match gw.audit().record(event).await {
             Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
             Err(e) => ApiError::store(e),
         };
@@ -1379,12 +1350,12 @@ async fn record_refusal(
     if code == Code::StoreUnavailable {
         // The store was already retried for `store_retry_secs` after the forward: one more try, and
         // the answer stays the 5005 that says the call was forwarded.
-        return match gw.audit.record(event).await {
+        return match gw.audit().record(event).await {
             Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
             Err(_) => refusal.error,
         };
     }
-    match retry_after_forward(gw, || gw.audit.record(event.clone())).await {
+    match retry_after_forward(gw, || gw.audit().record(event.clone())).await {
         Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
         Err(e) => forwarded_but_unrecorded(e).error,
     }
@@ -1405,7 +1376,7 @@ async fn list_tools(
         return Err(missing_context());
     };
     write_replay_record(gw, facts).await?;
-    gw.audit
+    gw.audit()
         .record_deferred(
             facts
                 .event(gw, EventType::ToolCallAuthorized, sent)
@@ -1440,7 +1411,7 @@ async fn list_tools(
     }
     let response = json!({"jsonrpc": "2.0", "id": id, "result": result});
     let recorded = gw
-        .audit
+        .audit()
         .record(
             facts
                 .event(gw, EventType::ToolCallCompleted, sent)

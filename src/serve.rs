@@ -29,7 +29,7 @@ pub async fn serve_on(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let app = crate::api::router(gateway.clone());
-    let front = crate::api::server::Front::from_config(&gateway.config)?;
+    let front = crate::api::server::Front::from_config(gateway.config())?;
     let scheme = front.scheme();
     let metrics = crate::api::metrics::start_listener(&gateway).await?;
     tracing::info!(listen = %local, scheme, "sealgate ready");
@@ -40,12 +40,12 @@ pub async fn serve_on(
     if let Some(metrics) = metrics {
         metrics.abort();
     }
-    gateway.audit.shutdown().await;
-    gateway.upstreams.shutdown().await;
-    if let Err(e) = gateway.shadows.flush().await {
+    gateway.audit().shutdown().await;
+    gateway.upstreams().shutdown().await;
+    if let Err(e) = gateway.shadows().flush().await {
         tracing::warn!(error = %e, "the last shadow tallies could not be stored at shutdown");
     }
-    let store = gateway.store.clone();
+    let store = gateway.store().clone();
     if let Err(e) = store.sync().await {
         tracing::error!(error = %e, "the store could not be synced at shutdown");
     }

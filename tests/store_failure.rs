@@ -442,7 +442,7 @@ async fn a_refusal_after_the_forward_is_recorded_once_the_store_is_back() {
     );
     let trail = rig
         .gateway
-        .store
+        .store()
         .events_newest_first(None, 10)
         .await
         .unwrap();

@@ -189,7 +189,7 @@ pub async fn list(
             && tool.is_none_or(|t| *t == a.tool)
     };
     let (items, more) = gw
-        .store
+        .store()
         .approval_page(cursor.as_ref(), limit, &keep)
         .await
         .map_err(ApiError::store)?;
@@ -244,7 +244,7 @@ async fn find(
     scope: &str,
 ) -> Result<ApprovalRecord, ApiError> {
     let record = gw
-        .store
+        .store()
         .approval_get(approval_id)
         .await
         .map_err(ApiError::store)?

@@ -63,7 +63,7 @@ pub async fn query(
     let mut query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
     query.teams = teams;
-    let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
+    let page = gw.audit().query(&query).await.map_err(ApiError::store)?;
     Ok(axum::Json(page).into_response())
 }
 
@@ -84,8 +84,8 @@ pub async fn export(
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
     let from_seq = from_seq_param(&params)?;
     // Ends with a checkpoint signed now, so that the export verifies at any moment (SPEC 20 rule 7).
-    let through_seq = gw.audit.sign_head().await;
-    let export = gw.audit.export(from_seq, through_seq);
+    let through_seq = gw.audit().sign_head().await;
+    let export = gw.audit().export(from_seq, through_seq);
     let lines = futures_util::stream::unfold(export, |mut rx| async move {
         rx.recv().await.map(|line| (line, rx))
     });
@@ -124,7 +124,7 @@ pub async fn checkpoints(
     query
         .validate()
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
-    let page = gw.audit.query(&query).await.map_err(ApiError::store)?;
+    let page = gw.audit().query(&query).await.map_err(ApiError::store)?;
     Ok(axum::Json(page).into_response())
 }
 

@@ -215,7 +215,7 @@ pub async fn list(
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
     let (items, more) = gw
-        .store
+        .store()
         .claim_page(cursor.as_ref(), limit, &|c| {
             teams.admits(&c.team) && filter.matches(c)
         })
@@ -247,7 +247,7 @@ async fn find(
     scope: &str,
 ) -> Result<ClaimRecord, ApiError> {
     let record = gw
-        .store
+        .store()
         .claim_get(kind, request_id)
         .await
         .map_err(ApiError::store)?
@@ -398,7 +398,7 @@ pub async fn resolve(
     };
     let actor = caller.sub().to_string();
     let resolved = claim::resolve(
-        gw.store.as_ref(),
+        gw.store().as_ref(),
         &request_id,
         outcome,
         &actor,
@@ -524,7 +524,7 @@ pub async fn standalone_claim(
         &team,
     );
     record.taker = Some((&caller.identity).into());
-    let taken = claim::take(gw.store.as_ref(), record)
+    let taken = claim::take(gw.store().as_ref(), record)
         .await
         .map_err(ApiError::store)?;
     let (status, existing) = match &taken {
@@ -607,7 +607,7 @@ pub async fn settle(
         identity: &caller.identity,
         admin: caller.is_admin(),
     };
-    let settled = claim::settle(gw.store.as_ref(), &request_id, request.result, &settler)
+    let settled = claim::settle(gw.store().as_ref(), &request_id, request.result, &settler)
         .await
         .map_err(|e| settle_error(e, &request_id))?;
     let status = match settled {
@@ -707,7 +707,7 @@ pub async fn standalone_audit(
     };
     let offset = offset as usize;
     let (matching, _) = gw
-        .store
+        .store()
         .claim_page(None, usize::MAX, &|c| {
             teams.admits(&c.team) && filter.matches(c)
         })

@@ -26,7 +26,7 @@ pub struct ContextList {
     responses((status = 200, description = "The contexts", body = ContextList)))]
 pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Response, ApiError> {
     let teams = caller.require_some(scopes::CONTEXT_READ)?;
-    let mut contexts = gw.contexts.list();
+    let mut contexts = gw.contexts().list();
     contexts.retain(|c| teams.admits(c.team()));
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
@@ -45,7 +45,7 @@ pub(super) fn find(
     name: &str,
     scope: &str,
 ) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
-    let context = gw.contexts.get(name).ok_or_else(|| not_found(name))?;
+    let context = gw.contexts().get(name).ok_or_else(|| not_found(name))?;
     caller.require_visible(context.team(), scopes::CONTEXT_READ, scope, || {
         not_found(name)
     })?;
@@ -66,7 +66,7 @@ pub async fn read(
     caller.require_some(scopes::CONTEXT_READ)?;
     let mut view = find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view();
     // Whether a shadow version decides beside it (SPEC 6.4 r4), so that a reader need not ask for one.
-    if let Some(shadow) = gw.contexts.shadow(&name) {
+    if let Some(shadow) = gw.contexts().shadow(&name) {
         view["shadow_version"] = Value::from(shadow.version.clone());
     }
     Ok(axum::Json(view).into_response())
@@ -137,9 +137,9 @@ pub async fn put(
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let spec: Value = json_body(&body)?;
     let (spec, context) = parse_spec(&name, spec)?;
-    let _turn = gw.context_writes.lock().await;
+    let _turn = gw.context_writes().lock().await;
     // SPEC 16: the write scope on the context's team before the write, and on its team after it.
-    let existed = match gw.contexts.get(&name) {
+    let existed = match gw.contexts().get(&name) {
         Some(current) => {
             caller.require_visible(
                 current.team(),
@@ -189,11 +189,11 @@ pub(super) async fn save(
         name: context.name().to_owned(),
         spec,
     };
-    gw.store
+    gw.store()
         .context_put(shelf, &stored)
         .await
         .map_err(ApiError::store)?;
-    let contexts = gw.contexts.clone();
+    let contexts = gw.contexts().clone();
     tokio::task::spawn_blocking(move || apply_stored(&contexts, shelf, context))
         .await
         .map_err(ApiError::store)?
@@ -204,11 +204,11 @@ pub(super) async fn save(
 /// Removes a context kept in the store, or a shadow version: from the store, then from this replica's
 /// registry.
 async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(), ApiError> {
-    gw.store
+    gw.store()
         .context_delete(shelf, name)
         .await
         .map_err(ApiError::store)?;
-    let (contexts, key) = (gw.contexts.clone(), name.to_owned());
+    let (contexts, key) = (gw.contexts().clone(), name.to_owned());
     match tokio::task::spawn_blocking(move || remove_stored(&contexts, shelf, &key))
         .await
         .map_err(ApiError::store)?
@@ -264,7 +264,7 @@ pub async fn delete(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
-    let _turn = gw.context_writes.lock().await;
+    let _turn = gw.context_writes().lock().await;
     let current = find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
     remove_recorded(&gw, &caller, Shelf::Live, &current, "removed").await?;
     Ok(axum::Json(ContextDeleted {

@@ -59,12 +59,12 @@ pub async fn readyz(
     axum::extract::State(gw): State,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
-    if let Err(e) = gw.store.ping().await {
+    if let Err(e) = gw.store().ping().await {
         return ApiError::store(format!("not ready: the store does not answer: {e}"))
             .into_response();
     }
-    let waiting = (gw.agent_tokens.key_set().waiting_for_keys())
-        .or_else(|| gw.operators.key_set().waiting_for_keys());
+    let waiting = (gw.agent_tokens().key_set().waiting_for_keys())
+        .or_else(|| gw.operators().key_set().waiting_for_keys());
     if let Some(waiting) = waiting {
         // 6001: until the keys arrive, no operator or agent token signed by them can be verified.
         return ApiError::new(
@@ -74,7 +74,7 @@ pub async fn readyz(
         .with_status(StatusCode::SERVICE_UNAVAILABLE)
         .into_response();
     }
-    let contexts = gw.contexts.list().len();
+    let contexts = gw.contexts().list().len();
     if contexts == 0 {
         // 6003: the missing thing is a context; the status says the gateway, not the route, is unready.
         return ApiError::new(
@@ -90,7 +90,7 @@ pub async fn readyz(
         axum::Json(Readiness {
             status: "ready",
             contexts,
-            upstreams: wants_verbose(query.as_deref()).then(|| gw.upstreams.statuses()),
+            upstreams: wants_verbose(query.as_deref()).then(|| gw.upstreams().statuses()),
         }),
     )
         .into_response()
@@ -108,7 +108,7 @@ pub async fn metrics(
     axum::extract::State(gw): State,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    if gw.config.metrics.listen.is_some() {
+    if gw.config().metrics.listen.is_some() {
         return Err(ApiError::new(Code::NotFound, "no such endpoint"));
     }
     let (mut parts, _) = request.into_parts();

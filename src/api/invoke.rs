@@ -61,7 +61,7 @@ async fn answer(gw: &Arc<Gateway>, client: SocketAddr, body: Body) -> Response {
     // Admitted only once the body is in (SPEC 3 r3): clients trickling bodies hold no slot. Shed before
     // any check (SPEC 11 r2): an overloaded gateway keeps its admitted calls fast instead of queueing
     // every call until all are slow. Nothing of a shed call is remembered or charged.
-    let Ok(slot) = gw.call_slots.clone().try_acquire_owned() else {
+    let Ok(slot) = gw.call_slots().clone().try_acquire_owned() else {
         return shed(gw);
     };
     // The call runs on a task of its own, holding its slot to the end (SPEC 3 r3): a client that hangs
@@ -84,18 +84,18 @@ async fn answer(gw: &Arc<Gateway>, client: SocketAddr, body: Body) -> Response {
 /// Waits until every admitted call has ended, those whose clients left included, so that each writes
 /// its outcome before the gateway stops.
 pub async fn calls_finished(gw: &Gateway) {
-    let every_slot = u32::try_from(gw.config.limits.max_concurrent_calls).unwrap_or(u32::MAX);
-    let _all = gw.call_slots.acquire_many(every_slot).await;
+    let every_slot = u32::try_from(gw.config().limits.max_concurrent_calls).unwrap_or(u32::MAX);
+    let _all = gw.call_slots().acquire_many(every_slot).await;
 }
 
 /// The body, read within `limits.max_body_bytes` and `limits.body_read_timeout_secs`, or the refusal.
 async fn read_envelope(gw: &Gateway, client: SocketAddr, body: Body) -> Result<Bytes, Response> {
-    let limits = &gw.config.limits;
+    let limits = &gw.config().limits;
     let timeout = Duration::from_secs(limits.body_read_timeout_secs);
     match read_body(body, limits.max_body_bytes, timeout).await {
         Ok(bytes) => Ok(bytes),
         Err(BodyError::TooLarge) => {
-            gw.audit
+            gw.audit()
                 .record_unreadable(Some(client), limits.max_body_bytes.saturating_add(1));
             let error = ApiError::new(
                 Code::MalformedEnvelope,
@@ -121,12 +121,12 @@ async fn read_envelope(gw: &Gateway, client: SocketAddr, body: Body) -> Result<B
 /// 5006 with Retry-After: more calls are in progress than `limits.max_concurrent_calls`.
 fn shed(gw: &Gateway) -> Response {
     metrics::counter!("sealgate_calls_shed_total").increment(1);
-    gw.audit.count_shed();
+    gw.audit().count_shed();
     let error = ApiError::new(
         Code::GatewayOverloaded,
         format!(
             "more than limits.max_concurrent_calls ({}) calls are in progress",
-            gw.config.limits.max_concurrent_calls
+            gw.config().limits.max_concurrent_calls
         ),
     )
     .with_retry_after(1);

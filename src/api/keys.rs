@@ -19,5 +19,5 @@ struct KeySet {
 #[utoipa::path(get, path = "/v1/keys", operation_id = "signing_keys", tag = "operations",
     responses((status = 200, description = "A JWK Set", body = KeySet)))]
 pub async fn keys(axum::extract::State(gw): State) -> Response {
-    axum::Json(gw.evidence.key_set()).into_response()
+    axum::Json(gw.evidence().key_set()).into_response()
 }

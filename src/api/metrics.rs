@@ -14,7 +14,7 @@ pub async fn scrape(gw: &Gateway) -> Response {
     observe_gateway(gw).await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gw.metrics.render(),
+        gw.metrics().render(),
     )
         .into_response()
 }
@@ -24,7 +24,7 @@ pub async fn scrape(gw: &Gateway) -> Response {
 pub async fn start_listener(
     gw: &Arc<Gateway>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
-    let Some(listen) = gw.config.metrics.listen.clone() else {
+    let Some(listen) = gw.config().metrics.listen.clone() else {
         return Ok(None);
     };
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -44,7 +44,7 @@ pub async fn start_listener(
     let task = tokio::spawn(super::server::serve(
         listener,
         app,
-        super::server::Front::plain(&gw.config),
+        super::server::Front::plain(gw.config()),
         std::future::pending(),
     ));
     tracing::info!(listen = %local, "metrics served on their own listener");
@@ -55,12 +55,12 @@ pub async fn start_listener(
 /// live sessions and pending claims with one count from the store.
 async fn observe_gateway(gw: &Gateway) {
     let in_flight = gw
-        .config
+        .config()
         .limits
         .max_concurrent_calls
-        .saturating_sub(gw.call_slots.available_permits());
+        .saturating_sub(gw.call_slots().available_permits());
     metrics::gauge!("sealgate_calls_in_flight").set(in_flight as f64);
-    match gw.store.live_counts(crate::clock::now_secs()).await {
+    match gw.store().live_counts(crate::clock::now_secs()).await {
         Ok(counts) => {
             metrics::gauge!("sealgate_sessions_live").set(counts.sessions as f64);
             metrics::gauge!("sealgate_claims_pending").set(counts.pending_claims as f64);

@@ -83,7 +83,7 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let (mut router, _) = documented_routes().split_for_parts();
     router = router.merge(sign_in::browser_routes());
-    if gateway.config.console.enabled {
+    if gateway.config().console.enabled {
         router = router.merge(console::router());
     }
     router = router.merge(crate::mcp_server::endpoint::routes(&gateway));
@@ -132,7 +132,7 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
         let bearer = bearer_credential(parts)?;
         if let Some(session) = sign_in::presented_session(parts, gw, bearer).await? {
             // A session exists only where sign-in is configured.
-            let oidc = gw.oidc.as_ref().ok_or_else(|| {
+            let oidc = gw.oidc().as_ref().ok_or_else(|| {
                 ApiError::new(Code::OperatorUnauthenticated, "sign-in is not configured")
             })?;
             return session.caller(oidc, &parts.method, &parts.headers);
@@ -143,7 +143,7 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
                 "missing Authorization: Bearer token",
             )
         })?;
-        gw.operators
+        gw.operators()
             .verify_with_refresh(token, crate::clock::now_secs())
             .await
             .map(caller_of_token)
@@ -223,7 +223,7 @@ impl axum::extract::FromRequest<Arc<Gateway>> for ControlBody {
         gw: &Arc<Gateway>,
     ) -> Result<Self, axum::response::Response> {
         use axum::response::IntoResponse;
-        let limits = &gw.config.limits;
+        let limits = &gw.config().limits;
         let timeout = std::time::Duration::from_secs(limits.body_read_timeout_secs);
         match read_body(request.into_body(), limits.max_body_bytes, timeout).await {
             Ok(bytes) => Ok(ControlBody(bytes)),

@@ -31,11 +31,11 @@ pub async fn create(
     let request: CreateSessionRequest = json_body(&body)?;
     let now = clock::now_secs();
     let new = request
-        .validate(now, gw.config.sessions.max_lifetime_secs)
+        .validate(now, gw.config().sessions.max_lifetime_secs)
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
     // SPEC 5: a different registration under a taken id is 409 whatever its context names.
     let existing = gw
-        .store
+        .store()
         .session_get(&new.session_id)
         .await
         .map_err(ApiError::store)?;
@@ -43,7 +43,7 @@ pub async fn create(
         return repeat_or_conflict(&caller, &new, &existing);
     }
     let team = context_team(&gw, &caller, &new.security_context)?;
-    let token = match &gw.minter {
+    let token = match &gw.minter() {
         Some(minter) => Some(
             minter
                 .mint(
@@ -64,7 +64,7 @@ pub async fn create(
         .clone()
         .into_record(token, &caller.identity, clock::now_millis(), &team);
     let inserted = gw
-        .store
+        .store()
         .session_insert(&record)
         .await
         .map_err(ApiError::store)?;
@@ -101,7 +101,7 @@ fn context_team(
             format!("security_context {name:?} is not a known security context"),
         )
     };
-    let context = gw.contexts.get(name).ok_or_else(unknown)?;
+    let context = gw.contexts().get(name).ok_or_else(unknown)?;
     let team = context.team();
     caller.require_visible(team, scopes::CONTEXT_READ, scopes::SESSION_CREATE, unknown)?;
     Ok(team.to_owned())
@@ -136,7 +136,11 @@ fn repeat_or_conflict(
 
 async fn calls_allowed(gw: &crate::gateway::Gateway, session_id: &str) -> Result<u64, ApiError> {
     let key = session::budget_key(session_id);
-    let count = gw.store.counter_get(&key).await.map_err(ApiError::store)?;
+    let count = gw
+        .store()
+        .counter_get(&key)
+        .await
+        .map_err(ApiError::store)?;
     Ok(count.unwrap_or(0).max(0) as u64)
 }
 
@@ -221,7 +225,7 @@ pub async fn list(
     let mut items = Vec::new();
     loop {
         let (page, more) = gw
-            .store
+            .store()
             .session_page(cursor.as_deref(), limit + 1 - items.len(), &keep)
             .await
             .map_err(ApiError::store)?;
@@ -262,7 +266,7 @@ pub async fn read(
     let calls = calls_allowed(&gw, &id).await?;
     let mut view = session::describe(&record, clock::now_secs(), calls);
     view.labels = Some(
-        session::labels(gw.store.as_ref(), &id)
+        session::labels(gw.store().as_ref(), &id)
             .await
             .map_err(ApiError::store)?,
     );
@@ -279,7 +283,7 @@ async fn find(
 ) -> Result<SessionRecord, ApiError> {
     let not_found = || ApiError::new(Code::NotFound, format!("no session {id:?}"));
     let record = gw
-        .store
+        .store()
         .session_get(id)
         .await
         .map_err(ApiError::store)?
@@ -314,19 +318,19 @@ pub async fn revoke(
         if let Some(at) = record.revoked_at_ms {
             // Revoked elsewhere (another replica, or a racing call) perhaps before this replica heard:
             // whoever answers "revoked" enforces it from now on.
-            gw.sessions.invalidate(&id);
+            gw.sessions().invalidate(&id);
             return Ok(revoked_body(&id, at));
         }
         let now_ms = clock::now_millis();
         let next = session::revoked(&record, now_ms);
         if gw
-            .store
+            .store()
             .session_replace(&record, &next)
             .await
             .map_err(ApiError::store)?
         {
             // The very next call reads the revoked record (SPEC 5: refused from this moment).
-            gw.sessions.invalidate(&id);
+            gw.sessions().invalidate(&id);
             gw.record(
                 AuditEvent::new(EventType::SessionRevoked)
                     .session_id(&id)

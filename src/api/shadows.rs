@@ -30,7 +30,7 @@ fn find_shadow(
     name: &str,
     scope: &str,
 ) -> Result<Arc<SecurityContext>, ApiError> {
-    let shadow = gw.contexts.shadow(name).ok_or_else(|| no_shadow(name))?;
+    let shadow = gw.contexts().shadow(name).ok_or_else(|| no_shadow(name))?;
     caller.require_visible(shadow.team(), scopes::CONTEXT_READ, scope, || {
         no_shadow(name)
     })?;
@@ -40,9 +40,13 @@ fn find_shadow(
 /// The shadow as the API shows it: its spec, `version` and `source`, the version in force beside it,
 /// and the summary of the calls it decided.
 async fn shadow_view(gw: &Gateway, shadow: &SecurityContext) -> Result<Value, ApiError> {
-    let summary = gw.shadows.summary(shadow).await.map_err(ApiError::store)?;
+    let summary = gw
+        .shadows()
+        .summary(shadow)
+        .await
+        .map_err(ApiError::store)?;
     let mut view = shadow.api_view();
-    view["live_version"] = json!(gw.contexts.get(shadow.name()).map(|c| c.version.clone()));
+    view["live_version"] = json!(gw.contexts().get(shadow.name()).map(|c| c.version.clone()));
     view["summary"] = json!(summary);
     Ok(view)
 }
@@ -85,11 +89,11 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let (spec, shadow) = parse_spec(&name, json_body(&body)?)?;
-    let _turn = gw.context_writes.lock().await;
+    let _turn = gw.context_writes().lock().await;
     // The context's team and the shadow's: promoting the shadow would give the context to the latter.
     find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
     caller.require(shadow.team(), scopes::CONTEXT_WRITE)?;
-    let existed = match gw.contexts.shadow(&name) {
+    let existed = match gw.contexts().shadow(&name) {
         Some(current) => {
             if let Some(conflict) = file_backed(&current) {
                 return Err(conflict);
@@ -134,7 +138,7 @@ pub async fn delete(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
-    let _turn = gw.context_writes.lock().await;
+    let _turn = gw.context_writes().lock().await;
     let current = find_shadow(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
     remove_recorded(&gw, &caller, Shelf::Shadow, &current, SHADOW_REMOVED).await?;
     Ok(axum::Json(json!({"name": name, "status": "deleted"})).into_response())

@@ -56,11 +56,11 @@ pub async fn presented_session(
             "the console session is unknown, ended or expired: sign in again",
         )
     };
-    if gw.oidc.is_none() {
+    if gw.oidc().is_none() {
         return Err(ended());
     }
     let stored = gw
-        .store
+        .store()
         .console_session_get(&id_hash(&id))
         .await
         .map_err(ApiError::store)?;
@@ -68,7 +68,7 @@ pub async fn presented_session(
         None | Some(Use::Ended) => return Err(ended()),
         Some(Use::Live(record)) => record,
         Some(Use::Touched(record)) => {
-            gw.store
+            gw.store()
                 .console_session_touch(&record)
                 .await
                 .map_err(ApiError::store)?;
@@ -118,7 +118,7 @@ impl Presented {
 
 /// `GET /console/login`: starts a sign-in and sends the browser to the provider.
 pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Response {
-    let Some(oidc) = &gw.oidc else {
+    let Some(oidc) = &gw.oidc() else {
         return not_configured();
     };
     if !oidc.starts.take() {
@@ -139,7 +139,7 @@ pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Respo
     };
     // Kept in the store, so that the callback may reach any replica.
     match gw
-        .store
+        .store()
         .sign_in_insert(&begun.attempt, now - SIGN_IN_TTL_MS)
         .await
     {
@@ -164,7 +164,7 @@ pub async fn callback(
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    let Some(oidc) = &gw.oidc else {
+    let Some(oidc) = &gw.oidc() else {
         return not_configured();
     };
     let callback = Callback::from_query(uri.query().unwrap_or(""));
@@ -172,7 +172,7 @@ pub async fn callback(
     let now = crate::clock::now_millis();
     // Taken before anything else is checked: a state is good once, whatever follows.
     let attempt = match &callback.state {
-        Some(state) => match gw.store.sign_in_take(state).await {
+        Some(state) => match gw.store().sign_in_take(state).await {
             Ok(attempt) => attempt,
             Err(err) => return failed(&gw, SignInError::provider(format!("the store: {err}"))),
         },
@@ -184,7 +184,7 @@ pub async fn callback(
     {
         Ok(person) => person,
         Err(mut err) => {
-            if browser_state.is_none() && !gw.config.browsers_use_https() {
+            if browser_state.is_none() && !gw.config().browsers_use_https() {
                 err.message.push_str(
                     " (this gateway is reached over plain HTTP, where browsers refuse its __Host- \
                      cookies: serve HTTPS, or set approvals.console_base_url to its https:// address)",
@@ -240,7 +240,7 @@ async fn start_session(
         .sessions
         .start(person, now_ms)
         .map_err(ApiError::store)?;
-    gw.store
+    gw.store()
         .console_session_insert(&started.record, now_ms)
         .await
         .map_err(ApiError::store)?;
@@ -277,7 +277,7 @@ pub struct SessionInfo {
         (status = 401, description = "No console session (6001)", body = crate::api::openapi::ErrorBody)))]
 pub async fn session(axum::extract::State(gw): State, parts: Parts) -> Result<Response, ApiError> {
     let presented = require_session(&gw, &parts).await?;
-    let oidc = gw.oidc.as_ref().ok_or_else(no_session)?;
+    let oidc = gw.oidc().as_ref().ok_or_else(no_session)?;
     let caller = presented.caller(oidc, &Method::GET, &parts.headers)?;
     let info = SessionInfo {
         iss: caller.identity.iss,
@@ -299,9 +299,9 @@ pub async fn session(axum::extract::State(gw): State, parts: Parts) -> Result<Re
         (status = 403, description = "The cookie without its CSRF token (6002)", body = crate::api::openapi::ErrorBody)))]
 pub async fn logout(axum::extract::State(gw): State, parts: Parts) -> Result<Response, ApiError> {
     let presented = require_session(&gw, &parts).await?;
-    let oidc = gw.oidc.as_ref().ok_or_else(no_session)?;
+    let oidc = gw.oidc().as_ref().ok_or_else(no_session)?;
     presented.caller(oidc, &parts.method, &parts.headers)?;
-    gw.store
+    gw.store()
         .console_session_delete(&id_hash(&presented.id))
         .await
         .map_err(ApiError::store)?;
@@ -407,7 +407,7 @@ pub async fn device_poll(
 }
 
 fn configured(gw: &Gateway) -> Result<&Oidc, ApiError> {
-    gw.oidc.as_ref().ok_or_else(|| {
+    gw.oidc().as_ref().ok_or_else(|| {
         ApiError::new(
             Code::NotFound,
             "sign-in is not configured on this gateway (operator_auth.oidc)",
@@ -425,11 +425,11 @@ fn provider_error(err: SignInError) -> ApiError {
 
 /// The callback address: on `approvals.console_base_url` when set, else on the request's own origin.
 fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
-    if let Some(base) = &gw.config.approvals.console_base_url {
+    if let Some(base) = &gw.config().approvals.console_base_url {
         return Some(crate::identity::oidc::callback_on(base));
     }
     let host = headers.get(header::HOST)?.to_str().ok()?;
-    let scheme = if gw.config.tls.cert_file.is_some() {
+    let scheme = if gw.config().tls.cert_file.is_some() {
         "https"
     } else {
         "http"
@@ -440,7 +440,7 @@ fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
 /// A cookie of the gateway: `HttpOnly`, `Path=/`, no `Domain`; `Secure` when browsers reach the gateway
 /// over HTTPS (see [`crate::config::Config::browsers_use_https`]).
 fn set_cookie(gw: &Gateway, name: &str, value: &str, same_site: &str, max_age: i64) -> HeaderValue {
-    let secure = if gw.config.browsers_use_https() {
+    let secure = if gw.config().browsers_use_https() {
         "; Secure"
     } else {
         ""

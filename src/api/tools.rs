@@ -32,7 +32,7 @@ pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Res
     caller.require_everywhere(scopes::TOOL_READ)?;
     gw.listed_tools().await;
     Ok(axum::Json(ToolList {
-        items: gw.tools.statuses(),
+        items: gw.tools().statuses(),
     })
     .into_response())
 }
@@ -58,7 +58,7 @@ pub async fn accept(
     let request: Accept = json_body(&body)?;
     gw.observe_upstream_of(&tool).await;
     match gw
-        .tools
+        .tools()
         .accept(&tool, &request.definition_sha256, &caller.identity)
         .await
     {

@@ -34,7 +34,7 @@ const METHOD_NOT_FOUND: i64 = -32601;
 
 /// The endpoint at `mcp_server.path` and the metadata at both well-known paths; none when it is off.
 pub fn routes(gw: &Gateway) -> Router<Arc<Gateway>> {
-    let Some(server) = &gw.mcp_server else {
+    let Some(server) = &gw.mcp_server() else {
         return Router::new();
     };
     let well_known = "/.well-known/oauth-protected-resource";
@@ -49,7 +49,7 @@ pub fn routes(gw: &Gateway) -> Router<Arc<Gateway>> {
 
 /// RFC 9728's document: public, so any origin may read it.
 async fn metadata(axum::extract::State(gw): axum::extract::State<Arc<Gateway>>) -> Response {
-    let Some(server) = &gw.mcp_server else {
+    let Some(server) = &gw.mcp_server() else {
         return StatusCode::NOT_FOUND.into_response();
     };
     (
@@ -78,7 +78,7 @@ async fn post(
     axum::extract::State(gw): axum::extract::State<Arc<Gateway>>,
     request: Request,
 ) -> Response {
-    let Some(server) = &gw.mcp_server else {
+    let Some(server) = &gw.mcp_server() else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let (parts, body) = request.into_parts();
@@ -226,7 +226,7 @@ fn quotable(text: &str) -> String {
 
 /// One JSON-RPC request or notification, read within `limits.max_body_bytes`.
 async fn read_message(gw: &Gateway, body: Body) -> Result<Map<String, Value>, Response> {
-    let limits = &gw.config.limits;
+    let limits = &gw.config().limits;
     let timeout = Duration::from_secs(limits.body_read_timeout_secs);
     let bytes = match read_body(body, limits.max_body_bytes, timeout).await {
         Ok(bytes) => bytes,
@@ -368,10 +368,10 @@ async fn run(
     method: &str,
 ) -> Result<Value, Value> {
     let parts = Parts {
-        store: gw.store.as_ref(),
-        sessions: &gw.sessions,
-        contexts: &gw.contexts,
-        audit: &gw.audit,
+        store: gw.store().as_ref(),
+        sessions: gw.sessions(),
+        contexts: gw.contexts(),
+        audit: gw.audit(),
     };
     let session = match server
         .people
@@ -382,7 +382,7 @@ async fn run(
         Err(no_session) => return answer(method, refused_person(no_session)),
     };
     let payload = pipeline_payload(message, method);
-    let Ok(slot) = gw.call_slots.clone().try_acquire_owned() else {
+    let Ok(slot) = gw.call_slots().clone().try_acquire_owned() else {
         let error = ApiError::new(
             Code::GatewayOverloaded,
             "more calls are in progress than limits.max_concurrent_calls",

@@ -2,6 +2,8 @@
 //! (`call_digest`), the receipt's action_ref, the CLAIMABLE → PENDING → COMMITTED state machine on top of
 //! the store's atomic operations, and what each upstream outcome does to a claim.
 
+pub mod admission;
+
 use serde_json::{json, Map, Value};
 
 use crate::clock;
