@@ -20,13 +20,14 @@ use crate::claim::{self, Withheld};
 use crate::clock;
 use crate::envelope::{self, Call, Envelope};
 use crate::error::{ApiError, Code};
+use crate::evidence::Evidence;
 use crate::gateway::Gateway;
 use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
-use crate::session::LiveSession;
-use crate::store::{ClaimKind, ClaimRecord, SeenSignature};
+use crate::session::{LiveSession, SessionCache};
+use crate::store::{ClaimKind, ClaimRecord, SeenSignature, Store};
 use crate::token::{AccessClaims, AgentClaims, TokenError};
-use crate::upstream::UpstreamError;
+use crate::upstream::{UpstreamError, Upstreams};
 
 /// What a call came to: the answer and its receipt, or a refusal with its SPEC code and the tool called
 /// (when the payload got far enough to name one).
@@ -405,7 +406,7 @@ async fn run(
     facts.phases.enter(Phase::Verify);
     let claims = verify_token(gw, env, now).await?; // checks 2–4
     facts.caller = Some(Verified::Agent(claims.clone()));
-    let session = session_of(gw, &claims).await?; // check 5
+    let session = session_of(gw.sessions(), gw.store().as_ref(), &claims).await?; // check 5
     facts.session_id = Some(session.record.session_id.clone());
     facts.team = Some(session.record.team.clone()); // a refused call's event is its team's too
     require_live(&session, now)?; // check 5: neither revoked nor expired
@@ -455,7 +456,7 @@ async fn after_verification(
     facts.tool = Some(call.tool.clone());
     facts.phases.enter(Phase::Decide);
     let allowed = decide(gw, context, shadow, &call.asked(session), facts, sent).await?; // SPEC 6.3, 19, 6.4
-    require_route(gw, &call.tool)?;
+    require_route(gw.upstreams(), &call.tool)?;
     require_pinned(gw, &call.tool, &allowed.rule).await?; // SPEC 18, before anything is charged
     facts.phases.enter(Phase::Claim);
     let (pending, grant) = match admit(gw, facts, &caller, session, &allowed, &call).await? {
@@ -473,7 +474,7 @@ async fn after_verification(
         return Err(refusal);
     }
     facts.phases.enter(Phase::Forward);
-    let answer = forward(gw, facts, &call, allowed.capability()).await;
+    let answer = forward(gw.upstreams(), facts, &call, allowed.capability()).await;
     facts.phases.enter(Phase::Settle);
     if let Some(used) = &grant {
         use_grant(gw, used, &answer).await?;
@@ -525,8 +526,8 @@ impl Allowed {
 }
 
 /// 2006 (SPEC 4): an allowed tool that no upstream serves.
-fn require_route(gw: &Gateway, tool: &str) -> Result<(), Refused> {
-    if gw.upstreams().has_route(tool) {
+fn require_route(upstreams: &Upstreams, tool: &str) -> Result<(), Refused> {
+    if upstreams.has_route(tool) {
         return Ok(());
     }
     Err(refuse(
@@ -746,13 +747,12 @@ fn held(facts: &mut CallFacts, rule: &policy::Rule, hold: admission::Hold) -> Re
 
 /// Sends the call to its upstream. A call that never left the gateway is not `forwarded` (SPEC 3 r2).
 async fn forward(
-    gw: &Gateway,
+    upstreams: &Upstreams,
     facts: &mut CallFacts,
     call: &ToolCall,
     capability: &Capability,
 ) -> Result<Value, UpstreamError> {
-    let answer = gw
-        .upstreams()
+    let answer = upstreams
         .call(
             &call.tool,
             &call.id,
@@ -801,9 +801,13 @@ async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<Agen
 }
 
 /// Check 5: the session of the token's execution, from memory.
-async fn session_of(gw: &Gateway, claims: &AgentClaims) -> Result<Arc<LiveSession>, Refused> {
-    gw.sessions()
-        .get(gw.store().as_ref(), &claims.exec_id)
+async fn session_of(
+    sessions: &SessionCache,
+    store: &dyn Store,
+    claims: &AgentClaims,
+) -> Result<Arc<LiveSession>, Refused> {
+    sessions
+        .get(store, &claims.exec_id)
         .await
         .map_err(store_refusal)?
         .ok_or_else(|| refuse(Code::SessionNotFound, "no session for the token's exec_id"))
@@ -1144,7 +1148,7 @@ async fn settle(
     })
     .await
     .map_err(forwarded_but_unrecorded)?;
-    Ok(success(gw, response, facts, &recorded))
+    Ok(success(gw.evidence(), response, facts, &recorded))
 }
 
 /// The answer guard (SPEC 18) on an answer that came back. A rewritten answer gets an `AnswerGuarded`
@@ -1281,29 +1285,30 @@ async fn skip(
         )
         .await
         .map_err(store_refusal)?;
-    Ok(success(gw, response, facts, &recorded))
+    Ok(success(gw.evidence(), response, facts, &recorded))
 }
 
 /// The answer with its signed receipt: section 10's fields and SPEC 14's, `event_seq` the seq of the
 /// event that records it.
-fn success(gw: &Gateway, payload: Value, facts: &CallFacts, recorded: &Recorded) -> Outcome {
+fn success(evidence: &Evidence, payload: Value, facts: &CallFacts, recorded: &Recorded) -> Outcome {
     let fields = facts.receipt_fields(&recorded.event_id);
-    let receipt = gw
-        .evidence()
-        .receipt(fields, &facts.statement(None, Some(&payload), recorded));
+    let receipt = evidence.receipt(fields, &facts.statement(None, Some(&payload), recorded));
     Outcome::Success { payload, receipt }
 }
 
 /// A refusal after check 8 carries a signed receipt of the event that records it (SPEC 14); one before
 /// carries none.
-fn with_receipt(gw: &Gateway, facts: &CallFacts, error: ApiError, recorded: &Recorded) -> ApiError {
+fn with_receipt(
+    evidence: &Evidence,
+    facts: &CallFacts,
+    error: ApiError,
+    recorded: &Recorded,
+) -> ApiError {
     if !facts.passed_check_8() {
         return error;
     }
     let fields = facts.receipt_fields(&recorded.event_id);
-    let receipt = gw
-        .evidence()
-        .receipt(fields, &facts.statement(Some(error.code), None, recorded));
+    let receipt = evidence.receipt(fields, &facts.statement(Some(error.code), None, recorded));
     error.with_receipt(receipt)
 }
 
@@ -1343,7 +1348,7 @@ async fn record_refusal(
     }
     if !facts.forwarded {
         return match gw.audit().record(event).await {
-            Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
+            Ok(recorded) => with_receipt(gw.evidence(), facts, refusal.error, &recorded),
             Err(e) => ApiError::store(e),
         };
     }
@@ -1351,12 +1356,12 @@ async fn record_refusal(
         // The store was already retried for `store_retry_secs` after the forward: one more try, and
         // the answer stays the 5005 that says the call was forwarded.
         return match gw.audit().record(event).await {
-            Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
+            Ok(recorded) => with_receipt(gw.evidence(), facts, refusal.error, &recorded),
             Err(_) => refusal.error,
         };
     }
     match retry_after_forward(gw, || gw.audit().record(event.clone())).await {
-        Ok(recorded) => with_receipt(gw, facts, refusal.error, &recorded),
+        Ok(recorded) => with_receipt(gw.evidence(), facts, refusal.error, &recorded),
         Err(e) => forwarded_but_unrecorded(e).error,
     }
 }
@@ -1420,5 +1425,5 @@ async fn list_tools(
         )
         .await
         .map_err(store_refusal)?;
-    Ok(success(gw, response, facts, &recorded))
+    Ok(success(gw.evidence(), response, facts, &recorded))
 }
