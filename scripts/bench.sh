@@ -12,10 +12,12 @@
 #   BENCH_SESSIONS=1000    sessions the envelopes are spread over (issue 20 measures with 1,000)
 #   BENCH_MAX_RPS=25000    envelopes signed per second of the claim: off row; later rows sign twice the rate
 #                          that row reached (a row that runs out is marked "≥", since it stopped early)
-#   BENCH_RATE=5000        the fixed open-loop rate, for BENCH_SECS
+#   BENCH_RATE             the fixed open-loop rate, for BENCH_SECS (default: half of what the floor row served,
+#                          as issue 36 measures the p99)
 #   BENCH_SERIAL_SECS=5    seconds of one-call-at-a-time latency
 #   BENCH_FSYNCS=300       fdatasync probes on the gateway's data folder
 #   BENCH_LIVE_SESSIONS=1000 BENCH_CALLS=50000   the memory and disk row (issue 20's target is BENCH_CALLS=1000000)
+#   BENCH_DISK_CALLS=2000  claimed calls with random idempotency keys on a fresh store, for disk per call (issue 36)
 #   BENCH_POSTGRES=postgres://postgres@127.0.0.1:5432   server for the PostgreSQL rows (a database is created
 #                          and dropped); the rows are skipped when it does not answer
 #   BENCH_ONLY=postgres    only the PostgreSQL rows (and the Ed25519 measurement they are read against)
@@ -27,11 +29,12 @@ THREADS=${BENCH_THREADS:-2}
 CONNECTIONS=${BENCH_CONNECTIONS:-32}
 SESSIONS=${BENCH_SESSIONS:-1000}
 MAX_RPS=${BENCH_MAX_RPS:-25000}
-RATE=${BENCH_RATE:-5000}
+RATE=${BENCH_RATE:-}
 SERIAL_SECS=${BENCH_SERIAL_SECS:-5}
 FSYNCS=${BENCH_FSYNCS:-300}
 LIVE_SESSIONS=${BENCH_LIVE_SESSIONS:-1000}
 CALLS=${BENCH_CALLS:-50000}
+DISK_CALLS=${BENCH_DISK_CALLS:-2000}
 POSTGRES=${BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 ONLY=${BENCH_ONLY:-}
 SAFEAGENT_VERSION=0.1.25
@@ -57,6 +60,7 @@ install_tools() {
     local missing=()
     command -v nginx >/dev/null || missing+=(nginx)
     command -v wrk >/dev/null || missing+=(wrk)
+    command -v sqlite3 >/dev/null || missing+=(sqlite3)
     # Debian's python3 makes venvs only with python3-venv (which brings ensurepip).
     python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
     if ((${#missing[@]})); then
@@ -271,6 +275,20 @@ postgres_rows() {
     fi
 }
 
+# Issue 36: disk per claimed call with random idempotency keys, on a fresh store. The gateway stops first,
+# and its write-ahead log is folded into the file, so that the file holds every byte the calls left.
+disk_row() {
+    say "disk: $DISK_CALLS calls with durable claims and random idempotency keys on a fresh gateway"
+    local data=$WORK/gw/data-disk
+    start_gateway disk-gateway "$data"
+    record disk "$("$BIN" bench soak --dir "$WORK/gw" --gateway "$GW_URL" --context bench-claim \
+        --sessions 10 --calls "$DISK_CALLS" --keyed)"
+    kill "$GW_PID"
+    wait "$GW_PID" 2>/dev/null || true
+    sqlite3 "$data/sealgate.db" 'PRAGMA wal_checkpoint(TRUNCATE);' >/dev/null
+    R[disk.db_bytes]=$(stat -c %s "$data/sealgate.db")
+}
+
 main() {
     install_tools
     # Other work on the machine skews every number: say how much there was.
@@ -321,6 +339,7 @@ main() {
     floor_url=$(wait_line floor '^bench floor on ' "$floor_pid")
     floor_url=${floor_url#bench floor on }
     ROW_PID=$floor_pid wrk_row floor "$THREADS" "$CONNECTIONS" "$SECS" "$floor_url/v1/invoke" cycle "$LOAD/nginx"
+    [[ -n $RATE ]] || RATE=$(( $(rps floor) / 2 ))
     # One call at a time through nginx and the floor: the latency the stack has before the gateway's own
     # work, beside the gateway's one-call-at-a-time rows below.
     say "nginx and the floor, one call at a time, ${SERIAL_SECS}s each"
@@ -391,6 +410,8 @@ main() {
     # What the claimed calls left on disk: the database file and its write-ahead log (retention off).
     R[soak.db_bytes]=$(stat -c %s "$WORK/gw/data-soak/sealgate.db")
     R[soak.wal_bytes]=$(stat -c %s "$WORK/gw/data-soak/sealgate.db-wal" 2>/dev/null || echo 0)
+    kill "$GW_PID"
+    disk_row
 
     print_table
 }
@@ -414,9 +435,10 @@ verifications_ns() { awk -v t="$1" -v ns="${R[ed.verify_ns]}" 'BEGIN { printf "%
 kb_per_call() { awk -v b="$1" -v n="$2" 'BEGIN { printf "%.2f KB", b / n / 1000 }'; }
 errors() { echo $(( ${R[$1.status_errors]} + ${R[$1.socket_errors]} )); }
 
-# One row of the table; the ratio column is against RPS (nginx's), or "—" without it.
-table_row() { # ROW RPS
-    local row=$1 name cpu="—" rss="—" ratio_col="—"
+# One row of the table; the ratio columns are against nginx's req/s and the floor's req/s and CPU per call
+# (issue 36 sets its targets against the floor), or "—" where a run has none.
+table_row() { # ROW NGINX_RPS FLOOR_RPS FLOOR_CPU_US
+    local row=$1 name cpu="—" rss="—" nginx_col="—" floor_col="—" floor_cpu="—"
     case $row in
         nginx) name="nginx pass-through" ;;
         floor) name="floor: the same HTTP server and client, one Ed25519 verification and one signature a call, nothing else (\`sealgate bench floor\`)" ;;
@@ -424,10 +446,17 @@ table_row() { # ROW RPS
         pg2) name="sealgate on PostgreSQL, durable claims, 2 replicas (CPU of both; RSS of one)" ;;
         *) name="sealgate, $(label $row)" ;;
     esac
-    if [[ $row != nginx ]]; then cpu="$(num "${R[$row.cpu_us]}") µs ($(verifications "${R[$row.cpu_us]}"))"; rss=$(mib "${R[$row.rss_kib]}"); fi
-    [[ -z $2 ]] || ratio_col=$(ratio "$(rps $row)" "$2")
-    echo "| $name | $(at_least $row)$(num "$(rps $row)") | $ratio_col | $(ms "${R[$row.p50_us]}") | $(ms "${R[$row.p99_us]}") | $cpu | $rss | $(errors $row) |"
+    if [[ $row != nginx ]]; then
+        cpu="$(num "${R[$row.cpu_us]}") µs ($(verifications "${R[$row.cpu_us]}"))"; rss=$(mib "${R[$row.rss_kib]}")
+        [[ -z $4 ]] || floor_cpu="$(ratio "${R[$row.cpu_us]}" "$4")×"
+    fi
+    [[ -z $2 ]] || nginx_col=$(ratio "$(rps $row)" "$2")
+    [[ -z $3 || $row == nginx ]] || floor_col=$(ratio "$(rps $row)" "$3")
+    echo "| $name | $(at_least $row)$(num "$(rps $row)") | $nginx_col | $floor_col | $(ms "${R[$row.p50_us]}") | $(ms "${R[$row.p99_us]}") | $cpu | $floor_cpu | $rss | $(errors $row) |"
 }
+
+TABLE_HEAD="| path | req/s | × nginx | × floor | p50 | p99 | gateway CPU per call | CPU × floor | RSS | errors |
+|---|---|---|---|---|---|---|---|---|---|"
 
 # PostgreSQL's CPU beside the gateway's, for the PostgreSQL rows.
 postgres_cpu() {
@@ -448,10 +477,9 @@ print_postgres() {
         return
     fi
     echo
-    echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
-    echo "|---|---|---|---|---|---|---|---|"
-    table_row pg1 ""
-    table_row pg2 ""
+    echo "$TABLE_HEAD"
+    table_row pg1 "" "" ""
+    table_row pg2 "" "" ""
     echo
     echo "- one Ed25519 verification (openssl speed ed25519, this run): $(us_of_ns "${R[ed.verify_ns]}")"
     postgres_cpu
@@ -463,19 +491,18 @@ print_table() {
     echo
     echo "sealgate bench: $(nproc) cores (load average $LOAD_AVERAGE before the run); wrk $THREADS threads, $CONNECTIONS connections, ${SECS} s a row; unique envelopes over $SESSIONS sessions; one run"
     echo
-    echo "| path | req/s | × nginx | p50 | p99 | gateway CPU per call | RSS | errors |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "$TABLE_HEAD"
     local rows="nginx floor off claim"
     [[ -z ${R[pg1.requests]:-} ]] || rows="$rows pg1 pg2"
     for row in $rows; do
-        table_row "$row" "$nginx_rps"
+        table_row "$row" "$nginx_rps" "$(rps floor)" "${R[floor.cpu_us]}"
     done
     local claim_rps sa_rps
     claim_rps=$(rps claim_api) sa_rps=$(rps safeagent)
-    echo "| sealgate \`POST /claim\` (× SafeAgent in the ratio column) | $(num "$claim_rps") | $(ratio "$claim_rps" "$sa_rps") | $(ms "${R[claim_api.p50_us]}") | $(ms "${R[claim_api.p99_us]}") | $(num "${R[claim_api.cpu_us]}") µs | $(mib "${R[claim_api.rss_kib]}") | $(errors claim_api) |"
-    echo "| SafeAgent $SAFEAGENT_VERSION \`POST /claim\` (uvicorn, one process) | $(num "$sa_rps") | — | $(ms "${R[safeagent.p50_us]}") | $(ms "${R[safeagent.p99_us]}") | $(num "${R[safeagent.cpu_us]}") µs | $(mib "${R[safeagent.rss_kib]}") | $(errors safeagent) |"
+    echo "| sealgate \`POST /claim\` (× SafeAgent in the nginx column) | $(num "$claim_rps") | $(ratio "$claim_rps" "$sa_rps") | — | $(ms "${R[claim_api.p50_us]}") | $(ms "${R[claim_api.p99_us]}") | $(num "${R[claim_api.cpu_us]}") µs | — | $(mib "${R[claim_api.rss_kib]}") | $(errors claim_api) |"
+    echo "| SafeAgent $SAFEAGENT_VERSION \`POST /claim\` (uvicorn, one process) | $(num "$sa_rps") | — | — | $(ms "${R[safeagent.p50_us]}") | $(ms "${R[safeagent.p99_us]}") | $(num "${R[safeagent.cpu_us]}") µs | — | $(mib "${R[safeagent.rss_kib]}") | $(errors safeagent) |"
     echo
-    echo "targets (issue 20): claim: off ≥ 0.35 × nginx and ≤ 1.5 Ed25519 verifications of CPU per call; durable claims ≥ 0.25 × and ≤ 2.2; \`POST /claim\` ≥ 20 × SafeAgent"
+    echo "targets (issue 36, against the floor): claim: off ≥ 0.8 × the floor's req/s and ≤ 1.3 × its CPU per call; durable claims ≥ 0.6 × and ≤ 1.7 ×; \`POST /claim\` ≥ 20 × SafeAgent (issue 20)"
     echo
     echo "- one Ed25519 verification (openssl speed ed25519, this run): $(us_of_ns "${R[ed.verify_ns]}")"
     [[ -z ${R[pg1.requests]:-} ]] || postgres_cpu
@@ -484,12 +511,13 @@ print_table() {
     echo "- disk fsync (fdatasync after a 64-byte append, ${R[fsync.fsyncs]} times, gateway data folder): p50 $(ms "$f50"), p99 $(ms "$f99")"
     echo "- MCP endpoint (SPEC 17), \`tools/call\` with a bearer token, $(label off): $(num "$(rps mcp)") req/s, p50 $(ms "${R[mcp.p50_us]}"), p99 $(ms "${R[mcp.p99_us]}"), gateway CPU per call $(num "${R[mcp.cpu_us]}") µs = $(ratio "${R[mcp.cpu_us]}" "${R[off.cpu_us]}") × the envelope row's ($(errors mcp) errors; target ≤ 1.2 ×)"
     echo "- signing (SPEC 14): a call's signed receipt costs $(us_of_ns "${R[sign.receipt_ns]}") of CPU, of which its one Ed25519 signature $(us_of_ns "${R[sign.signature_ns]}") (mean of ${R[sign.receipts]}, in the request's own task); checkpoints add one signature per \`audit.checkpoint_every\` events. Every row above includes it."
+    echo "- answer guard (SPEC 18) on the benchmark upstream's short answer: $(us_of_ns "${R[guard.short_ns]}") = $(awk -v ns="${R[guard.short_ns]}" -v us="${R[off.cpu_us]}" 'BEGIN { printf "%.1f%%", ns / 10 / us }') of a \`claim: off\` call's CPU (target < 5%; every row above includes it)"
     echo "- answer guard (SPEC 18), one $(num "${R[guard.answer_bytes]}")-byte text answer (\`sealgate bench guard\`, mean of ${R[guard.answers]}): $(us_of_ns "${R[guard.clean_ns]}") ($(verifications_ns "${R[guard.clean_ns]}")) with nothing to find; $(us_of_ns "${R[guard.near_ns]}") ($(verifications_ns "${R[guard.near_ns]}")) with near-matches in every line; $(us_of_ns "${R[guard.matched_ns]}") ($(verifications_ns "${R[guard.matched_ns]}")) with ${R[guard.matches]} findings rewritten. Target: ≤ 1 × Ed25519"
     for row in off claim; do
         local r=rate_$row
         echo "- fixed $(num "$RATE") req/s open loop (at most 64 in flight), $(label $row): p99 $(ms "${R[$r.p99_us]}") (p50 $(ms "${R[$r.p50_us]}"), max $(ms "${R[$r.max_us]}"); $(num "${R[$r.rps]}") req/s achieved, $(num "${R[$r.unsent]}") calls unsent when time was up, ${R[$r.non2xx]} errors)"
     done
-    echo "  target: p99 ≤ 2 ms with claim: off; ≤ 2 ms + 2 × fsync p99 = $(ms $((2000 + 2 * f99))) with claims"
+    echo "  target: p99 ≤ 5 ms with claim: off at half the floor's req/s (issue 36)"
     for row in nginx floor off claim; do
         local r=serial_$row name
         case $row in
@@ -499,14 +527,16 @@ print_table() {
         esac
         echo "- one call at a time, $name: p50 $(ms "${R[$r.p50_us]}") (p99 $(ms "${R[$r.p99_us]}"), $(num "${R[$r.requests]}") calls, $(errors $r) errors)"
     done
-    echo "  target: p50 ≤ 0.3 ms + 1 × fsync p50 = $(ms $((300 + f50))) with claim: off; + 2 × = $(ms $((300 + 2 * f50))) with claims"
+    local floor50=${R[serial_floor.p50_us]}
+    echo "  target (issue 36): p50 ≤ the floor's + 1 × fsync p50 + 0.15 ms = $(ms $((floor50 + f50 + 150))) with claim: off; the floor's + 2 × fsync p50 + 0.2 ms = $(ms $((floor50 + 2 * f50 + 200))) with claims"
     local answered
     answered=$(awk -v n="${R[overload.requests]}" -v e="${R[overload.status_errors]}" -v us="${R[overload.duration_us]}" \
         'BEGIN { printf "%.0f", (n - e) / (us / 1e6) }')
     echo "- overload, $((4 * CONNECTIONS)) connections against \`max_concurrent_calls: $CONNECTIONS\` (\`claim: off\`): $(num "$answered") calls/s answered ($(ratio "$answered" "$(rps off)") × the \`claim: off\` row), $(num "${R[overload.status_errors]}") shed with 5006 at once, $(num "${R[overload.socket_errors]}") socket errors, all answers p50 $(ms "${R[overload.p50_us]}") p99 $(ms "${R[overload.p99_us]}"), RSS $(mib "${R[overload.rss_kib]}") after"
     echo "- the same overload from callers that wait out \`Retry-After\`: $(num "${R[polite.admitted_rps]}") calls/s admitted ($(ratio "${R[polite.admitted_rps]}" "$(rps off)") × the \`claim: off\` row), $(num "${R[polite.shed]}") shed, admitted and shed p99 $(ms "${R[polite.p99_us]}")"
     echo "- RSS with $(num "$LIVE_SESSIONS") live sessions after $(num "${R[soak.requests]}") calls with durable claims (fresh gateway): $(mib "${R[soak.rss_kib]}") (${R[soak.non2xx]} errors; target < 50 MiB after 1,000,000)"
-    echo "- disk per claimed call, before retention: $(kb_per_call "${R[soak.db_bytes]}" "${R[soak.requests]}") in sealgate.db ($(num "${R[soak.db_bytes]}") bytes), and a write-ahead log of $(num "${R[soak.wal_bytes]}") bytes that checkpoints reuse (target ≤ 1.5 KB)"
+    echo "- disk per claimed call, before retention: $(kb_per_call "${R[soak.db_bytes]}" "${R[soak.requests]}") in sealgate.db ($(num "${R[soak.db_bytes]}") bytes), and a write-ahead log of $(num "${R[soak.wal_bytes]}") bytes that checkpoints reuse"
+    echo "- disk per claimed call with random idempotency keys, $(num "${R[disk.requests]}") calls on a fresh store (${R[disk.non2xx]} errors), its write-ahead log folded in: $(kb_per_call "${R[disk.db_bytes]}" "${R[disk.requests]}") ($(num "${R[disk.db_bytes]}") bytes; target ≤ 1.5 KB)"
     echo "- errors: HTTP status ≥ 400 or no answer (neither server answers 1xx or 3xx)"
 }
 

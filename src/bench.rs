@@ -104,13 +104,13 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20_000, value_parser = at_least_one)]
         count: usize,
     },
-    /// Time the answer guard (SPEC 18) on a 64 KiB text answer COUNT times, without and with matches:
-    /// the CPU it adds to a call that brings one back.
+    /// Time the answer guard (SPEC 18) COUNT times on a short answer, and on a 64 KiB one without and
+    /// with matches: the CPU it adds to a call that brings one back.
     Guard {
         #[arg(long, default_value_t = 2_000, value_parser = at_least_one)]
         count: usize,
     },
-    /// Make CALLS calls spread over all the registered sessions (for the memory reading).
+    /// Make CALLS calls spread over all the registered sessions (for the memory and disk readings).
     Soak {
         #[command(flatten)]
         target: Target,
@@ -118,6 +118,10 @@ pub enum BenchCommand {
         calls: u64,
         #[arg(long, default_value_t = 32, value_parser = at_least_one)]
         concurrency: usize,
+        /// Each call names its action with a random `idempotency_key` (a UUID), as agents that key
+        /// their calls do: request ids then share nothing that packs well.
+        #[arg(long)]
+        keyed: bool,
     },
     /// Closed loop for SECS with CONCURRENCY callers that each honour `Retry-After`: a caller shed with
     /// 503 waits as long as it says before its next call (what SPEC 11 asks of clients, unlike wrk).
@@ -198,8 +202,9 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Guard { count } => {
             let cost = guard_cost(count)?;
             println!(
-                "answers={count} answer_bytes={} clean_ns={} near_ns={} matched_ns={} matches={}",
+                "answers={count} answer_bytes={} short_ns={} clean_ns={} near_ns={} matched_ns={} matches={}",
                 cost.bytes,
+                cost.short.as_nanos(),
                 cost.clean.as_nanos(),
                 cost.near.as_nanos(),
                 cost.matched.as_nanos(),
@@ -211,9 +216,15 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
             target,
             calls,
             concurrency,
+            keyed,
         } => {
             let stop = Stop::After(calls);
-            let (samples, elapsed) = closed_loop(&target, stop, concurrency, false).await?;
+            let callers = Callers {
+                concurrency,
+                polite: false,
+                keyed,
+            };
+            let (samples, elapsed) = closed_loop(&target, stop, callers).await?;
             println!("{}", summary(&samples, elapsed));
             Ok(())
         }
@@ -223,7 +234,12 @@ pub async fn run(command: BenchCommand) -> Result<(), String> {
             concurrency,
         } => {
             let stop = Stop::At(Instant::now() + Duration::from_secs(secs));
-            let (samples, elapsed) = closed_loop(&target, stop, concurrency, true).await?;
+            let callers = Callers {
+                concurrency,
+                polite: true,
+                keyed: false,
+            };
+            let (samples, elapsed) = closed_loop(&target, stop, callers).await?;
             let admitted = samples.iter().filter(|(status, _)| *status == 200).count();
             let shed = samples.iter().filter(|(status, _)| *status == 503).count();
             println!(
@@ -474,11 +490,14 @@ async fn register(client: &reqwest::Client, target: &Target) -> Result<Vec<Sessi
 }
 
 /// Envelope `n`: a call that no other envelope makes (its id and arguments are unique, so it is neither a
-/// replay nor a claim's SKIP), signed by session `n mod sessions`.
-fn signed(sessions: &[Session], n: u64, timestamp: i64) -> Vec<u8> {
+/// replay nor a claim's SKIP), signed by session `n mod sessions`; with `key`, its idempotency key.
+fn signed(sessions: &[Session], n: u64, timestamp: i64, key: Option<String>) -> Vec<u8> {
     let session = &sessions[(n % sessions.len() as u64) as usize];
-    let payload = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+    let mut payload = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
         "params": {"name": "bench.echo", "arguments": {"n": n}}});
+    if let Some(key) = key {
+        payload["params"]["_meta"] = json!({ "idempotency_key": key });
+    }
     let wire = envelope::sign_envelope(&session.key, payload, &session.token, timestamp);
     serde_json::to_vec(&wire).unwrap_or_default()
 }
@@ -505,7 +524,7 @@ async fn write_envelopes(
                         .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
                     let mut file = std::io::BufWriter::new(file);
                     for n in (k..count).step_by(files as usize) {
-                        file.write_all(&signed(sessions, n, timestamp))
+                        file.write_all(&signed(sessions, n, timestamp, None))
                             .and_then(|()| file.write_all(b"\n"))
                             .map_err(|e| e.to_string())?;
                     }
@@ -602,7 +621,7 @@ async fn fixed_rate(
     // Dated at the middle of the run, which then lies inside the ±30 s clock window for up to a minute.
     let timestamp = clock::now_secs() + secs as i64 / 2;
     let bodies: Vec<Bytes> = (0..rate * secs)
-        .map(|n| Bytes::from(signed(&sessions, n, timestamp)))
+        .map(|n| Bytes::from(signed(&sessions, n, timestamp, None)))
         .collect();
     let due_calls = bodies.len();
     let url: Arc<str> = format!("{}/v1/invoke", target.gateway).into();
@@ -676,15 +695,27 @@ enum Stop {
     At(Instant),
 }
 
+/// The callers of a closed loop.
+struct Callers {
+    concurrency: usize,
+    /// A caller whose call is shed sleeps what its `Retry-After` says (the sleep is not a sample).
+    polite: bool,
+    /// Each call carries a random idempotency key.
+    keyed: bool,
+}
+
 /// Closed loop over many sessions, signing each call just before it is sent (a long soak outlasts the
-/// clock window that pre-signed envelopes have). With `polite`, a caller whose call is shed sleeps what
-/// its `Retry-After` says (the sleep is not a sample). Returns the samples and the time the loop took.
+/// clock window that pre-signed envelopes have). Returns the samples and the time the loop took.
 async fn closed_loop(
     target: &Target,
     stop: Stop,
-    concurrency: usize,
-    polite: bool,
+    callers: Callers,
 ) -> Result<(Vec<Sample>, Duration), String> {
+    let Callers {
+        concurrency,
+        polite,
+        keyed,
+    } = callers;
     let client = client()?;
     let sessions = Arc::new(register(&client, target).await?);
     let url: Arc<str> = format!("{}/v1/invoke", target.gateway).into();
@@ -710,7 +741,8 @@ async fn closed_loop(
                         _ => {}
                     }
                     let t = Instant::now();
-                    let body = signed(&sessions, n, clock::now_secs());
+                    let key = keyed.then(|| uuid::Uuid::new_v4().to_string());
+                    let body = signed(&sessions, n, clock::now_secs(), key);
                     let answer = post(&client, &url, Bytes::from(body)).await;
                     samples.push((answer.status, t.elapsed().as_micros() as u64));
                     if let (true, 503, Some(secs)) =
@@ -737,17 +769,20 @@ async fn closed_loop(
 /// What `bench guard` measured: the mean time of one guarded answer of each kind.
 struct GuardCost {
     bytes: usize,
+    /// The benchmark upstream's own answer (`"ok"`): what the guard adds to every row's calls.
+    short: Duration,
     clean: Duration,
     near: Duration,
     matched: Duration,
     matches: u64,
 }
 
-/// The answer guard with its defaults and a credential, on a 64 KiB text answer of prose with a URL and
-/// a non-ASCII word in each line (so the hidden-character check cannot skip it as ASCII): as it is
-/// (nothing to find), with near-matches of the formats in each line (`eyJ…`, `AKIA…`: candidates that
-/// the automaton must check and reject), and with a secret, the credential or a zero-width joiner in
-/// every kibibyte. Each run guards a fresh copy, and only the guard is timed.
+/// The answer guard with its defaults and a credential: on the benchmark upstream's short answer, and on
+/// a 64 KiB text answer of prose with a URL and a non-ASCII word in each line (so the hidden-character
+/// check cannot skip it as ASCII) as it is (nothing to find), with near-matches of the formats in each
+/// line (`eyJ…`, `AKIA…`: candidates that the automaton must check and reject), and with a secret, the
+/// credential or a zero-width joiner in every kibibyte. Each run guards a fresh copy; only the guard is
+/// timed.
 fn guard_cost(count: usize) -> Result<GuardCost, String> {
     use crate::guard;
     const SIZE: usize = 64 * 1024;
@@ -806,11 +841,13 @@ fn guard_cost(count: usize) -> Result<GuardCost, String> {
             return Err(format!("the {name} answer has {found} findings"));
         }
     }
+    let (short_time, _) = time("ok");
     let (clean_time, _) = time(&clean);
     let (near_time, _) = time(&near);
     let (matched_time, matches) = time(&matched);
     Ok(GuardCost {
         bytes: clean.len(),
+        short: short_time,
         clean: clean_time,
         near: near_time,
         matched: matched_time,
