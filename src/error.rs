@@ -108,6 +108,13 @@ impl From<&crate::policy::Violation> for Code {
     }
 }
 
+/// A context body the API cannot load: 6005, the message naming the field (`capabilities[0].tool_pattern: …`).
+impl From<crate::policy::PolicyError> for ApiError {
+    fn from(error: crate::policy::PolicyError) -> ApiError {
+        ApiError::new(Code::InvalidRequest, error.to_string())
+    }
+}
+
 /// A refusal on its way to the wire: the code, a message naming the problem, optional details and headers.
 #[derive(Debug, Clone)]
 pub struct ApiError {
