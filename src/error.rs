@@ -85,6 +85,36 @@ impl Code {
     }
 }
 
+/// The refusal that a capability's path, command or URL check gives (SPEC 6.3): the paths inside an
+/// accepted command obey the path check's code.
+impl From<&crate::policy::Violation> for Code {
+    fn from(violation: &crate::policy::Violation) -> Code {
+        use crate::policy::Violation;
+        match violation {
+            Violation::Path { .. }
+            | Violation::NotPath { .. }
+            | Violation::Expands { .. }
+            | Violation::PathInCommand { .. }
+            | Violation::FileUrl { .. } => Code::PathNotAllowed,
+            Violation::TwoNamed(_)
+            | Violation::NoCommand
+            | Violation::EmptyCommand
+            | Violation::NotWords { .. }
+            | Violation::NotArgv { .. }
+            | Violation::Shell { .. }
+            | Violation::Word { .. } => Code::CommandNotAllowed,
+            Violation::Url { .. } | Violation::NotUrl { .. } => Code::DomainNotAllowed,
+        }
+    }
+}
+
+/// A context body the API cannot load: 6005, the message naming the field (`capabilities[0].tool_pattern: …`).
+impl From<crate::policy::PolicyError> for ApiError {
+    fn from(error: crate::policy::PolicyError) -> ApiError {
+        ApiError::new(Code::InvalidRequest, error.to_string())
+    }
+}
+
 /// A refusal on its way to the wire: the code, a message naming the problem, optional details and headers.
 #[derive(Debug, Clone)]
 pub struct ApiError {

@@ -361,7 +361,9 @@ fn run(row: &Row) -> Result<(Outcome, Option<String>), String> {
     }
     let verdict = match row.check {
         Check::Paths => match path_rule(&config)? {
-            Some(rule) => rule.check(&arguments).map_err(|message| (2002, message)),
+            Some(rule) => rule
+                .check(&arguments)
+                .map_err(|refused| (2002, refused.to_string())),
             None => return Err("a Paths row needs a path_allowlist".to_string()),
         },
         Check::Commands => {
@@ -374,7 +376,8 @@ fn run(row: &Row) -> Result<(Outcome, Option<String>), String> {
                     serde_json::from_value(value.clone()).map_err(|problem| problem.to_string())?,
                 ),
             };
-            let mut rule = CommandRule::new(commands.as_deref(), subcommands.as_ref())?;
+            let mut rule = CommandRule::new(commands.as_deref(), subcommands.as_ref())
+                .map_err(|refused| refused.to_string())?;
             if let Some(value) = config.get("option_allowlist") {
                 let options: BTreeMap<String, Vec<String>> =
                     serde_json::from_value(value.clone()).map_err(|problem| problem.to_string())?;
@@ -384,17 +387,18 @@ fn run(row: &Row) -> Result<(Outcome, Option<String>), String> {
             }
             // The command's own check (2003), then the paths among its words (2002, SPEC 6.3 r2).
             match (rule.check(&arguments), path_rule(&config)?) {
-                (Err(message), _) => Err((2003, message)),
-                (Ok(words), Some(paths)) => {
-                    words.check_paths(&paths).map_err(|message| (2002, message))
-                }
+                (Err(refused), _) => Err((2003, refused.to_string())),
+                (Ok(words), Some(paths)) => words
+                    .check_paths(&paths)
+                    .map_err(|refused| (2002, refused.to_string())),
                 (Ok(_), None) => Ok(()),
             }
         }
         Check::Domains => {
             let allowlist = strings(config.get("domain_allowlist"))?.unwrap_or_default();
-            let rule = DomainRule::new(&allowlist)?;
-            rule.check(&arguments).map_err(|message| (2004, message))
+            let rule = DomainRule::new(&allowlist).map_err(|refused| refused.to_string())?;
+            rule.check(&arguments)
+                .map_err(|refused| (2004, refused.to_string()))
         }
     };
     Ok(match verdict {
@@ -409,7 +413,9 @@ fn path_rule(config: &Map<String, Value>) -> Result<Option<PathRule>, String> {
         return Ok(None);
     };
     let keys = strings(config.get("path_arguments"))?;
-    PathRule::new(&allowlist, keys.as_deref()).map(Some)
+    PathRule::new(&allowlist, keys.as_deref())
+        .map(Some)
+        .map_err(|refused| refused.to_string())
 }
 
 /// Every string in the call's arguments (values and array elements, at any depth).

@@ -113,8 +113,7 @@ pub(super) fn parse_spec(
             ));
         }
     }
-    let context = policy::parse_context_json(&spec)
-        .map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string()))?;
+    let context = policy::parse_context_json(&spec)?;
     Ok((spec, context))
 }
 

@@ -5,6 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::jwks::KeyRing;
 use super::key::Signer;
+use super::Error;
 use crate::audit::{AuditEvent, ChainHead, CheckpointSigner, EventType};
 
 /// What a checkpoint's signature is over, besides the head: the chain it belongs to.
@@ -29,36 +30,42 @@ impl CheckpointSigner for Signer {
 /// Checks an `AuditCheckpoint` event whose chain fields are already verified: it covers the event just
 /// before it (its `seq` and `hash` are that event's, which the event's own `prev_hash` gives), under a
 /// key of `keys`. Returns the kid.
-pub fn check(event: &Value, keys: &KeyRing) -> Result<String, String> {
-    let checkpoint = event
-        .get("checkpoint")
-        .and_then(Value::as_object)
-        .ok_or("checkpoint is missing or not an object")?;
+pub fn check(event: &Value, keys: &KeyRing) -> Result<String, Error> {
+    let checkpoint =
+        event
+            .get("checkpoint")
+            .and_then(Value::as_object)
+            .ok_or(Error::MissingOrNot {
+                field: "checkpoint",
+                expected: "an object",
+            })?;
     let seq = checkpoint
         .get("seq")
         .and_then(Value::as_u64)
-        .ok_or("checkpoint.seq is missing or not an integer")?;
+        .ok_or(Error::MissingOrNot {
+            field: "checkpoint.seq",
+            expected: "an integer",
+        })?;
     let text = |name: &str| checkpoint.get(name).and_then(Value::as_str);
-    let hash = text("hash").ok_or("checkpoint.hash is missing")?;
+    let hash = text("hash").ok_or(Error::Missing("checkpoint.hash"))?;
     let own_seq = event.get("seq").and_then(Value::as_u64).unwrap_or(0);
     if Some(seq) != own_seq.checked_sub(1) {
-        return Err(format!(
-            "checkpoint.seq {seq} is not the seq of the event before it ({})",
-            own_seq.saturating_sub(1)
-        ));
+        return Err(Error::SeqNotBefore {
+            seq,
+            before: own_seq.saturating_sub(1),
+        });
     }
     if event.get("prev_hash").and_then(Value::as_str) != Some(hash) {
-        return Err(format!(
-            "checkpoint.hash is not the hash of the event before it (seq {seq})"
-        ));
+        return Err(Error::HashNotBefore { seq });
     }
-    let kid = text("kid").ok_or("checkpoint.kid is missing")?;
-    let key = keys
-        .get(kid)
-        .ok_or_else(|| format!("checkpoint.kid {kid:?} is not a key of the given JWK Set"))?;
-    let sig = text("sig").ok_or("checkpoint.sig is missing")?;
+    let kid = text("kid").ok_or(Error::Missing("checkpoint.kid"))?;
+    let key = keys.get(kid).ok_or_else(|| Error::UnknownKid {
+        field: "checkpoint.kid",
+        kid: kid.to_owned(),
+    })?;
+    let sig = text("sig").ok_or(Error::Missing("checkpoint.sig"))?;
     key.verify(&signed_bytes(seq, hash), sig)
-        .map_err(|e| format!("checkpoint.sig {e}"))?;
+        .map_err(|e| e.of("checkpoint.sig"))?;
     Ok(kid.to_owned())
 }
 
@@ -81,26 +88,19 @@ mod tests {
         // As the chain places it: right after the head.
         event["seq"] = json!(42);
         event["prev_hash"] = json!(head.hash);
-        assert_eq!(check(&event, &keys), Ok(signer.public().kid().to_owned()));
+        assert_eq!(check(&event, &keys).unwrap(), signer.public().kid());
+        let refusal = |event: &Value, keys: &KeyRing| check(event, keys).unwrap_err().to_string();
 
         let mut moved = event.clone();
         moved["seq"] = json!(43);
-        assert!(check(&moved, &keys)
-            .unwrap_err()
-            .starts_with("checkpoint.seq 41"));
+        assert!(refusal(&moved, &keys).starts_with("checkpoint.seq 41"));
         let mut rehashed = event.clone();
         rehashed["prev_hash"] = json!("cd".repeat(32));
-        assert!(check(&rehashed, &keys)
-            .unwrap_err()
-            .starts_with("checkpoint.hash"));
+        assert!(refusal(&rehashed, &keys).starts_with("checkpoint.hash"));
         let mut forged = event.clone();
         forged["checkpoint"]["hash"] = json!("cd".repeat(32));
         forged["prev_hash"] = json!("cd".repeat(32));
-        assert!(check(&forged, &keys)
-            .unwrap_err()
-            .starts_with("checkpoint.sig"));
-        assert!(check(&event, &KeyRing::default())
-            .unwrap_err()
-            .contains("is not a key of the given JWK Set"));
+        assert!(refusal(&forged, &keys).starts_with("checkpoint.sig"));
+        assert!(refusal(&event, &KeyRing::default()).contains("is not a key of the given JWK Set"));
     }
 }

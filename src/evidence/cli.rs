@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::jwks::KeyRing;
-use super::{receipt, verify};
+use super::key::io_error;
+use super::{receipt, verify, Error};
 
 /// Exit 0 with a summary, or 1 naming the event (or file) that broke.
 pub async fn audit_verify(files: &[PathBuf], keys: Option<&str>) -> ExitCode {
@@ -106,15 +107,13 @@ pub fn replica_log_verify(files: &[PathBuf]) -> ExitCode {
 /// `payload_sha256` all hold; otherwise 1, naming each problem.
 pub async fn receipt_verify(keys: &str, response: &Path, envelope: Option<&Path>) -> ExitCode {
     let checked = async {
-        let ring = KeyRing::load(keys)
-            .await
-            .map_err(|e| format!("--keys: {e}"))?;
+        let ring = KeyRing::load(keys).await.map_err(|e| e.at("--keys"))?;
         let body = read_json(response)?;
         let envelope = envelope.map(read_json).transpose()?;
-        Ok::<_, String>(receipt::verify(&body, &ring, envelope.as_ref()))
+        Ok::<_, Error>(receipt::verify(&body, &ring, envelope.as_ref()))
     };
     match checked.await {
-        Err(e) => fail(&e),
+        Err(e) => fail(&e.to_string()),
         Ok(Ok(verified)) => {
             println!(
                 "ok: receipt signed by kid {}: decision {}, event_seq {}, issued_at {}",
@@ -137,10 +136,12 @@ pub async fn receipt_verify(keys: &str, response: &Path, envelope: Option<&Path>
     }
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    crate::strict_json::parse_strict_json(&bytes)
-        .map_err(|e| format!("{} is not strict JSON: {e}", path.display()))
+fn read_json(path: &Path) -> Result<serde_json::Value, Error> {
+    let bytes = std::fs::read(path).map_err(io_error("read", path))?;
+    crate::strict_json::parse_strict_json(&bytes).map_err(|error| Error::NotJson {
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::key::{unb64url, PublicKey};
+use super::key::{io_error, unb64url, PublicKey};
+use super::Error;
 
 /// One key as a JWK.
 pub fn jwk(key: &PublicKey) -> Value {
@@ -45,80 +46,91 @@ impl KeyRing {
 
     /// Reads a JWK Set of Ed25519 keys. Anything else in it is refused rather than skipped, and so is a
     /// key whose `kid` is not the kid of its `x`: a verifier must not trust a set it cannot read whole.
-    pub fn from_jwks(set: &Value) -> Result<KeyRing, String> {
+    pub fn from_jwks(set: &Value) -> Result<KeyRing, Error> {
         let keys = set
             .get("keys")
             .and_then(Value::as_array)
-            .ok_or("the JWK Set has no \"keys\" array")?;
+            .ok_or(Error::NoKeys)?;
         let mut ring = KeyRing::default();
         for (index, entry) in keys.iter().enumerate() {
-            let key = read_jwk(entry).map_err(|e| format!("keys[{index}]: {e}"))?;
+            let key = read_jwk(entry).map_err(|e| e.at(format!("keys[{index}]")))?;
             ring.keys.insert(key.kid().to_owned(), key);
         }
         Ok(ring)
     }
 
     /// The set in a file, or at an `http://` or `https://` URL (a gateway's `/v1/keys`).
-    pub async fn load(source: &str) -> Result<KeyRing, String> {
+    pub async fn load(source: &str) -> Result<KeyRing, Error> {
         let text = if source.starts_with("https://") || source.starts_with("http://") {
             fetch(source).await?
         } else {
-            std::fs::read_to_string(source).map_err(|e| format!("cannot read {source}: {e}"))?
+            std::fs::read_to_string(source)
+                .map_err(io_error("read", std::path::Path::new(source)))?
         };
         let set = crate::strict_json::parse_strict_json(text.as_bytes())
-            .map_err(|e| format!("{source}: not a JWK Set: {e}"))?;
-        KeyRing::from_jwks(&set).map_err(|e| format!("{source}: {e}"))
+            .map_err(|e| Error::NotJwkSet(e).at(source))?;
+        KeyRing::from_jwks(&set).map_err(|e| e.at(source))
     }
 }
 
-fn read_jwk(entry: &Value) -> Result<PublicKey, String> {
+fn read_jwk(entry: &Value) -> Result<PublicKey, Error> {
     let text = |name: &str| entry.get(name).and_then(Value::as_str);
     if text("kty") != Some("OKP") || text("crv") != Some("Ed25519") {
-        return Err("not an Ed25519 key (kty \"OKP\", crv \"Ed25519\")".to_owned());
+        return Err(Error::NotEd25519);
     }
-    if text("alg").is_some_and(|alg| alg != "EdDSA") {
-        return Err("alg must be \"EdDSA\"".to_owned());
+    for (field, value) in [("alg", "EdDSA"), ("use", "sig")] {
+        if text(field).is_some_and(|given| given != value) {
+            return Err(Error::NotValue {
+                field,
+                rule: "must be",
+                value,
+            });
+        }
     }
-    if text("use").is_some_and(|usage| usage != "sig") {
-        return Err("use must be \"sig\"".to_owned());
-    }
-    let x = text("x").ok_or("x is missing")?;
-    let bytes: [u8; 32] = unb64url(x).map_err(|e| format!("x {e}"))?;
-    let key = PublicKey::from_bytes(&bytes).map_err(|e| format!("x: {e}"))?;
+    let x = text("x").ok_or(Error::Missing("x"))?;
+    let bytes: [u8; 32] = unb64url(x).map_err(|e| e.of("x"))?;
+    let key = PublicKey::from_bytes(&bytes).map_err(|e| e.at("x"))?;
     match text("kid") {
         Some(kid) if kid == key.kid() => Ok(key),
-        Some(kid) => Err(format!(
-            "kid {kid:?} is not the kid of its key ({:?})",
-            key.kid()
-        )),
-        None => Err("kid is missing".to_owned()),
+        Some(kid) => Err(Error::WrongKid {
+            kid: kid.to_owned(),
+            actual: key.kid().to_owned(),
+        }),
+        None => Err(Error::Missing("kid")),
     }
 }
 
 /// A gateway's `/v1/keys`, from the URL given and nowhere else: a redirect is refused, not followed
 /// (SPEC 20 rule 8), and plain `http://` is refused unless the host is this machine, where nobody
 /// between could swap the keys that the verdict rests on.
-async fn fetch(source: &str) -> Result<String, String> {
-    let url = reqwest::Url::parse(source).map_err(|e| format!("{source} is not a URL: {e}"))?;
-    crate::outbound::https_or_loopback(&url).map_err(|why| format!("{source}: {why}"))?;
+async fn fetch(source: &str) -> Result<String, Error> {
+    let url = reqwest::Url::parse(source).map_err(|error| Error::NotUrl {
+        url: source.to_owned(),
+        error,
+    })?;
+    crate::outbound::https_or_loopback(&url).map_err(|why| Error::Insecure(why).at(source))?;
+    let fetch_error = |action| {
+        move |error| Error::Fetch {
+            action,
+            url: source.to_owned(),
+            error,
+        }
+    };
     let response = crate::outbound::client_builder()
         .timeout(Duration::from_secs(10))
         .build()
-        .map_err(|e| e.to_string())?
+        .map_err(Error::Client)?
         .get(url)
         .send()
         .await
-        .map_err(|e| format!("cannot fetch {source}: {e}"))?;
+        .map_err(fetch_error("fetch"))?;
     if !response.status().is_success() {
-        return Err(format!(
-            "{source} answered {}",
-            crate::outbound::failed_status(response.status(), response.headers())
-        ));
+        return Err(Error::Answered {
+            url: source.to_owned(),
+            status: crate::outbound::failed_status(response.status(), response.headers()),
+        });
     }
-    response
-        .text()
-        .await
-        .map_err(|e| format!("cannot read {source}: {e}"))
+    response.text().await.map_err(fetch_error("read"))
 }
 
 #[cfg(test)]
@@ -157,7 +169,9 @@ mod tests {
             (rsa, "not an Ed25519 key"),
             (short, "not 32"),
         ] {
-            let refused = KeyRing::from_jwks(&json!({ "keys": [entry] })).unwrap_err();
+            let refused = KeyRing::from_jwks(&json!({ "keys": [entry] }))
+                .unwrap_err()
+                .to_string();
             assert!(
                 refused.starts_with("keys[0]: ") && refused.contains(expected),
                 "{refused}"

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 
+use super::Error;
 use crate::envelope::{self, SessionKey};
 
 /// The file that holds the key made at first start, in `data_dir`.
@@ -25,8 +26,10 @@ pub struct PublicKey {
 impl PublicKey {
     /// Accepts a canonical encoding of a point of large order only (as session keys), so that one key
     /// has one kid and no weak key can make a forged signature verify.
-    pub fn from_bytes(bytes: &[u8; 32]) -> Result<PublicKey, String> {
-        let key = *SessionKey::from_bytes(bytes)?.verifying_key();
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<PublicKey, Error> {
+        let key = *SessionKey::from_bytes(bytes)
+            .map_err(Error::Key)?
+            .verifying_key();
         Ok(PublicKey {
             kid: kid_of(bytes),
             key,
@@ -48,23 +51,23 @@ impl PublicKey {
 
     /// Strict verification (non-canonical `S` and small-order `R` refused) of an unpadded base64url
     /// signature over `message`.
-    pub fn verify(&self, message: &[u8], signature: &str) -> Result<(), String> {
+    pub fn verify(&self, message: &[u8], signature: &str) -> Result<(), Error> {
         let bytes: [u8; 64] = unb64url(signature)?;
         self.key
             .verify_strict(message, &Signature::from_bytes(&bytes))
-            .map_err(|_| format!("does not verify under key {}", self.kid))
+            .map_err(|_| Error::BadSignature {
+                kid: self.kid.clone(),
+            })
     }
 }
 
 /// Exactly `N` bytes from unpadded base64url (a key's `x`, a signature).
-pub fn unb64url<const N: usize>(text: &str) -> Result<[u8; N], String> {
-    let bytes = URL_SAFE_NO_PAD
-        .decode(text)
-        .map_err(|e| format!("is not unpadded base64url: {e}"))?;
-    bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("decodes to {} bytes, not {N}", bytes.len()))
+pub fn unb64url<const N: usize>(text: &str) -> Result<[u8; N], Error> {
+    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(Error::NotBase64)?;
+    bytes.as_slice().try_into().map_err(|_| Error::WrongLength {
+        length: bytes.len(),
+        expected: N,
+    })
 }
 
 /// The first 16 hex digits of hex(SHA-256(public key bytes)).
@@ -81,7 +84,7 @@ pub struct Signer {
 }
 
 impl Signer {
-    pub fn new(key: SigningKey) -> Result<Signer, String> {
+    pub fn new(key: SigningKey) -> Result<Signer, Error> {
         let public = PublicKey::from_bytes(&key.verifying_key().to_bytes())?;
         Ok(Signer { key, public })
     }
@@ -99,100 +102,98 @@ impl Signer {
 /// The key `signing.key_file` names (`key_file`, already resolved), or else the one made at first start
 /// in `data_dir` (the embedded store only: `generate` is false on PostgreSQL, where replicas must be
 /// given their keys).
-pub fn load(
-    key_file: Option<&Path>,
-    data_dir: &Path,
-    generate: bool,
-) -> Result<SigningKey, String> {
+pub fn load(key_file: Option<&Path>, data_dir: &Path, generate: bool) -> Result<SigningKey, Error> {
     match key_file {
-        Some(path) => read_key_file(path).map_err(|e| format!("signing.key_file: {e}")),
+        Some(path) => read_key_file(path).map_err(|e| e.at("signing.key_file")),
         None if generate => generated_key(data_dir),
-        None => Err(
-            "signing.key_file: required on a postgres:// store (each replica signs with a \
-                     key it is given; make one with `sealgate keygen --out DIR --name signing`)"
-                .to_owned(),
-        ),
+        None => Err(Error::KeyRequired.at("signing.key_file")),
     }
 }
 
 /// A PKCS#8 PEM private key in a file that only its owner may read: a key that other users could read
 /// would let them sign receipts and checkpoints in the gateway's name, so it is refused, not used.
-pub fn read_key_file(path: &Path) -> Result<SigningKey, String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn read_key_file(path: &Path) -> Result<SigningKey, Error> {
+    let meta = std::fs::metadata(path).map_err(io_error("read", path))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{} has mode {mode:04o}: group or other users may read the gateway's signing key; \
-             make it readable by its owner only (chmod 600)",
-            path.display()
-        ));
+        return Err(Error::KeyReadableByOthers {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(io_error("read", path))?;
     if !text.trim_start().starts_with("-----BEGIN PRIVATE KEY-----") {
-        return Err(format!(
-            "{} is not a PKCS#8 PEM private key (-----BEGIN PRIVATE KEY-----)",
-            path.display()
-        ));
+        return Err(Error::NotPem {
+            path: path.to_path_buf(),
+            form: "a PKCS#8 PEM private key (-----BEGIN PRIVATE KEY-----)",
+        });
     }
-    envelope::signing_key_from_text(&text).map_err(|e| format!("{}: {e}", path.display()))
+    envelope::signing_key_from_text(&text).map_err(|e| Error::Key(e).at(path.display().to_string()))
 }
 
 /// `data_dir/signing.key`, made when missing: written to a temporary file (0600), synced, then linked
 /// into place so that a key that exists is never replaced and a crash leaves no half-written key.
-fn generated_key(data_dir: &Path) -> Result<SigningKey, String> {
+fn generated_key(data_dir: &Path) -> Result<SigningKey, Error> {
     let path = data_dir.join(GENERATED_KEY_FILE);
     if path.exists() {
-        return read_key_file(&path).map_err(|e| format!("signing key: {e}"));
+        return read_key_file(&path).map_err(|e| e.at("signing key"));
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
-    let key = envelope::generate_signing_key()?;
-    let pem = envelope::signing_key_to_pkcs8_pem(&key)?;
+        .map_err(io_error("create", data_dir))?;
+    let key = envelope::generate_signing_key().map_err(Error::Key)?;
+    let pem = envelope::signing_key_to_pkcs8_pem(&key).map_err(Error::Key)?;
     let temporary = data_dir.join(format!(
         "{GENERATED_KEY_FILE}.{}.tmp",
         uuid::Uuid::new_v4().simple()
     ));
-    let written = write_synced(&temporary, &pem).and_then(|()| {
-        std::fs::hard_link(&temporary, &path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))
-    });
+    let written = write_synced(&temporary, &pem)
+        .and_then(|()| std::fs::hard_link(&temporary, &path).map_err(io_error("create", &path)));
     let _ = std::fs::remove_file(&temporary);
     written?;
-    crate::files::sync_folder(data_dir)?;
+    crate::files::sync_folder(data_dir).map_err(Error::Sync)?;
     tracing::info!(file = %path.display(), kid = %kid_of(&key.verifying_key().to_bytes()),
         "made the gateway's signing key");
     Ok(key)
 }
 
-fn write_synced(path: &PathBuf, text: &str) -> Result<(), String> {
+fn write_synced(path: &PathBuf, text: &str) -> Result<(), Error> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        .map_err(io_error("create", path))?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(io_error("write", path))
+}
+
+/// What became of an I/O error while doing `action` to `path`.
+pub fn io_error<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |error| Error::Io {
+        action,
+        path: path.to_path_buf(),
+        error,
+    }
 }
 
 /// A retired key of `signing.previous_public_keys`: an SPKI PEM public key.
-pub fn read_public_pem(path: &Path) -> Result<PublicKey, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn read_public_pem(path: &Path) -> Result<PublicKey, Error> {
+    let text = std::fs::read_to_string(path).map_err(io_error("read", path))?;
     if !text.trim_start().starts_with("-----BEGIN PUBLIC KEY-----") {
-        return Err(format!(
-            "{} is not an SPKI PEM public key (-----BEGIN PUBLIC KEY-----); keep only the public \
-             half of a retired key",
-            path.display()
-        ));
+        return Err(Error::NotPem {
+            path: path.to_path_buf(),
+            form: "an SPKI PEM public key (-----BEGIN PUBLIC KEY-----); keep only the public \
+                   half of a retired key",
+        });
     }
-    let key = SessionKey::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let key = SessionKey::parse(&text).map_err(|e| Error::Key(e).at(path.display().to_string()))?;
     PublicKey::from_bytes(&key.to_bytes())
 }
 
@@ -234,7 +235,10 @@ mod tests {
         let key = envelope::generate_signing_key().unwrap();
         std::fs::write(&path, envelope::signing_key_to_pkcs8_pem(&key).unwrap()).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let refused = load(Some(&path), dir.path(), true).err().unwrap();
+        let refused = load(Some(&path), dir.path(), true)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             refused.contains("mode 0640") && refused.contains("chmod 600"),
             "{refused}"
@@ -247,8 +251,12 @@ mod tests {
         let hex_key = dir.path().join("hex.key");
         std::fs::write(&hex_key, hex::encode(key.to_bytes())).unwrap();
         std::fs::set_permissions(&hex_key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(read_key_file(&hex_key).err().unwrap().contains("PKCS#8"));
-        let required = load(None, dir.path(), false).err().unwrap();
+        assert!(read_key_file(&hex_key)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("PKCS#8"));
+        let required = load(None, dir.path(), false).err().unwrap().to_string();
         assert!(
             required.starts_with("signing.key_file: required"),
             "{required}"
@@ -260,8 +268,12 @@ mod tests {
         let signer = Signer::new(envelope::generate_signing_key().unwrap()).unwrap();
         let signature = signer.sign(b"message");
         assert!(!signature.contains('='), "unpadded: {signature}");
-        assert_eq!(signer.public().verify(b"message", &signature), Ok(()));
-        let other = signer.public().verify(b"massage", &signature).unwrap_err();
+        assert!(signer.public().verify(b"message", &signature).is_ok());
+        let other = signer
+            .public()
+            .verify(b"massage", &signature)
+            .unwrap_err()
+            .to_string();
         assert!(other.contains(signer.public().kid()), "{other}");
         assert!(signer.public().verify(b"message", "AAAA").is_err());
     }

@@ -8,6 +8,7 @@
 
 mod checkpoint;
 pub mod cli;
+mod error;
 mod jwks;
 mod key;
 mod receipt;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use checkpoint::{signed_bytes as checkpoint_signed_bytes, CHAIN};
+pub use error::Error;
 pub use jwks::KeyRing;
 pub use key::{kid_of, PublicKey, GENERATED_KEY_FILE};
 pub use receipt::{verify as verify_receipt, Statement, Verified};
@@ -67,7 +69,7 @@ impl Evidence {
     /// Loads (or on the embedded store makes) the signing key and reads the public keys the
     /// configuration names. On a shared store it also notes this replica's key there and warns about
     /// every noted key that the configuration does not name: a hint to the operator, never trust.
-    pub async fn start(config: &SigningSetup, store: &dyn Store) -> Result<Evidence, String> {
+    pub async fn start(config: &SigningSetup, store: &dyn Store) -> Result<Evidence, Error> {
         let (signer, others) = load_keys(config)?;
         let key_set = jwks::jwk_set(std::iter::once(signer.public()).chain(&others));
         if config.shared_store {
@@ -116,7 +118,7 @@ async fn note_replica_key(
     signer: &Signer,
     configured: &[PublicKey],
     replica_id: &str,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let own = signer.public();
     let record = SigningKeyRecord {
         kid: own.kid().to_owned(),
@@ -126,11 +128,14 @@ async fn note_replica_key(
     store
         .signing_key_publish(&record)
         .await
-        .map_err(|e| format!("signing: cannot note this replica's key in the store: {e}"))?;
-    let noted = store
-        .signing_keys()
-        .await
-        .map_err(|e| format!("signing: cannot read the keys noted in the store: {e}"))?;
+        .map_err(|error| Error::Store {
+            action: "note this replica's key in the store",
+            error,
+        })?;
+    let noted = store.signing_keys().await.map_err(|error| Error::Store {
+        action: "read the keys noted in the store",
+        error,
+    })?;
     let is_configured =
         |kid: &str| kid == own.kid() || configured.iter().any(|key| key.kid() == kid);
     for record in noted.iter().filter(|record| !is_configured(&record.kid)) {
@@ -143,18 +148,23 @@ async fn note_replica_key(
 
 /// What one receipt of a typical call costs, and its Ed25519 signature alone, each the mean of `count`
 /// (`sealgate bench sign`): the CPU that SPEC 14 adds to a call.
-pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
-    let signer = Signer::new(crate::envelope::generate_signing_key()?)?;
+pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), Error> {
+    let signer = Signer::new(crate::envelope::generate_signing_key().map_err(Error::Key)?)?;
     let digest = "0".repeat(64);
     let answer = serde_json::json!({"jsonrpc": "2.0", "id": 7,
         "result": {"content": [{"type": "text", "text": "ran tool.write"}]}});
-    let serde_json::Value::Object(fields) = serde_json::json!({"request_id": digest, "claim": "PROCEED",
-        "action_ref": digest, "claimed_at": "2026-12-01T10:00:00.000Z",
-        "event_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "context": "agent-runtime",
-        "context_version": digest})
-    else {
-        return Err("the bench receipt is not an object".to_owned());
-    };
+    let fields: Map<String, Value> = [
+        ("request_id", digest.as_str()),
+        ("claim", "PROCEED"),
+        ("action_ref", digest.as_str()),
+        ("claimed_at", "2026-12-01T10:00:00.000Z"),
+        ("event_id", "1b4e28ba-2fa1-11d2-883f-0016d3cca427"),
+        ("context", "agent-runtime"),
+        ("context_version", digest.as_str()),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), Value::from(value)))
+    .collect();
     let statement = Statement {
         decision: crate::audit::Decision::Allow,
         code: None,
@@ -165,7 +175,7 @@ pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
         answer: Some(&answer),
         event_seq: 1,
     };
-    let runs = u32::try_from(count).map_err(|_| "count is too large".to_owned())?;
+    let runs = u32::try_from(count).map_err(|_| Error::CountTooLarge)?;
     let started = std::time::Instant::now();
     for _ in 0..count {
         std::hint::black_box(receipt::sign(&signer, "bench", fields.clone(), &statement));
@@ -181,18 +191,18 @@ pub fn receipt_cost(count: usize) -> Result<(Duration, Duration), String> {
 
 /// The signing key, and the public keys the configuration names besides it (retired ones, then the
 /// other replicas').
-fn load_keys(config: &SigningSetup) -> Result<(Signer, Vec<PublicKey>), String> {
+fn load_keys(config: &SigningSetup) -> Result<(Signer, Vec<PublicKey>), Error> {
     let key = key::load(
         config.key_file.as_deref(),
         &config.data_dir,
         !config.shared_store,
     )?;
-    let signer = Signer::new(key).map_err(|e| format!("signing.key_file: {e}"))?;
+    let signer = Signer::new(key).map_err(|e| e.at("signing.key_file"))?;
     Ok((signer, read_public_keys(config)?))
 }
 
 /// `previous_public_keys`, then `replica_public_keys`.
-fn read_public_keys(config: &SigningSetup) -> Result<Vec<PublicKey>, String> {
+fn read_public_keys(config: &SigningSetup) -> Result<Vec<PublicKey>, Error> {
     let mut keys = read_pem_list("previous_public_keys", &config.previous_public_keys)?;
     keys.extend(read_pem_list(
         "replica_public_keys",
@@ -202,12 +212,12 @@ fn read_public_keys(config: &SigningSetup) -> Result<Vec<PublicKey>, String> {
 }
 
 /// The SPKI PEM keys of `signing.<list>`; an error names the key's place in the list.
-fn read_pem_list(list: &str, paths: &[PathBuf]) -> Result<Vec<PublicKey>, String> {
+fn read_pem_list(list: &str, paths: &[PathBuf]) -> Result<Vec<PublicKey>, Error> {
     paths
         .iter()
         .enumerate()
         .map(|(index, path)| {
-            key::read_public_pem(path).map_err(|e| format!("signing.{list}[{index}]: {e}"))
+            key::read_public_pem(path).map_err(|e| e.at(format!("signing.{list}[{index}]")))
         })
         .collect()
 }
@@ -217,10 +227,10 @@ fn read_pem_list(list: &str, paths: &[PathBuf]) -> Result<Vec<PublicKey>, String
 pub fn config_problems(config: &SigningSetup) -> Vec<String> {
     let generated = config.data_dir.join(GENERATED_KEY_FILE);
     let key = match &config.key_file {
-        Some(path) => Some(key::read_key_file(path).map_err(|e| format!("signing.key_file: {e}"))),
+        Some(path) => Some(key::read_key_file(path).map_err(|e| e.at("signing.key_file"))),
         None if config.shared_store => Some(key::load(None, Path::new(""), false)),
         None if generated.exists() => {
-            Some(key::read_key_file(&generated).map_err(|e| format!("signing key: {e}")))
+            Some(key::read_key_file(&generated).map_err(|e| e.at("signing key")))
         }
         // Made at first start.
         None => None,
@@ -228,5 +238,6 @@ pub fn config_problems(config: &SigningSetup) -> Vec<String> {
     key.and_then(Result::err)
         .into_iter()
         .chain(read_public_keys(config).err())
+        .map(|error| error.to_string())
         .collect()
 }

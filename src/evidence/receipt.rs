@@ -5,6 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::jwks::KeyRing;
 use super::key::Signer;
+use super::Error;
 use crate::audit::Decision;
 use crate::envelope;
 
@@ -109,7 +110,7 @@ pub fn verify(
     };
     let mut problems = Vec::new();
     let kid = check_signature(receipt, keys).unwrap_or_else(|problem| {
-        problems.push(problem);
+        problems.push(problem.to_string());
         String::new()
     });
     problems.extend(check_statement(receipt, refusal));
@@ -150,26 +151,32 @@ pub fn verify(
 }
 
 /// The kid whose key signed JCS(receipt without `sig`).
-fn check_signature(receipt: &Map<String, Value>, keys: &KeyRing) -> Result<String, String> {
+fn check_signature(receipt: &Map<String, Value>, keys: &KeyRing) -> Result<String, Error> {
     let sig = receipt
         .get("sig")
         .and_then(Value::as_object)
-        .ok_or("sig is missing or not an object")?;
+        .ok_or(Error::MissingOrNot {
+            field: "sig",
+            expected: "an object",
+        })?;
     let text = |name: &str| sig.get(name).and_then(Value::as_str);
     if text("alg") != Some("EdDSA") {
-        return Err("sig.alg is not \"EdDSA\"".into());
+        return Err(Error::NotValue {
+            field: "sig.alg",
+            rule: "is not",
+            value: "EdDSA",
+        });
     }
-    let kid = text("kid").ok_or("sig.kid is missing")?;
-    let key = keys
-        .get(kid)
-        .ok_or_else(|| format!("sig.kid {kid:?} is not a key of the given JWK Set"))?;
-    let value = text("value").ok_or("sig.value is missing")?;
+    let kid = text("kid").ok_or(Error::Missing("sig.kid"))?;
+    let key = keys.get(kid).ok_or_else(|| Error::UnknownKid {
+        field: "sig.kid",
+        kid: kid.to_owned(),
+    })?;
+    let value = text("value").ok_or(Error::Missing("sig.value"))?;
     let mut signed = receipt.clone();
     signed.remove("sig");
     key.verify(&envelope::jcs_object(&signed), value)
-        .map_err(|e| {
-            format!("sig.value {e}: a field of the receipt was changed after signing, or the signature was")
-        })?;
+        .map_err(|e| Error::ReceiptChanged(Box::new(e)))?;
     Ok(kid.to_owned())
 }
 

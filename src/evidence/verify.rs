@@ -8,6 +8,8 @@ use serde_json::Value;
 
 use super::checkpoint;
 use super::jwks::KeyRing;
+use super::key::io_error;
+use super::Error;
 use crate::audit::{ChainWalker, EventType, VerifyReport};
 
 /// What the files held.
@@ -27,7 +29,7 @@ pub struct TrailReport {
 /// Checks `files` as one chain, taken in the order of their first events (so that a shell glob of
 /// archive files may come in any order); with `keys`, every checkpoint too, and at least one must be
 /// there. The error names the file, line, seq and event that broke.
-pub fn verify_files(files: &[PathBuf], keys: Option<&KeyRing>) -> Result<TrailReport, String> {
+pub fn verify_files(files: &[PathBuf], keys: Option<&KeyRing>) -> Result<TrailReport, Error> {
     let mut ordered = Vec::with_capacity(files.len());
     for file in files {
         ordered.push((first_seq(file)?, file));
@@ -38,12 +40,9 @@ pub fn verify_files(files: &[PathBuf], keys: Option<&KeyRing>) -> Result<TrailRe
     for (_, file) in ordered {
         walk_file(file, &mut walker, &mut trail, keys)?;
     }
-    let chain = walker.finish().map_err(|broken| broken.to_string())?;
+    let chain = walker.finish().map_err(Error::Chain)?;
     if keys.is_some() && trail.checkpoints == 0 {
-        return Err(format!(
-            "no AuditCheckpoint in these files: none of their {} events is signed",
-            chain.events
-        ));
+        return Err(Error::NoCheckpoint(chain.events));
     }
     Ok(TrailReport {
         unsigned_tail: chain.last_seq - trail.last_checkpoint.unwrap_or(chain.first_seq - 1),
@@ -66,13 +65,12 @@ fn walk_file(
     walker: &mut ChainWalker,
     trail: &mut Trail,
     keys: Option<&KeyRing>,
-) -> Result<(), String> {
-    let opened =
-        std::fs::File::open(file).map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+) -> Result<(), Error> {
+    let opened = std::fs::File::open(file).map_err(io_error("open", file))?;
     for (index, line) in BufReader::new(opened).lines().enumerate() {
         let event = walker
             .push_line(line, index + 1)
-            .map_err(|broken| format!("{}: {broken}", file.display()))?;
+            .map_err(|broken| Error::Chain(broken).at(file.display().to_string()))?;
         if event.get("type").and_then(Value::as_str) != Some(EventType::AuditCheckpoint.as_str()) {
             continue;
         }
@@ -80,11 +78,11 @@ fn walk_file(
         if let Some(keys) = keys {
             let kid = checkpoint::check(&event, keys).map_err(|reason| {
                 let event_id = event.get("event_id").and_then(Value::as_str).unwrap_or("?");
-                format!(
-                    "{}: line {}, seq {seq}, event_id {event_id}: {reason}",
+                reason.at(format!(
+                    "{}: line {}, seq {seq}, event_id {event_id}",
                     file.display(),
                     index + 1
-                )
+                ))
             })?;
             if !trail.kids.contains(&kid) {
                 trail.kids.push(kid);
@@ -97,20 +95,16 @@ fn walk_file(
 }
 
 /// The seq of a file's first event, to put the files in chain order.
-fn first_seq(file: &Path) -> Result<u64, String> {
-    let opened =
-        std::fs::File::open(file).map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+fn first_seq(file: &Path) -> Result<u64, Error> {
+    let opened = std::fs::File::open(file).map_err(io_error("open", file))?;
     let mut first = String::new();
     BufReader::new(opened)
         .read_line(&mut first)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        .map_err(io_error("read", file))?;
     serde_json::from_str::<Value>(&first)
         .ok()
         .and_then(|event| event.get("seq").and_then(Value::as_u64))
-        .ok_or_else(|| {
-            format!(
-                "{}: line 1 is not an audit event with a seq",
-                file.display()
-            )
+        .ok_or_else(|| Error::NoFirstSeq {
+            path: file.to_path_buf(),
         })
 }

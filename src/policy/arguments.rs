@@ -21,18 +21,21 @@ pub fn named<'a, 'n, N: AsRef<str>>(
         .map(|(key, value)| (key.as_str(), value))
 }
 
+/// Two arguments whose names are equal under ASCII case folding, where a check reads one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("two arguments are named {0:?} under ASCII case folding")]
+pub struct TwoNamed(pub String);
+
 /// The argument named `name` under ASCII case folding; two of them are refused, since a tool would
 /// read only one and which one is its own business.
 pub fn single<'a>(
     arguments: &'a Map<String, Value>,
     name: &str,
-) -> Result<Option<&'a Value>, String> {
+) -> Result<Option<&'a Value>, TwoNamed> {
     let mut found = named(arguments, std::slice::from_ref(&name)).map(|(_, value)| value);
     let first = found.next();
     match found.next() {
-        Some(_) => Err(format!(
-            "two arguments are named {name:?} under ASCII case folding"
-        )),
+        Some(_) => Err(TwoNamed(name.to_owned())),
         None => Ok(first),
     }
 }
@@ -67,7 +70,7 @@ mod tests {
         assert_eq!(single(&one, "args"), Ok(None));
         let two = object(json!({"args": [], "ARGS": ["x"]}));
         assert_eq!(
-            single(&two, "args"),
+            single(&two, "args").map_err(|e| e.to_string()),
             Err("two arguments are named \"args\" under ASCII case folding".to_string())
         );
     }

@@ -34,7 +34,7 @@ pub const EXPECTABLE_CODES: &[u16] = &[1000, 2000, 2001, 2002, 2003, 2004, 2005,
 
 impl Verdict {
     /// Reads `expect`: `allow`, `approval`, a code's number or its name from the code table.
-    fn parse(raw: &RawExpect) -> Result<Verdict, String> {
+    fn parse(raw: &RawExpect) -> Result<Verdict, ExpectError> {
         let code = match raw {
             RawExpect::Text(text) if text == "allow" => return Ok(Verdict::Allow),
             RawExpect::Text(text) if text == "approval" => return Ok(Verdict::Approval),
@@ -43,16 +43,8 @@ impl Verdict {
         };
         match code {
             Some(code) if EXPECTABLE_CODES.contains(&code.number()) => Ok(Verdict::Refused(code)),
-            Some(code) => Err(format!(
-                "{} {} is not a code a policy decision gives; expect allow, approval, or one of {}",
-                code.number(),
-                code.name(),
-                expectable_list()
-            )),
-            None => Err(format!(
-                "unknown expectation {raw}; expect allow, approval, or one of {}",
-                expectable_list()
-            )),
+            Some(code) => Err(ExpectError::NotPolicyCode(code)),
+            None => Err(ExpectError::Unknown(raw.to_string())),
         }
     }
 
@@ -64,6 +56,23 @@ impl Verdict {
             Verdict::Refused(code) => code.name(),
         }
     }
+}
+
+/// An `expect` that no policy decision can give.
+#[derive(Debug, thiserror::Error)]
+enum ExpectError {
+    #[error(
+        "{} {} is not a code a policy decision gives; expect allow, approval, or one of {}",
+        .0.number(),
+        .0.name(),
+        expectable_list()
+    )]
+    NotPolicyCode(Code),
+    #[error(
+        "unknown expectation {0}; expect allow, approval, or one of {list}",
+        list = expectable_list()
+    )]
+    Unknown(String),
 }
 
 fn expectable_list() -> String {
@@ -322,7 +331,8 @@ fn check_case(raw: RawCase, contexts: &[SecurityContext]) -> Result<Case, CasePr
             return Err((field, message));
         }
     }
-    let expect = Verdict::parse(&raw.expect).map_err(|e| (CaseField::key("expect"), e))?;
+    let expect =
+        Verdict::parse(&raw.expect).map_err(|e| (CaseField::key("expect"), e.to_string()))?;
     Ok(Case {
         name: raw.name,
         context: raw.context,

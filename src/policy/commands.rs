@@ -16,6 +16,10 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use super::arguments::single;
+use super::error::{
+    ArgumentAt, ArgvProblem, EntryProblem, PathProblem, RuleError, ShellProblem, Violation,
+    WordProblem,
+};
 use super::paths::{excerpt, PathRule};
 use crate::envelope::json_kind;
 
@@ -79,34 +83,26 @@ impl CommandRule {
     pub fn new(
         command_allowlist: Option<&[String]>,
         subcommand_allowlist: Option<&BTreeMap<String, Vec<String>>>,
-    ) -> Result<CommandRule, String> {
+    ) -> Result<CommandRule, RuleError> {
         let mut allowed_subcommands = BTreeMap::new();
         if let Some(table) = subcommand_allowlist {
             if table.is_empty() {
-                return Err("empty subcommand_allowlist would restrict nothing".to_string());
+                return Err(RuleError::NoSubcommandTable);
             }
             for (command, subcommands) in table {
-                plain_word(command)
-                    .map_err(|problem| format!("subcommand_allowlist key {problem}"))?;
+                plain_word(command).map_err(in_list("subcommand_allowlist key".to_owned()))?;
                 if subcommands.is_empty() {
-                    return Err(format!(
-                        "subcommand_allowlist for {} is empty and would allow nothing",
-                        excerpt(command)
-                    ));
+                    return Err(RuleError::NoSubcommands(command.clone()));
                 }
                 let mut allowed = BTreeSet::new();
                 for subcommand in subcommands {
-                    plain_word(subcommand).map_err(|problem| {
-                        format!("subcommand_allowlist for {}: {problem}", excerpt(command))
-                    })?;
+                    let list = format!("subcommand_allowlist for {}:", excerpt(command));
+                    plain_word(subcommand).map_err(in_list(list))?;
                     if subcommand.starts_with('-') {
-                        // A word starting with `-` before the subcommand is refused, so this entry
-                        // could never match.
-                        return Err(format!(
-                            "subcommand_allowlist for {}: {} starts with '-' and can never match",
-                            excerpt(command),
-                            excerpt(subcommand)
-                        ));
+                        return Err(RuleError::OptionAsSubcommand {
+                            command: command.clone(),
+                            subcommand: subcommand.clone(),
+                        });
                     }
                     allowed.insert(subcommand.clone());
                 }
@@ -114,30 +110,22 @@ impl CommandRule {
             }
         }
         let allowed_commands = match command_allowlist {
-            Some([]) => return Err("empty command_allowlist would allow nothing".to_string()),
+            Some([]) => return Err(RuleError::EmptyAllowlist("command_allowlist")),
             Some(commands) => {
                 let mut allowed = BTreeSet::new();
                 for command in commands {
-                    plain_word(command)
-                        .map_err(|problem| format!("command_allowlist {problem}"))?;
+                    plain_word(command).map_err(in_list("command_allowlist".to_owned()))?;
                     allowed.insert(command.clone());
                 }
                 if let Some(stray) = allowed_subcommands
                     .keys()
                     .find(|command| !allowed.contains(*command))
                 {
-                    return Err(format!(
-                        "subcommand_allowlist names {} which is not in command_allowlist",
-                        excerpt(stray)
-                    ));
+                    return Err(RuleError::StrayCommand(stray.clone()));
                 }
                 allowed
             }
-            None if allowed_subcommands.is_empty() => {
-                return Err(
-                    "a command rule needs command_allowlist or subcommand_allowlist".to_string(),
-                )
-            }
+            None if allowed_subcommands.is_empty() => return Err(RuleError::NoCommandList),
             None => allowed_subcommands.keys().cloned().collect(),
         };
         Ok(CommandRule {
@@ -177,7 +165,7 @@ impl CommandRule {
                 return Err(refuse(Some(key), None, shape.into()));
             }
             for word in std::iter::once(command).chain(subcommand) {
-                plain_word(word).map_err(|problem| refuse(Some(key), None, problem))?;
+                plain_word(word).map_err(|problem| refuse(Some(key), None, problem.to_string()))?;
             }
             if !self.allowed_commands.contains(command) {
                 let message = format!("{} is not in command_allowlist", excerpt(command));
@@ -203,7 +191,7 @@ impl CommandRule {
             let mut allowed = BTreeSet::new();
             for (index, option) in options.iter().enumerate() {
                 let at = Some(index);
-                plain_word(option).map_err(|problem| refuse(Some(key), at, problem))?;
+                plain_word(option).map_err(|problem| refuse(Some(key), at, problem.to_string()))?;
                 let problem = if !option.starts_with('-') {
                     "is not an option: options start with '-'"
                 } else if option.contains('=') {
@@ -226,16 +214,20 @@ impl CommandRule {
     /// case as the path and URL arguments are (SPEC 6.3 r3): a tool that reads `Args` as `args` runs
     /// it. On success returns the call's words, so that a capability with a `path_allowlist` can
     /// check the paths among them ([`CommandWords::check_paths`]).
-    pub fn check<'a>(&self, arguments: &'a Map<String, Value>) -> Result<CommandWords<'a>, String> {
+    pub fn check<'a>(
+        &self,
+        arguments: &'a Map<String, Value>,
+    ) -> Result<CommandWords<'a>, Violation> {
         let command = single(arguments, "command")?;
         let args: &[Value] = match single(arguments, "args")? {
             None => &[],
             Some(Value::Array(items)) => items,
             Some(other) => {
-                return Err(format!(
-                    "argument \"args\": expected an array of strings, got {}",
-                    json_kind(other)
-                ))
+                return Err(Violation::NotWords {
+                    at: at("args", None),
+                    expected: "an array of strings",
+                    got: json_kind(other),
+                })
             }
         };
         let mut words = Vec::new();
@@ -245,10 +237,14 @@ impl CommandRule {
         // or in one element runs on into the next elements.
         let mut after_comment = false;
         match command {
-            None => return Err("argument \"command\" is missing".to_string()),
+            None => return Err(Violation::NoCommand),
             Some(Value::String(text)) => {
-                let split = split_shell_text(text, &mut after_comment)
-                    .map_err(|problem| format!("argument \"command\": {problem}"))?;
+                let split = split_shell_text(text, &mut after_comment).map_err(|problem| {
+                    Violation::Shell {
+                        at: at("command", None),
+                        problem,
+                    }
+                })?;
                 for (index, word) in split.into_iter().enumerate() {
                     let at = WordAt::CommandText(index + 1);
                     if let Some(expansion) = word.expands {
@@ -259,21 +255,24 @@ impl CommandRule {
             }
             Some(Value::Array(items)) => {
                 for (index, item) in items.iter().enumerate() {
-                    let word = literal_word(item)
-                        .map_err(|problem| format!("argument \"command\"[{index}] {problem}"))?;
+                    let word = literal_word(item).map_err(|problem| Violation::NotArgv {
+                        at: at("command", Some(index)),
+                        problem,
+                    })?;
                     words.push((WordAt::CommandItem(index), Cow::Borrowed(word)));
                 }
             }
             Some(other) => {
-                return Err(format!(
-                    "argument \"command\": expected a string or an array of strings, got {}",
-                    json_kind(other)
-                ))
+                return Err(Violation::NotWords {
+                    at: at("command", None),
+                    expected: "a string or an array of strings",
+                    got: json_kind(other),
+                })
             }
         }
         // An empty command is refused on its own, even when `args` would supply words (SPEC 6.3).
         if words.is_empty() {
-            return Err("argument \"command\" is empty".to_string());
+            return Err(Violation::EmptyCommand);
         }
         // Next to a string command, a tool may join `args` into the same shell text (SPEC 6.3 r2): each
         // element obeys the string's shell-syntax rule, and the words it would split into are checked
@@ -281,11 +280,17 @@ impl CommandRule {
         let shell_text = matches!(command, Some(Value::String(_)));
         let mut split_args = Vec::new();
         for (index, item) in args.iter().enumerate() {
-            let word = literal_word(item)
-                .map_err(|problem| format!("argument \"args\"[{index}] {problem}"))?;
+            let word = literal_word(item).map_err(|problem| Violation::NotArgv {
+                at: at("args", Some(index)),
+                problem,
+            })?;
             if shell_text {
-                let split = split_shell_text(word, &mut after_comment)
-                    .map_err(|problem| format!("argument \"args\"[{index}]: {problem}"))?;
+                let split = split_shell_text(word, &mut after_comment).map_err(|problem| {
+                    Violation::Shell {
+                        at: at("args", Some(index)),
+                        problem,
+                    }
+                })?;
                 for (number, word) in split.into_iter().enumerate() {
                     let at = WordAt::ArgsText(index, number + 1);
                     if let Some(expansion) = word.expands {
@@ -315,33 +320,33 @@ impl CommandRule {
     }
 
     /// `words`: the command's words followed by `args`, as the program would receive them.
-    fn check_words(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), String> {
+    fn check_words(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), Violation> {
         let Some((at, base)) = words.first() else {
-            return Err("argument \"command\" is empty".to_string());
+            return Err(Violation::EmptyCommand);
         };
+        let at = *at;
+        let refuse = |at, problem| Err(Violation::Word { at, problem });
         if base.is_empty() {
-            return Err(format!("{at} is empty"));
+            return refuse(at, WordProblem::Empty);
         }
         if !self.allowed_commands.contains(base.as_ref()) {
-            return Err(format!("{at} is not in command_allowlist"));
+            return refuse(at, WordProblem::NotCommand);
         }
         let Some(subcommands) = self.allowed_subcommands.get(base.as_ref()) else {
             return Ok(());
         };
         // Options before the subcommand (`git -c …`, `git --git-dir=…`) change what runs (SPEC 6.3 r2).
         match words.get(1) {
-            None => Err(format!("{at} needs a subcommand from subcommand_allowlist")),
-            Some((at, word)) if word.starts_with('-') => {
-                Err(format!("{at} is an option before the subcommand"))
-            }
+            None => refuse(at, WordProblem::NoSubcommand),
+            Some((at, word)) if word.starts_with('-') => refuse(*at, WordProblem::OptionFirst),
             Some((_, word)) if subcommands.contains(word.as_ref()) => Ok(()),
-            Some((at, _)) => Err(format!("{at} is not in subcommand_allowlist")),
+            Some((at, _)) => refuse(*at, WordProblem::NotSubcommand),
         }
     }
 
     /// The `option_allowlist` (SPEC 6.3 r4) over words that passed [`Self::check_words`]: the entry
     /// for `"command subcommand"` when there is one, else the command's; without either, any option.
-    fn check_options(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), String> {
+    fn check_options(&self, words: &[(WordAt, Cow<'_, str>)]) -> Result<(), Violation> {
         let Some((_, base)) = words.first() else {
             return Ok(());
         };
@@ -369,11 +374,13 @@ impl CommandRule {
                 continue;
             }
             if let Some(option) = unlisted_option(word, listed) {
-                return Err(format!(
-                    "{at} is the option {}, which option_allowlist for {} does not list",
-                    excerpt(&option),
-                    excerpt(key)
-                ));
+                return Err(Violation::Word {
+                    at: *at,
+                    problem: WordProblem::UnlistedOption {
+                        option: option.into_owned(),
+                        key: key.clone(),
+                    },
+                });
             }
         }
         Ok(())
@@ -446,30 +453,26 @@ impl CommandWords<'_> {
     /// that a shell would expand into paths (an unquoted glob, `~`, `{`, or a leading `=`) is refused,
     /// since where it leads cannot be checked here. Then every word, and every value a tool may read
     /// as a path inside a word ([`embedded_values`]), must pass [`check_path_value`].
-    pub fn check_paths(&self, paths: &PathRule) -> Result<(), String> {
-        if let Some((at, expansion)) = self.expanding.first() {
-            return Err(format!(
-                "{at} holds an unquoted {expansion:?}, which a shell expands into paths that \
-                 path_allowlist cannot check; quote it"
-            ));
+    pub fn check_paths(&self, paths: &PathRule) -> Result<(), Violation> {
+        if let Some(&(at, expansion)) = self.expanding.first() {
+            return Err(Violation::Expands { at, expansion });
         }
         for (at, word) in &self.words {
+            let at = *at;
+            let refused = |part| move |problem| Violation::PathInCommand { at, part, problem };
             // A relative word with separators is checked by its parts: `--output=/workspace/../x`
             // climbs with `..` only inside its value.
             let whole = word.strip_prefix('@').unwrap_or(word);
             if whole.starts_with('/') || !whole.contains(VALUE_SEPARATORS) {
-                check_path_value(word, paths)
-                    .map_err(|problem| format!("{at} (a path) {problem}"))?;
+                check_path_value(word, paths).map_err(refused("(a path)"))?;
             }
             // The value after an `=` is a path as a whole too: `--output=/workspace:x` names the
             // sibling `/workspace:x`, whatever its parts between `:` and `,` say.
             for value in word.split('=').skip(1) {
-                check_path_value(value, paths)
-                    .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
+                check_path_value(value, paths).map_err(refused("(a value inside it)"))?;
             }
-            for value in embedded_values(word).map_err(|problem| format!("{at} {problem}"))? {
-                check_path_value(value, paths)
-                    .map_err(|problem| format!("{at} (a value inside it) {problem}"))?;
+            for value in embedded_values(word).ok_or(Violation::FileUrl { at })? {
+                check_path_value(value, paths).map_err(refused("(a value inside it)"))?;
             }
         }
         Ok(())
@@ -480,12 +483,12 @@ impl CommandWords<'_> {
 /// with `..`, since it starts from the tool's working directory, which this check does not know
 /// (`ls ../../etc`). A leading `@` is dropped first: many tools read `@FILE` as the contents of FILE
 /// (compilers' response files, `curl -d @FILE`, argparse's `fromfile_prefix_chars`).
-fn check_path_value(value: &str, paths: &PathRule) -> Result<(), String> {
+fn check_path_value(value: &str, paths: &PathRule) -> Result<(), PathProblem> {
     let value = value.strip_prefix('@').unwrap_or(value);
     if value.starts_with('/') {
         paths.check_value(value)
     } else if value.split('/').any(|part| part == "..") {
-        Err("climbs with '..' from a working directory that path_allowlist cannot see".to_string())
+        Err(PathProblem::ClimbsFromWorkingDirectory)
     } else {
         Ok(())
     }
@@ -496,15 +499,15 @@ fn check_path_value(value: &str, paths: &PathRule) -> Result<(), String> {
 /// value attached to a short option's letters (`-O/etc/x`; in `-xvf/etc/x` any letter might be the
 /// one that takes it). The `//host/…` part of a URL is no local path: it is checked as the relative
 /// `host/…`. A `file:` URL names one in a form this check does not read (percent-encoding, a host),
-/// so it is refused.
-fn embedded_values(word: &str) -> Result<Vec<&str>, String> {
+/// so it is refused: `None`.
+fn embedded_values(word: &str) -> Option<Vec<&str>> {
     let parts = separated_parts(word);
     let mut values = Vec::new();
     let mut is_authority = false;
     for (index, &(part, separator)) in parts.iter().enumerate() {
         let scheme = separator == Some(':') && is_url_scheme(part);
         if scheme && part.eq_ignore_ascii_case("file") {
-            return Err("holds a file: URL, which path_allowlist cannot check".to_string());
+            return None;
         }
         match part.strip_prefix("//").filter(|_| is_authority) {
             // `host/path` is relative: only a `..` in it is refused.
@@ -518,7 +521,7 @@ fn embedded_values(word: &str) -> Result<Vec<&str>, String> {
                 .get(index + 1)
                 .is_some_and(|(next, _)| next.starts_with("//"));
     }
-    Ok(values)
+    Some(values)
 }
 
 /// `word` cut at every [`VALUE_SEPARATORS`] character, each part with the separator that ends it.
@@ -554,19 +557,32 @@ fn attached_value(word: &str) -> Option<&str> {
 
 /// An argv element from a JSON array: must be a string without NUL. The problem reads after the
 /// element's name.
-fn literal_word(item: &Value) -> Result<&str, String> {
+fn literal_word(item: &Value) -> Result<&str, ArgvProblem> {
     match item {
-        Value::String(word) if word.contains('\0') => Err("holds a NUL byte".to_string()),
+        Value::String(word) if word.contains('\0') => Err(ArgvProblem::Nul),
         Value::String(word) => Ok(word),
-        other => Err(format!("is {}, not a string", json_kind(other))),
+        other => Err(ArgvProblem::NotString(json_kind(other))),
+    }
+}
+
+/// An entry of `list` that is not a plain word.
+fn in_list(list: String) -> impl FnOnce(EntryProblem) -> RuleError {
+    move |problem| RuleError::CommandEntry { list, problem }
+}
+
+/// The argument a command check reads: `command` or `args`, and the element of an array.
+fn at(key: &str, index: Option<usize>) -> ArgumentAt {
+    ArgumentAt {
+        key: key.to_owned(),
+        index,
     }
 }
 
 /// An allowlist entry must be one plain word: a string command could never produce a first word
 /// holding blanks, quotes or shell syntax, so such an entry is a configuration mistake.
-fn plain_word(entry: &str) -> Result<(), String> {
+fn plain_word(entry: &str) -> Result<(), EntryProblem> {
     if entry.is_empty() {
-        return Err("entry is empty".to_string());
+        return Err(EntryProblem::Empty);
     }
     let is_unusable = |c: char| {
         c.is_whitespace()
@@ -576,7 +592,7 @@ fn plain_word(entry: &str) -> Result<(), String> {
             || matches!(c, '\'' | '"' | '\\')
     };
     if entry.contains(is_unusable) || entry.starts_with('#') {
-        return Err(format!("entry {} is not a plain word", excerpt(entry)));
+        return Err(EntryProblem::NotPlain(entry.to_owned()));
     }
     Ok(())
 }
@@ -598,7 +614,7 @@ enum Quoting {
 ///
 /// `after_comment` carries that state in and out, for texts that a tool may join into one.
 /// Problems name the word (counted from 1), never its text.
-fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWord>, String> {
+fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWord>, ShellProblem> {
     let mut words: Vec<ShellWord> = Vec::new();
     // The word being read, once something (even an empty pair of quotes) has begun it.
     let mut current: Option<ShellWord> = None;
@@ -606,7 +622,7 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
         let number = words.len() + 1;
-        let refuse = |rule: &str| Err(format!("word {number} {rule}"));
+        let refuse = |rule| Err(ShellProblem::Word { number, rule });
         let nul = "holds a NUL byte";
         let comment_newline = "holds a newline after a '#' that a shell reads as a comment";
         if c == '\0' {
@@ -627,7 +643,7 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
                     quoting = Quoting::Double;
                 }
                 '\\' => match chars.next() {
-                    None => return Err("ends with a backslash".to_string()),
+                    None => return Err(ShellProblem::TrailingBackslash),
                     Some('\0') => return refuse(nul),
                     Some(escaped) if is_unquoted_hazard(escaped) => {
                         return refuse("is shell syntax outside quotes, even escaped")
@@ -669,7 +685,7 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
                 // In double quotes a backslash escapes only `$`, backquote, `"`, `\` and newline; an
                 // escaped `$` or backquote is still refused (SPEC: outside single quotes).
                 '\\' => match chars.next() {
-                    None => return Err("quotes do not close".to_string()),
+                    None => return Err(ShellProblem::Unclosed),
                     Some('\0') => return refuse(nul),
                     Some(escaped) if EXPANSIONS.contains(&escaped) => {
                         return refuse("holds an expansion inside double quotes, even escaped")
@@ -699,7 +715,7 @@ fn split_shell_text(text: &str, after_comment: &mut bool) -> Result<Vec<ShellWor
             words.extend(current);
             Ok(words)
         }
-        Quoting::Single | Quoting::Double => Err("quotes do not close".to_string()),
+        Quoting::Single | Quoting::Double => Err(ShellProblem::Unclosed),
     }
 }
 
@@ -751,6 +767,7 @@ mod tests {
     fn split(text: &str) -> Result<Vec<String>, String> {
         split_shell_text(text, &mut false)
             .map(|words| words.into_iter().map(|word| word.text).collect())
+            .map_err(|problem| problem.to_string())
     }
 
     fn command_allowed(command: &str) -> bool {
@@ -761,11 +778,13 @@ mod tests {
 
     /// The command check, then the path check over its words: `Err((code, message))`.
     fn with_paths(call: Value) -> Result<(), (u16, String)> {
+        let refusal = |violation: Violation| {
+            let code = crate::error::Code::from(&violation).number();
+            (code, violation.to_string())
+        };
         let call = args(call);
-        let words = git_rule().check(&call).map_err(|problem| (2003, problem))?;
-        words
-            .check_paths(&workspace())
-            .map_err(|problem| (2002, problem))
+        let words = git_rule().check(&call).map_err(refusal)?;
+        words.check_paths(&workspace()).map_err(refusal)
     }
 
     #[test]
@@ -994,7 +1013,7 @@ mod tests {
             assert!(rule.check(&args(json!({ "command": refused }))).is_err());
         }
         assert_eq!(
-            rule.check(&Map::new()),
+            rule.check(&Map::new()).map_err(|e| e.to_string()),
             Err("argument \"command\" is missing".to_string())
         );
         assert!(rule.check(&args(json!({ "args": ["status"] }))).is_err());
@@ -1142,7 +1161,11 @@ mod tests {
     #[test]
     fn error_messages_name_the_place_and_the_rule() {
         let rule = git_rule();
-        let check = |call: Value| rule.check(&args(call)).map(|_| ());
+        let check = |call: Value| {
+            rule.check(&args(call))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
         let cases = [
             (
                 json!({ "command": "git push" }),
@@ -1270,14 +1293,14 @@ mod tests {
         };
         let git = strings(&["git"]);
         assert_eq!(
-            CommandRule::new(Some(&[]), None),
+            CommandRule::new(Some(&[]), None).map_err(|e| e.to_string()),
             Err("empty command_allowlist would allow nothing".to_string())
         );
         assert!(CommandRule::new(None, None).is_err());
         assert!(CommandRule::new(Some(&git), Some(&BTreeMap::new())).is_err());
         assert!(CommandRule::new(Some(&git), Some(&table("git", &[]))).is_err());
         assert_eq!(
-            CommandRule::new(Some(&git), Some(&table("npm", &["test"]))),
+            CommandRule::new(Some(&git), Some(&table("npm", &["test"]))).map_err(|e| e.to_string()),
             Err("subcommand_allowlist names \"npm\" which is not in command_allowlist".to_string())
         );
         assert!(CommandRule::new(Some(&git), Some(&table("git", &["--force"]))).is_err());
@@ -1324,7 +1347,10 @@ mod tests {
     }
 
     fn options_check(call: Value) -> Result<(), String> {
-        git_log_options().check(&args(call)).map(|_| ())
+        git_log_options()
+            .check(&args(call))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     #[test]

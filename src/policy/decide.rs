@@ -7,6 +7,7 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use super::error::Violation;
 use super::flows::{self, FlowMatch, HeldLabel};
 use super::model::{Capability, FlowAction, SecurityContext};
 use super::pattern::{is_valid_tool_name, Pattern};
@@ -169,6 +170,11 @@ fn deny(code: Code, rule: Rule, message: String) -> Decision {
     }
 }
 
+/// A call that a capability's argument check refused, with the code that the check gives.
+fn refuse(rule: Rule, violation: &Violation) -> Decision {
+    deny(Code::from(violation), rule, violation.to_string())
+}
+
 /// Decides a `tools/call` of `tool` with `arguments`. `ctx` is the one version of the context that
 /// this decision uses (`None` when the session's context does not exist); `session_patterns` are
 /// the session's `allowed_tool_patterns` (the caller passes `*` when the session named none; an
@@ -260,25 +266,25 @@ pub fn decide_in_session(
         flow => flow,
     };
     if let Some(paths) = &capability.paths {
-        if let Err(reason) = paths.check(arguments) {
-            return deny(Code::PathNotAllowed, rule, reason);
+        if let Err(violation) = paths.check(arguments) {
+            return refuse(rule, &violation);
         }
     }
     if let Some(commands) = &capability.commands {
         let words = match commands.check(arguments) {
             Ok(words) => words,
-            Err(reason) => return deny(Code::CommandNotAllowed, rule, reason),
+            Err(violation) => return refuse(rule, &violation),
         };
         // Paths inside an accepted command obey the same allowlist (SPEC 6.3 r2).
         if let Some(paths) = &capability.paths {
-            if let Err(reason) = words.check_paths(paths) {
-                return deny(Code::PathNotAllowed, rule, reason);
+            if let Err(violation) = words.check_paths(paths) {
+                return refuse(rule, &violation);
             }
         }
     }
     if let Some(domains) = &capability.domains {
-        if let Err(reason) = domains.check(arguments) {
-            return deny(Code::DomainNotAllowed, rule, reason);
+        if let Err(violation) = domains.check(arguments) {
+            return refuse(rule, &violation);
         }
     }
     Decision::Allow {

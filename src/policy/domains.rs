@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use url::{Host, Url};
 
 use super::arguments::named;
-use super::paths::excerpt;
+use super::error::{ArgumentAt, DomainProblem, RuleError, UrlProblem, Violation};
 use crate::envelope::json_kind;
 
 /// Argument keys whose values are URLs (SPEC 6.3), matched without regard to ASCII case (r3).
@@ -44,9 +44,9 @@ impl DomainRule {
     /// Compiles the rule once, at policy load. Entries are host names, `*.` wildcards over a name
     /// of at least two labels, or IP literals (IPv6 with or without brackets); anything carrying
     /// a scheme, port, path or userinfo is refused, as is `*` alone.
-    pub fn new(domain_allowlist: &[String]) -> Result<DomainRule, String> {
+    pub fn new(domain_allowlist: &[String]) -> Result<DomainRule, RuleError> {
         if domain_allowlist.is_empty() {
-            return Err("empty domain_allowlist would allow nothing".to_string());
+            return Err(RuleError::EmptyAllowlist("domain_allowlist"));
         }
         let mut rule = DomainRule {
             exact_hosts: BTreeSet::new(),
@@ -54,8 +54,9 @@ impl DomainRule {
             addresses: Vec::new(),
         };
         for entry in domain_allowlist {
-            let parsed = parse_entry(entry).map_err(|problem| {
-                format!("domain_allowlist entry {}: {problem}", excerpt(entry))
+            let parsed = parse_entry(entry).map_err(|problem| RuleError::DomainEntry {
+                entry: entry.clone(),
+                problem,
             })?;
             match parsed {
                 Entry::Host(host) => {
@@ -79,67 +80,60 @@ impl DomainRule {
     /// Checks every URL-valued argument of one call. The error names the argument (and the array
     /// index) and the rule it broke, never the URL nor any part of it (SPEC 9.1 r2): userinfo and
     /// query strings carry secrets.
-    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
+    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), Violation> {
         for (key, value) in named(arguments, URL_ARGUMENTS) {
-            match value {
-                Value::String(url) => self
-                    .check_one(url)
-                    .map_err(|problem| format!("argument {key:?}: {problem}"))?,
-                Value::Array(items) => {
-                    for (index, item) in items.iter().enumerate() {
-                        match item {
-                            Value::String(url) => self.check_one(url).map_err(|problem| {
-                                format!("argument {key:?}[{index}]: {problem}")
-                            })?,
-                            other => {
-                                return Err(format!(
-                                    "argument {key:?}[{index}]: expected a URL string, got {}",
-                                    json_kind(other)
-                                ))
-                            }
-                        }
+            let values: &[Value] = match value {
+                Value::Array(items) => items,
+                single => std::slice::from_ref(single),
+            };
+            for (index, item) in values.iter().enumerate() {
+                let at = ArgumentAt {
+                    key: key.to_owned(),
+                    index: value.is_array().then_some(index),
+                };
+                match item {
+                    Value::String(url) => self
+                        .check_one(url)
+                        .map_err(|problem| Violation::Url { at, problem })?,
+                    other => {
+                        return Err(Violation::NotUrl {
+                            at,
+                            got: json_kind(other),
+                        })
                     }
-                }
-                other => {
-                    return Err(format!(
-                        "argument {key:?}: expected a URL string or an array of them, got {}",
-                        json_kind(other)
-                    ))
                 }
             }
         }
         Ok(())
     }
 
-    fn check_one(&self, value: &str) -> Result<(), String> {
+    fn check_one(&self, value: &str) -> Result<(), UrlProblem> {
         if value.chars().any(char::is_control) {
-            return Err("control character in the URL".to_string());
+            return Err(UrlProblem::Control);
         }
         if value.starts_with(char::is_whitespace) || value.ends_with(char::is_whitespace) {
-            return Err("leading or trailing whitespace".to_string());
+            return Err(UrlProblem::Whitespace);
         }
         if value.contains('\\') {
-            return Err("backslash in the URL".to_string());
+            return Err(UrlProblem::Backslash);
         }
-        // `ParseError` names the kind of problem only, never the input.
-        let url =
-            Url::parse(value).map_err(|problem| format!("not an absolute URL ({problem})"))?;
+        let url = Url::parse(value).map_err(UrlProblem::NotAbsolute)?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err("scheme other than http or https".to_string());
+            return Err(UrlProblem::Scheme);
         }
         // WHATWG percent-encodes every `@` but the last; a client splitting at the first `@`
         // would connect to a different host than the one checked here.
         if url.username().contains("%40") || url.password().is_some_and(|p| p.contains("%40")) {
-            return Err("'@' inside the userinfo".to_string());
+            return Err(UrlProblem::AtInUserinfo);
         }
         let allowed = match url.host() {
-            None => return Err("no host".to_string()),
+            None => return Err(UrlProblem::NoHost),
             Some(Host::Ipv4(address)) => self.addresses.contains(&IpAddr::V4(address)),
             Some(Host::Ipv6(address)) => self.addresses.contains(&IpAddr::V6(address)),
             Some(Host::Domain(host)) => {
                 let host = host.strip_suffix('.').unwrap_or(host);
                 if !is_plain_host_name(host) {
-                    return Err("empty label or unusual character in the host".to_string());
+                    return Err(UrlProblem::UnusualHost);
                 }
                 self.allows_host(host)
             }
@@ -147,7 +141,7 @@ impl DomainRule {
         if allowed {
             Ok(())
         } else {
-            Err("host not in domain_allowlist".to_string())
+            Err(UrlProblem::NotAllowed)
         }
     }
 
@@ -161,15 +155,15 @@ impl DomainRule {
     }
 }
 
-fn parse_entry(entry: &str) -> Result<Entry, String> {
+fn parse_entry(entry: &str) -> Result<Entry, DomainProblem> {
     if entry.is_empty() {
-        return Err("is empty".to_string());
+        return Err(DomainProblem::Empty);
     }
     if entry.contains(|c: char| c.is_whitespace() || c.is_control()) {
-        return Err("contains whitespace or a control character".to_string());
+        return Err(DomainProblem::Whitespace);
     }
     if entry == "*" {
-        return Err("'*' would allow every host".to_string());
+        return Err(DomainProblem::Star);
     }
     if let Ok(address) = entry.parse::<IpAddr>() {
         return Ok(Entry::Address(address));
@@ -178,40 +172,37 @@ fn parse_entry(entry: &str) -> Result<Entry, String> {
         return inner
             .parse::<Ipv6Addr>()
             .map(|address| Entry::Address(IpAddr::V6(address)))
-            .map_err(|_| "is not an IPv6 address".to_string());
+            .map_err(|_| DomainProblem::NotIpv6);
     }
     if entry.contains(['/', '\\', ':', '@', '?', '#', '%', '[', ']']) {
-        return Err("must be a bare host name (no scheme, port, path or userinfo)".to_string());
+        return Err(DomainProblem::NotBare);
     }
     if let Some(suffix) = entry.strip_prefix("*.") {
         if suffix.contains('*') {
-            return Err("may hold '*' only as its first label".to_string());
+            return Err(DomainProblem::StarInSuffix);
         }
         return match parse_host(suffix)? {
             // `*.internal` is a legitimate entry, so a single-label suffix is allowed (SPEC 6.3 forms).
             Entry::Host(name) => Ok(Entry::Wildcard(format!(".{name}"))),
-            _ => Err("wildcard over an IP address".to_string()),
+            _ => Err(DomainProblem::WildcardAddress),
         };
     }
     if entry.contains('*') {
-        return Err("may hold '*' only as a leading '*.'".to_string());
+        return Err(DomainProblem::StarElsewhere);
     }
     parse_host(entry)
 }
 
 /// Normalises a host the way URL parsing does (IDNA to ASCII, lower case, IPv4 forms), then drops
 /// one trailing dot.
-fn parse_host(input: &str) -> Result<Entry, String> {
-    match Host::parse(input).map_err(|problem| format!("is not a valid host ({problem})"))? {
+fn parse_host(input: &str) -> Result<Entry, DomainProblem> {
+    match Host::parse(input).map_err(DomainProblem::NotHost)? {
         Host::Domain(name) => {
             let name = name.strip_suffix('.').unwrap_or(&name);
             if is_plain_host_name(name) {
                 Ok(Entry::Host(name.to_string()))
             } else {
-                Err(
-                    "has an empty label or a character other than letters, digits, '-' and '_'"
-                        .to_string(),
-                )
+                Err(DomainProblem::UnusualHost)
             }
         }
         Host::Ipv4(address) => Ok(Entry::Address(IpAddr::V4(address))),
@@ -391,7 +382,7 @@ mod tests {
     #[test]
     fn refuses_bad_entries() {
         assert_eq!(
-            DomainRule::new(&[]),
+            DomainRule::new(&[]).map_err(|e| e.to_string()),
             Err("empty domain_allowlist would allow nothing".to_string())
         );
         for bad in [
@@ -498,7 +489,9 @@ mod tests {
         ];
         for (call, message) in cases {
             assert_eq!(
-                example.check(&args(call.clone())),
+                example
+                    .check(&args(call.clone()))
+                    .map_err(|e| e.to_string()),
                 Err(message.to_string()),
                 "{call}"
             );

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod commands;
 pub mod decide;
 pub mod domains;
+pub mod error;
 pub mod explain;
 pub mod flows;
 pub mod load;
@@ -20,6 +21,7 @@ pub mod registry;
 pub use decide::{
     could_allow, could_allow_within, decide, decide_in_session, Decision, Rule, RuleKind, Verdict,
 };
+pub use error::{RuleError, Violation};
 pub use flows::{FlowMatch, HeldLabel};
 pub use load::{load_dir, parse_context_json, parse_context_yaml, PolicyError};
 pub use model::{

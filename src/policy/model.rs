@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::commands::CommandRule;
 use super::domains::DomainRule;
+use super::error::RuleError;
 use super::paths::PathRule;
 use super::pattern::Pattern;
 use crate::identity::{is_team_name, DEFAULT_TEAM, MAX_TEAM_NAME_BYTES};
@@ -449,10 +450,10 @@ pub struct SpecError {
     pub message: String,
 }
 
-fn spec_error(path: FieldPath, message: impl Into<String>) -> SpecError {
+fn spec_error(path: FieldPath, message: impl fmt::Display) -> SpecError {
     SpecError {
         path,
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 
@@ -657,11 +658,9 @@ impl SecurityContext {
 }
 
 /// Context names travel in URLs and tokens (`scp`), so they keep to a small URL-safe alphabet.
-fn validate_context_name(name: &str) -> Result<(), String> {
+fn validate_context_name(name: &str) -> Result<(), RuleError> {
     if name.is_empty() || name.len() > MAX_CONTEXT_NAME_BYTES {
-        return Err(format!(
-            "context name must be 1 to {MAX_CONTEXT_NAME_BYTES} bytes"
-        ));
+        return Err(RuleError::ContextNameLength);
     }
     let first_ok = name
         .bytes()
@@ -673,14 +672,12 @@ fn validate_context_name(name: &str) -> Result<(), String> {
     if first_ok && rest_ok {
         Ok(())
     } else {
-        Err(format!(
-            "invalid context name {name:?}: letters, digits, '_', '-', '.', starting with a letter or digit"
-        ))
+        Err(RuleError::ContextName(name.to_owned()))
     }
 }
 
 /// A capability id is a short name of letters, digits, '_' and '-'.
-fn validate_capability_id(id: &str) -> Result<(), String> {
+fn validate_capability_id(id: &str) -> Result<(), RuleError> {
     let valid = !id.is_empty()
         && id.len() <= MAX_CAPABILITY_ID_BYTES
         && id
@@ -689,9 +686,7 @@ fn validate_capability_id(id: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
-            "invalid capability id {id:?}: 1 to {MAX_CAPABILITY_ID_BYTES} letters, digits, '_' or '-'"
-        ))
+        Err(RuleError::CapabilityId(id.to_owned()))
     }
 }
 

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use super::arguments::named;
+use super::error::{ArgumentAt, PathProblem, RuleError, Violation};
 use crate::envelope::json_kind;
 
 /// Argument keys that hold paths when a capability does not name its own `path_arguments`.
@@ -44,14 +45,16 @@ impl PathRule {
     pub fn new(
         allowlist: &[String],
         path_arguments: Option<&[String]>,
-    ) -> Result<PathRule, String> {
+    ) -> Result<PathRule, RuleError> {
         if allowlist.is_empty() {
-            return Err("empty path_allowlist would allow nothing".to_string());
+            return Err(RuleError::EmptyAllowlist("path_allowlist"));
         }
         let mut allowed_directories = Vec::with_capacity(allowlist.len());
         for entry in allowlist {
-            let normalised = normalize_absolute(entry)
-                .map_err(|problem| format!("path_allowlist entry {}: {problem}", excerpt(entry)))?;
+            let normalised = normalize_absolute(entry).map_err(|problem| RuleError::PathEntry {
+                entry: entry.clone(),
+                problem,
+            })?;
             if !allowed_directories.contains(&normalised) {
                 allowed_directories.push(normalised);
             }
@@ -61,12 +64,10 @@ impl PathRule {
                 .iter()
                 .map(|key| (*key).to_string())
                 .collect(),
-            Some([]) => {
-                return Err("empty path_arguments would check no argument".to_string());
-            }
+            Some([]) => return Err(RuleError::NoPathArguments),
             Some(keys) => {
                 if keys.iter().any(String::is_empty) {
-                    return Err("path_arguments holds an empty argument name".to_string());
+                    return Err(RuleError::EmptyArgumentName);
                 }
                 keys.to_vec()
             }
@@ -89,32 +90,27 @@ impl PathRule {
 
     /// Checks every path-valued argument of one call. The error names the argument (and the array
     /// index) and the rule it broke, never the value (SPEC 9.1 r2).
-    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), String> {
+    pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), Violation> {
         for (key, value) in named(arguments, &self.path_arguments) {
-            match value {
-                Value::String(path) => self
-                    .check_value(path)
-                    .map_err(|problem| format!("argument {key:?} {problem}"))?,
-                Value::Array(items) => {
-                    for (index, item) in items.iter().enumerate() {
-                        match item {
-                            Value::String(path) => self.check_value(path).map_err(|problem| {
-                                format!("argument {key:?}[{index}] {problem}")
-                            })?,
-                            other => {
-                                return Err(format!(
-                                    "argument {key:?}[{index}]: expected a path string, got {}",
-                                    json_kind(other)
-                                ))
-                            }
-                        }
+            let values: &[Value] = match value {
+                Value::Array(items) => items,
+                single => std::slice::from_ref(single),
+            };
+            for (index, item) in values.iter().enumerate() {
+                let at = ArgumentAt {
+                    key: key.to_owned(),
+                    index: value.is_array().then_some(index),
+                };
+                match item {
+                    Value::String(path) => self
+                        .check_value(path)
+                        .map_err(|problem| Violation::Path { at, problem })?,
+                    other => {
+                        return Err(Violation::NotPath {
+                            at,
+                            got: json_kind(other),
+                        })
                     }
-                }
-                other => {
-                    return Err(format!(
-                        "argument {key:?}: expected a path string or an array of them, got {}",
-                        json_kind(other)
-                    ))
                 }
             }
         }
@@ -123,7 +119,7 @@ impl PathRule {
 
     /// The check of one path value, also applied to paths inside a command (SPEC 6.3 r2). The problem
     /// reads after the name of what held the value (`is outside path_allowlist`) and never quotes it.
-    pub fn check_value(&self, path: &str) -> Result<(), String> {
+    pub fn check_value(&self, path: &str) -> Result<(), PathProblem> {
         let normalised = normalize_cow(path)?;
         if self
             .allowed_directories
@@ -132,7 +128,7 @@ impl PathRule {
         {
             Ok(())
         } else {
-            Err("is outside path_allowlist".to_string())
+            Err(PathProblem::Outside)
         }
     }
 }
@@ -140,24 +136,24 @@ impl PathRule {
 /// Lexically normalises an absolute POSIX path: `.` dropped, `..` removes the previous component,
 /// repeated and trailing `/` collapse. Refuses an empty or relative path, NUL, backslashes, and a
 /// `..` that would climb above `/` (refused rather than clamped, so `/../etc` is not `/etc`).
-pub fn normalize_absolute(path: &str) -> Result<String, String> {
+pub fn normalize_absolute(path: &str) -> Result<String, PathProblem> {
     normalize_cow(path).map(Cow::into_owned)
 }
 
 /// Normalisation that borrows the input when it is already normal, so the common per-call case
 /// (a clean absolute path) does not allocate.
-fn normalize_cow(path: &str) -> Result<Cow<'_, str>, String> {
+fn normalize_cow(path: &str) -> Result<Cow<'_, str>, PathProblem> {
     if path.is_empty() {
-        return Err("is empty".to_string());
+        return Err(PathProblem::Empty);
     }
     if path.contains('\0') {
-        return Err("contains a NUL byte".to_string());
+        return Err(PathProblem::Nul);
     }
     if path.contains('\\') {
-        return Err("contains a backslash".to_string());
+        return Err(PathProblem::Backslash);
     }
     let Some(rest) = path.strip_prefix('/') else {
-        return Err("is not absolute".to_string());
+        return Err(PathProblem::NotAbsolute);
     };
     if rest.is_empty() || rest.split('/').all(is_plain_component) {
         return Ok(Cow::Borrowed(path));
@@ -168,7 +164,7 @@ fn normalize_cow(path: &str) -> Result<Cow<'_, str>, String> {
             "" | "." => {}
             ".." => {
                 if components.pop().is_none() {
-                    return Err("climbs above / with ..".to_string());
+                    return Err(PathProblem::ClimbsAboveRoot);
                 }
             }
             name => components.push(name),
@@ -286,7 +282,7 @@ mod tests {
         ];
         for (input, problem) in cases {
             assert_eq!(
-                normalize_absolute(input),
+                normalize_absolute(input).map_err(|e| e.to_string()),
                 Err(problem.to_string()),
                 "input {input:?}"
             );
@@ -376,7 +372,7 @@ mod tests {
         let entries =
             |list: &[&str]| -> Vec<String> { list.iter().map(|s| s.to_string()).collect() };
         assert_eq!(
-            PathRule::new(&[], None),
+            PathRule::new(&[], None).map_err(|e| e.to_string()),
             Err("empty path_allowlist would allow nothing".to_string())
         );
         for bad in ["workspace", "", "/../x", "/a\0", "~", "/a\\b"] {
@@ -433,7 +429,9 @@ mod tests {
             .is_ok());
         assert!(workspace.check(&args(json!({ "paths": [] }))).is_ok());
         assert_eq!(
-            workspace.check(&args(json!({ "paths": ["/workspace/a", "/etc"] }))),
+            workspace
+                .check(&args(json!({ "paths": ["/workspace/a", "/etc"] })))
+                .map_err(|e| e.to_string()),
             Err("argument \"paths\"[1] is outside path_allowlist".to_string())
         );
         for bad in [
@@ -479,7 +477,9 @@ mod tests {
         ];
         for (call, message) in cases {
             assert_eq!(
-                workspace.check(&args(call.clone())),
+                workspace
+                    .check(&args(call.clone()))
+                    .map_err(|e| e.to_string()),
                 Err(message.to_string()),
                 "{call}"
             );

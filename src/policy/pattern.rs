@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use super::error::{PatternProblem, RuleError};
+
 /// Longest tool name (and pattern) accepted, in bytes (SPEC 2).
 pub const MAX_TOOL_NAME_BYTES: usize = 128;
 
@@ -42,34 +44,33 @@ pub struct Pattern {
 impl Pattern {
     /// Parses a pattern: tool-name characters, dots between non-empty segments, and single `*`s.
     /// `**`, `?`, `[`, `{` or any other character is an error that names the pattern.
-    pub fn parse(text: &str) -> Result<Pattern, String> {
+    pub fn parse(text: &str) -> Result<Pattern, RuleError> {
         if text.len() > MAX_TOOL_NAME_BYTES {
-            return Err(format!(
-                "pattern is longer than {MAX_TOOL_NAME_BYTES} bytes"
-            ));
+            return Err(RuleError::PatternTooLong);
         }
+        let invalid = |problem| RuleError::Pattern {
+            pattern: text.to_owned(),
+            problem,
+        };
         if text.contains("**") {
-            return Err(format!(
-                "invalid pattern {text:?}: \"**\" is not supported; one \"*\" already matches any run of characters, dots included"
-            ));
+            return Err(invalid(PatternProblem::DoubleStar));
         }
         if let Some(other) = text
             .chars()
             .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '*')))
         {
-            let what = if matches!(other, '?' | '[' | ']' | '{' | '}' | '!' | '^') {
-                "glob syntax other than \"*\" is not supported"
-            } else {
-                "not a tool-name character"
-            };
-            return Err(format!("invalid pattern {text:?}: {other:?} is {what}"));
+            return Err(invalid(
+                if matches!(other, '?' | '[' | ']' | '{' | '}' | '!' | '^') {
+                    PatternProblem::Glob(other)
+                } else {
+                    PatternProblem::Character(other)
+                },
+            ));
         }
         // Each star stands for at least one name character here, so `fs.`, `.*` and `fs..*` are
         // refused the way `fs.` and `fs..x` are refused as names.
         if !is_dotted_segments(&text.replace('*', "x")) {
-            return Err(format!(
-                "invalid pattern {text:?}: expected a tool name (letters, digits, '_', '-', joined by single dots) where \"*\" may stand for any run of characters"
-            ));
+            return Err(invalid(PatternProblem::NotDotted));
         }
         Ok(Pattern {
             pieces: text.split('*').map(str::to_owned).collect(),
@@ -240,7 +241,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_pattern_and_the_reason() {
-        let error = |text: &str| Pattern::parse(text).unwrap_err();
+        let error = |text: &str| Pattern::parse(text).unwrap_err().to_string();
         assert!(error("fs.**").contains("\"fs.**\"") && error("fs.**").contains("\"**\""));
         assert!(
             error("fs.rea?").contains("'?' is glob syntax"),
