@@ -1061,7 +1061,7 @@ async fn admit(
                     &context.spec.name,
                     &capability.identity(),
                 ),
-                policy::rate::SlidingWindow::from(limit),
+                crate::window::SlidingWindow::from(limit),
             )
         }),
         // Counted without a budget too: the session's `calls.allowed` reads this cell.

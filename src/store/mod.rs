@@ -486,7 +486,7 @@ pub struct Admission {
     /// The envelope's signature to remember first; when it was seen before, nothing else happens.
     pub signature: Option<SeenSignature>,
     /// The capability's rate window: (cell key, the window rule).
-    pub rate: Option<(String, crate::policy::rate::SlidingWindow)>,
+    pub rate: Option<(String, crate::window::SlidingWindow)>,
     /// The session's call count and budget: (cell key, max calls; `u64::MAX` when unlimited).
     pub budget: Option<(String, u64)>,
     /// A PENDING claim to insert unless its request id exists.
@@ -767,7 +767,7 @@ pub trait Store: AuditBackend {
 pub struct Recovered {
     pub signatures: Vec<SeenSignature>,
     /// (rate cell key, its window, the admission's time in ms), oldest first.
-    pub rate_admissions: Vec<(String, crate::policy::rate::SlidingWindow, i64)>,
+    pub rate_admissions: Vec<(String, crate::window::SlidingWindow, i64)>,
 }
 
 /// A public key that a replica says it signs receipts and checkpoints with (SPEC 14): a hint only.

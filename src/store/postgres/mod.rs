@@ -1407,7 +1407,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::policy::rate::SlidingWindow;
+    use crate::window::SlidingWindow;
     use crate::store::conformance::{self, claim};
     use crate::store::testing::TestDatabase;
     use crate::store::{AuditBackend, ChainHead, SeenSignature};
