@@ -15,8 +15,6 @@ pub mod cli;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod import_sled;
-pub mod memory;
-mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 pub mod testing;

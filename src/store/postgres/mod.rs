@@ -14,7 +14,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::pg_tls::{MakeRustls, PgTarget};
 use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, Page, SessionLabel, SessionRecord, ShadowTally, Shelf,
@@ -23,6 +22,7 @@ use super::{
 };
 use crate::replay::ReplayCover;
 use admit::{AdmitRow, Admitter, PendingClaim};
+use tls::{MakeRustls, PgTarget};
 
 /// The migrations, in order: entry `i` brings the schema to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -50,6 +50,7 @@ const WAIT: Duration = Duration::from_secs(5);
 
 mod admit;
 mod audit;
+mod tls;
 
 pub struct PgStore {
     pool: Pool,
@@ -164,7 +165,7 @@ impl PgStore {
     /// schema newer than this build knows.
     pub async fn connect(url: &str) -> StoreResult<PgStore> {
         let PgTarget { mut config, tls } =
-            super::pg_tls::target(url).map_err(StoreError::unavailable)?;
+            tls::target(url).map_err(StoreError::unavailable)?;
         config.connect_timeout(WAIT);
         config.application_name("sealgate");
         // No statement may hold a call longer than WAIT: a lock held elsewhere ends in an error (5005) on the
@@ -310,7 +311,7 @@ impl PgStore {
     /// knows. Returns the schema version found (0 for an empty database, which start-up sets up).
     pub async fn check(url: &str) -> StoreResult<usize> {
         let PgTarget { mut config, tls } =
-            super::pg_tls::target(url).map_err(StoreError::unavailable)?;
+            tls::target(url).map_err(StoreError::unavailable)?;
         config.connect_timeout(WAIT);
         let (client, connection) = config.connect(tls).await.map_err(db)?;
         tokio::spawn(connection);

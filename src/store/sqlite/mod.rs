@@ -6,11 +6,12 @@
 //! and its chain never disagree. Reads that feed a compare-and-set go through the writer too (they see its
 //! uncommitted writes); listings and exports go to reader threads that see the last commit.
 //!
-//! Replay records and rate windows live in memory ([`super::memory`]): a common call then writes only its
+//! Replay records and rate windows live in memory ([`memory`]): a common call then writes only its
 //! budget count, its claim and its audit events. They are rebuilt from the chain at start-up
 //! ([`Store::restore`]).
 
 mod folder_lock;
+mod memory;
 mod packed;
 mod threads;
 
@@ -21,9 +22,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
 use self::folder_lock::FolderLock;
+use self::memory::{BudgetCounts, RateWindows, ReplaySet};
 use self::packed::{pack, Stored};
 use self::threads::{Checkpointer, Readers, Writable, Writer};
-use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
     decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
     ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
