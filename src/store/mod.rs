@@ -36,6 +36,11 @@ pub(crate) fn decode_record<T: serde::de::DeserializeOwned>(text: &str) -> Store
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// A seq, a count or a limit as the databases' signed 64-bit integer: clamped, never wrapped.
+pub(crate) fn sql_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// The last event of the audit chain.
 /// `prev_hash` of the first event of a store: the head of an empty chain.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
