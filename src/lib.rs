@@ -50,3 +50,4 @@ pub mod tool_meta;
 pub mod tools;
 pub mod trace;
 pub mod upstream;
+pub mod window;

@@ -628,7 +628,7 @@ fn ask<'a>(
                 &allowed.context.spec.name,
                 &capability.identity(),
             );
-            (cell, policy::rate::SlidingWindow::from(limit))
+            (cell, crate::window::SlidingWindow::from(limit))
         }),
         // Counted without a budget too: the session's `calls.allowed` reads this cell.
         budget: (

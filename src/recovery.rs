@@ -6,9 +6,10 @@
 use serde_json::Value;
 
 use crate::policy::model::identity as capability_identity;
-use crate::policy::rate::{self, SlidingWindow};
+use crate::policy::rate;
 use crate::policy::ContextRegistry;
 use crate::store::{Recovered, SeenSignature, Store, StoreResult};
+use crate::window::SlidingWindow;
 
 /// Events read per round trip while walking back through the chain.
 const PAGE: usize = 512;

@@ -4,8 +4,8 @@
 
 use crate::approval::{self, Desk, Gate};
 use crate::clock;
-use crate::policy::rate::SlidingWindow;
 use crate::store::{self, ApprovalRecord, ClaimRecord, SeenSignature, Store};
+use crate::window::SlidingWindow;
 
 use super::{classify, take, Taken};
 

@@ -9,7 +9,7 @@ use super::{
     LiveCounts, RecordedIdentity, SeenSignature, SessionLabel, SessionRecord, ShadowTally, Shelf,
     SignInAttempt, Store, StoreError, StoredContext, ToolPin,
 };
-use crate::policy::rate::SlidingWindow;
+use crate::window::SlidingWindow;
 
 /// A PENDING claim fixed by its kind, id and claim time.
 pub(crate) fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {

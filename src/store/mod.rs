@@ -15,8 +15,6 @@ pub mod cli;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod import_sled;
-pub mod memory;
-mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 pub mod testing;
@@ -36,6 +34,11 @@ pub(crate) fn encode_record<T: Serialize>(value: &T) -> StoreResult<String> {
 
 pub(crate) fn decode_record<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// A seq, a count or a limit as the databases' signed 64-bit integer: clamped, never wrapped.
+pub(crate) fn sql_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The last event of the audit chain.
@@ -486,7 +489,7 @@ pub struct Admission {
     /// The envelope's signature to remember first; when it was seen before, nothing else happens.
     pub signature: Option<SeenSignature>,
     /// The capability's rate window: (cell key, the window rule).
-    pub rate: Option<(String, crate::policy::rate::SlidingWindow)>,
+    pub rate: Option<(String, crate::window::SlidingWindow)>,
     /// The session's call count and budget: (cell key, max calls; `u64::MAX` when unlimited).
     pub budget: Option<(String, u64)>,
     /// A PENDING claim to insert unless its request id exists.
@@ -767,7 +770,7 @@ pub trait Store: AuditBackend {
 pub struct Recovered {
     pub signatures: Vec<SeenSignature>,
     /// (rate cell key, its window, the admission's time in ms), oldest first.
-    pub rate_admissions: Vec<(String, crate::policy::rate::SlidingWindow, i64)>,
+    pub rate_admissions: Vec<(String, crate::window::SlidingWindow, i64)>,
 }
 
 /// A public key that a replica says it signs receipts and checkpoints with (SPEC 14): a hint only.

@@ -1,4 +1,7 @@
-//! Group commit of admissions on PostgreSQL (issue 20): the admissions of concurrent calls that need no
+//! [`Store::admit`] on PostgreSQL. A call with a rate window is admitted in a transaction of its own that
+//! locks its counter cells ([`PgStore::admit_in_transaction`]): the window is computed here, not in SQL.
+//!
+//! Group commit of the other admissions (issue 20): the admissions of concurrent calls that need no
 //! rate window go to one task, which admits whatever has queued while its previous batch was in flight in
 //! one statement (`sealgate_admit`, migration 0007): one round trip and one commit for the batch instead of
 //! one of each per call. No timer holds a call back: a batch is what queued meanwhile.
@@ -7,8 +10,12 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 
-use super::{db, Prepared};
-use crate::store::{SeenSignature, StoreError, StoreResult};
+use super::sql::{db, Prepared};
+use super::PgStore;
+use crate::store::{
+    decode_record, encode_record, Admission, Admitted, ClaimRecord, SeenSignature, Store,
+    StoreError, StoreResult,
+};
 
 /// The most admissions one statement takes; more wait for the next.
 const MAX_BATCH: usize = 128;
@@ -220,6 +227,174 @@ impl<'a> Columns<'a> {
                 .push(claim.map(|claim| claim.record.as_str()));
         }
         columns
+    }
+}
+
+pub(super) const REMEMBER_SIGNATURE: &str =
+    "INSERT INTO seen_signatures (signature, expires_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+/// A budget cell's state: the count as 8 big-endian bytes (what `int8send` writes in SQL).
+fn budget_bytes(count: i64) -> Vec<u8> {
+    count.to_be_bytes().to_vec()
+}
+
+pub(super) fn budget_count(bytes: Option<&[u8]>) -> StoreResult<i64> {
+    match bytes {
+        None => Ok(0),
+        Some(raw) => raw
+            .try_into()
+            .map(i64::from_be_bytes)
+            .map_err(|_| StoreError::Corrupt("budget counter is not 8 bytes".into())),
+    }
+}
+
+impl PgStore {
+    /// [`Store::admit`] with a rate window, or without a budget: one transaction that locks every cell it
+    /// reads before it writes any.
+    pub(super) async fn admit_in_transaction(
+        &self,
+        admission: &Admission,
+    ) -> StoreResult<Admitted> {
+        let now_ms = admission.now_ms;
+        let mut conn = self.conn().await?;
+        // One transaction that reads and locks every cell before it writes any: a refusal commits only the
+        // replay record (dropping `tx` instead would roll that back too).
+        let tx = conn.transaction().await.map_err(db)?;
+        if let Some(seen) = &admission.signature {
+            let inserted = tx
+                .execute_prepared(
+                    REMEMBER_SIGNATURE,
+                    &[&&seen.signature[..], &seen.expires_at_ms],
+                )
+                .await
+                .map_err(db)?;
+            if inserted == 0 {
+                return Ok(Admitted::Replayed);
+            }
+        }
+        let mut writes = Vec::with_capacity(2);
+        if let Some((key, window)) = &admission.rate {
+            let state = Self::lock_cell(&tx, key).await?;
+            match window.admit(state.as_deref(), now_ms) {
+                Ok(next) => writes.push((key, next)),
+                Err(retry_after_ms) => {
+                    tx.commit().await.map_err(db)?;
+                    return Ok(Admitted::RateLimited { retry_after_ms });
+                }
+            }
+        }
+        if let Some((key, max)) = &admission.budget {
+            let max = i64::try_from(*max).unwrap_or(i64::MAX);
+            let count = budget_count(Self::lock_cell(&tx, key).await?.as_deref())?;
+            if count >= max {
+                tx.commit().await.map_err(db)?;
+                return Ok(Admitted::BudgetExhausted);
+            }
+            writes.push((key, budget_bytes(count + 1)));
+        }
+        for (key, state) in &writes {
+            Self::set_cell(&tx, key, state).await?;
+        }
+        let mut existing_claim = None;
+        if let Some(claim) = &admission.claim {
+            let inserted = tx
+                .execute_prepared(
+                    "INSERT INTO claims (kind, request_id, claimed_at_ms, record) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    &[
+                        &claim.kind.as_str(),
+                        &claim.request_id,
+                        &claim.claimed_at_ms,
+                        &encode_record(claim)?,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            if inserted == 0 {
+                // The conflicting row is committed (the insert waited for it), so this read sees it.
+                let row = tx
+                    .query_one_prepared(
+                        "SELECT record FROM claims WHERE kind = $1 AND request_id = $2",
+                        &[&claim.kind.as_str(), &claim.request_id],
+                    )
+                    .await
+                    .map_err(db)?;
+                existing_claim = Some(decode_record(row.get(0))?);
+            }
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(Admitted::Charged { existing_claim })
+    }
+
+    /// [`Store::admit`] without a rate window, in the statement of a batch of concurrent calls (see
+    /// [`admit`]): the replay record, the budget charge and the claim insert commit together, each only
+    /// when the one before it happened. (A rate window is computed here, not in SQL, so a call with one
+    /// takes the transaction of [`Store::admit`].)
+    pub(super) async fn admit_batched(
+        &self,
+        admission: &Admission,
+        (key, max): (&str, u64),
+    ) -> StoreResult<Admitted> {
+        let claim = admission.claim.as_ref();
+        let pending = |claim: &ClaimRecord| -> StoreResult<PendingClaim> {
+            Ok(PendingClaim {
+                kind: claim.kind.as_str(),
+                request_id: claim.request_id.clone(),
+                claimed_at_ms: claim.claimed_at_ms,
+                record: encode_record(claim)?,
+            })
+        };
+        let row = AdmitRow {
+            signature: admission.signature.clone(),
+            cell: key.as_bytes().to_vec(),
+            max: i64::try_from(max).unwrap_or(i64::MAX),
+            claim: claim.map(pending).transpose()?,
+        };
+        let outcome = self.admitter.admit(row).await?;
+        if !outcome.fresh {
+            return Ok(Admitted::Replayed);
+        }
+        if !outcome.charged {
+            return Ok(Admitted::BudgetExhausted);
+        }
+        // Charged, and the request id was taken: the call is answered from that claim (section 7). If it
+        // was released meanwhile, this call takes it now.
+        let existing_claim = match claim {
+            Some(claim) if !outcome.claimed => self.claim_insert(claim).await?.map(Box::new),
+            _ => None,
+        };
+        Ok(Admitted::Charged { existing_claim })
+    }
+
+    /// Locks the counter cell `key` in `tx` (creating it empty) and returns its state.
+    async fn lock_cell(
+        tx: &deadpool_postgres::Transaction<'_>,
+        key: &str,
+    ) -> StoreResult<Option<Vec<u8>>> {
+        // One statement: the upsert creates the cell or takes its row lock, and returns its state either way.
+        let row = tx
+            .query_one_prepared(
+                "INSERT INTO counters (key, state) VALUES ($1, NULL) \
+                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING state",
+                &[&key.as_bytes()],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get(0))
+    }
+
+    async fn set_cell(
+        tx: &deadpool_postgres::Transaction<'_>,
+        key: &str,
+        state: &[u8],
+    ) -> StoreResult<()> {
+        tx.execute_prepared(
+            "UPDATE counters SET state = $2 WHERE key = $1",
+            &[&key.as_bytes(), &state],
+        )
+        .await
+        .map_err(db)?;
+        Ok(())
     }
 }
 

@@ -4,8 +4,21 @@
 use deadpool_postgres::Object;
 use serde_json::Value;
 
-use super::{bigint, db, decode, encode, seq_of, PgStore, Prepared};
-use crate::store::{AuditBackend, ChainHead, Chainer, ClaimSettlement, StoreError, StoreResult};
+use super::sql::{db, Prepared};
+use super::PgStore;
+use crate::store::{
+    decode_record, encode_record, sql_int, AuditBackend, ChainHead, Chainer, ClaimSettlement,
+    StoreError, StoreResult,
+};
+
+/// An event's seq as its column holds it.
+fn seq_of(event: &Value) -> StoreResult<i64> {
+    event
+        .get("seq")
+        .and_then(Value::as_u64)
+        .map(sql_int)
+        .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))
+}
 
 /// One statement: the head moves only from where the batch was chained (a compare-and-set), and the events
 /// and the claims' settlements and the sessions' new labels (SPEC 19) are written only when it did. Outside a transaction it is one commit, and the
@@ -63,21 +76,21 @@ impl BatchColumns {
             let pending = &settlement.pending;
             columns[0].push(pending.kind.as_str().to_owned());
             columns[1].push(pending.request_id.clone());
-            columns[2].push(encode(pending)?);
-            columns[3].push(encode(&settlement.settled)?);
+            columns[2].push(encode_record(pending)?);
+            columns[3].push(encode_record(&settlement.settled)?);
         }
         let (mut label_sessions, mut label_names, mut label_seqs) = (vec![], vec![], vec![]);
         for (session_id, label, seq) in crate::store::labels_of_batch(events) {
             label_sessions.push(session_id);
             label_names.push(label);
-            label_seqs.push(bigint(seq));
+            label_seqs.push(sql_int(seq));
         }
         Ok(Some(BatchColumns {
             seqs: events.iter().map(seq_of).collect::<StoreResult<_>>()?,
             texts: events.iter().map(Value::to_string).collect(),
             last_seq: seq_of(last)?,
             last_hash: last_hash.to_owned(),
-            after_seq: bigint(after.seq),
+            after_seq: sql_int(after.seq),
             after_hash: after.hash.clone(),
             settlements: columns,
             label_sessions,
@@ -239,8 +252,8 @@ impl AuditBackend for PgStore {
         before_seq: Option<u64>,
         limit: usize,
     ) -> StoreResult<Vec<Value>> {
-        let before = before_seq.map_or(i64::MAX, bigint);
-        let limit = bigint(limit as u64);
+        let before = before_seq.map_or(i64::MAX, sql_int);
+        let limit = sql_int(limit as u64);
         let rows = self
             .conn()
             .await?
@@ -250,12 +263,12 @@ impl AuditBackend for PgStore {
             )
             .await
             .map_err(db)?;
-        rows.iter().map(|row| decode(row.get(0))).collect()
+        rows.iter().map(|row| decode_record(row.get(0))).collect()
     }
 
     async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
-        let from = bigint(from_seq);
-        let limit = bigint(limit as u64);
+        let from = sql_int(from_seq);
+        let limit = sql_int(limit as u64);
         let rows = self
             .conn()
             .await?
@@ -265,6 +278,6 @@ impl AuditBackend for PgStore {
             )
             .await
             .map_err(db)?;
-        rows.iter().map(|row| decode(row.get(0))).collect()
+        rows.iter().map(|row| decode_record(row.get(0))).collect()
     }
 }

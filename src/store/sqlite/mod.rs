@@ -6,12 +6,24 @@
 //! and its chain never disagree. Reads that feed a compare-and-set go through the writer too (they see its
 //! uncommitted writes); listings and exports go to reader threads that see the last commit.
 //!
-//! Replay records and rate windows live in memory ([`super::memory`]): a common call then writes only its
+//! Replay records and rate windows live in memory ([`memory`]): a common call then writes only its
 //! budget count, its claim and its audit events. They are rebuilt from the chain at start-up
 //! ([`Store::restore`]).
+//!
+//! The files mirror the PostgreSQL store's: `migrate.rs` (the schema), `sql.rs` (what every statement
+//! shares, and the one paging loop), `admit.rs` ([`Store::admit`]), `audit.rs` ([`AuditBackend`]) and
+//! `tests.rs`; and what only this store has: its threads (`threads.rs`), packed records (`packed.rs`), what
+//! it keeps in memory (`memory.rs`), its folder lock (`folder_lock.rs`) and the `store` commands' reads of
+//! the file (`commands.rs`).
 
+mod admit;
+mod audit;
+mod commands;
 mod folder_lock;
+mod memory;
+mod migrate;
 mod packed;
+mod sql;
 mod threads;
 
 use std::path::{Path, PathBuf};
@@ -21,38 +33,34 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
 use self::folder_lock::FolderLock;
-use self::packed::{pack, Stored};
+use self::memory::{BudgetCounts, RateWindows, ReplaySet};
+use self::packed::Stored;
+use self::sql::{
+    all_records, changes_one, claim_insert, claim_replace, db, forget_tallies, get_record,
+    insert_or_get, purge_then_insert, ClaimRow, APPROVAL_BY_ID, CLAIM_BY_ID, SESSION_BY_ID,
+};
 use self::threads::{Checkpointer, Readers, Writable, Writer};
-use super::memory::{BudgetCounts, RateWindows, ReplaySet};
 use super::{
-    decode_record, encode_record, Admission, Admitted, ApprovalCursor, ApprovalRecord,
-    ApprovalStatus, AuditBackend, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ClaimSettlement,
-    ClaimStatus, ConsoleSessionRecord, LiveCounts, Page, Recovered, SessionLabel, SessionRecord,
-    ShadowTally, Shelf, SignInAttempt, Store, StoreError, StoreResult, StoredContext, ToolPin,
+    decode_record, encode_record, sql_int, Admission, Admitted, ApprovalCursor, ApprovalRecord,
+    ApprovalStatus, ChainHead, ClaimCursor, ClaimKind, ClaimRecord, ConsoleSessionRecord,
+    LiveCounts, Recovered, SessionLabel, SessionRecord, ShadowTally, Shelf, SignInAttempt, Store,
+    StoreError, StoreResult, StoredContext, ToolPin,
 };
 use crate::replay::ReplayCover;
+
+pub use self::commands::{backup, check};
 
 /// The database file in `data_dir`.
 pub const FILE_NAME: &str = "sealgate.db";
 
-/// The migrations, in order: entry `i` brings the schema (`PRAGMA user_version`) to version `i + 1`.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/sqlite/0001_initial.sql"),
-    include_str!("../migrations/sqlite/0002_replay_cover.sql"),
-    include_str!("../migrations/sqlite/0003_console_sign_in.sql"),
-    include_str!("../migrations/sqlite/0004_session_labels.sql"),
-    include_str!("../migrations/sqlite/0005_tool_pins.sql"),
-    include_str!("../migrations/sqlite/0006_context_shadows.sql"),
-];
-
 /// Read connections: lookups and listings are rare next to writes, and the machine may have two cores.
 const READERS: usize = 2;
 
-/// What every connection of the writer sets. The writer never checkpoints by itself (the checkpointer
-/// does, off the commit path); the WAL file is cut back to 64 MiB after each reset.
 /// The write-ahead log is started over once it holds this much (SQLite's own default is about 4 MiB).
 const WAL_LIMIT_BYTES: u64 = 64 << 20;
 
+/// What every connection of the writer sets. The writer never checkpoints by itself (the checkpointer
+/// does, off the commit path); the WAL file is cut back to 64 MiB after each reset.
 const WRITER_PRAGMAS: &str = "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0; \
      PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -2048; PRAGMA busy_timeout = 5000; \
      PRAGMA foreign_keys = OFF; PRAGMA temp_store = MEMORY;";
@@ -65,15 +73,6 @@ pub struct SqliteStore {
     budgets: Arc<BudgetCounts>,
     _checkpointer: Checkpointer,
     _folder_lock: FolderLock,
-}
-
-fn db(err: rusqlite::Error) -> StoreError {
-    StoreError::unavailable(format!("sqlite: {err}"))
-}
-
-/// SQLite's integers are signed 64-bit: a seq, a count or a limit is clamped, never wrapped.
-fn int(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl SqliteStore {
@@ -101,13 +100,13 @@ impl SqliteStore {
             )));
         }
         conn.execute_batch(WRITER_PRAGMAS).map_err(db)?;
-        migrate(&conn)?;
+        migrate::migrate(&conn)?;
         let head = read_head(&conn)?;
         let budgets = Arc::new(BudgetCounts::default());
         let writer = Writer::start(
             Writable { conn, head },
             wal_limit,
-            unwritten_budgets(budgets.clone()),
+            admit::unwritten_budgets(budgets.clone()),
         )?;
         let readers = Readers::start(&path, READERS)?;
         let checkpointer = Checkpointer::start(&path, writer.commits())?;
@@ -135,6 +134,15 @@ impl SqliteStore {
         self.check_running()?;
         self.readers.read(work).await
     }
+
+    /// Fails when the writer has stopped (see [`threads`]): memory-only steps must not admit calls that
+    /// nothing could record.
+    fn check_running(&self) -> StoreResult<()> {
+        match self.writer.failed() {
+            Some(why) => Err(threads::stopped(why)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Makes `dir` (mode 0700) and the database file (mode 0600, which SQLite gives its WAL and shared-memory
@@ -161,33 +169,6 @@ fn create_database_file(dir: &Path) -> StoreResult<PathBuf> {
     Ok(path)
 }
 
-/// Applies the migrations the file lacks, each in its own transaction with its version.
-fn migrate(conn: &Connection) -> StoreResult<()> {
-    let current: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
-        .map_err(db)?;
-    let current = usize::try_from(current).unwrap_or(usize::MAX);
-    let known = MIGRATIONS.len();
-    if current > known {
-        return Err(StoreError::Unavailable(format!(
-            "the store's schema is at version {current}, newer than the {known} this build knows: \
-             refusing to start (upgrade sealgate)"
-        )));
-    }
-    for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
-        let version = index + 1;
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {migration}; PRAGMA user_version = {version}; COMMIT;"
-        ))
-        .map_err(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
-            StoreError::unavailable(format!("store schema migration {version} failed: {e}"))
-        })?;
-        tracing::info!(version, "store schema migrated");
-    }
-    Ok(())
-}
-
 /// The last event's seq and hash, or the genesis head for an empty chain.
 fn read_head(conn: &Connection) -> StoreResult<ChainHead> {
     let last: Option<Stored> = conn
@@ -205,185 +186,9 @@ fn read_head(conn: &Connection) -> StoreResult<ChainHead> {
     ChainHead::of_event(&event)
 }
 
-/// Inserts `record` unless its key exists; returns the record found otherwise.
-fn insert_or_get<T: serde::de::DeserializeOwned>(
-    conn: &Connection,
-    insert: &str,
-    insert_params: &[&dyn rusqlite::ToSql],
-    select: &str,
-    select_params: &[&dyn rusqlite::ToSql],
-) -> StoreResult<Option<T>> {
-    let inserted = conn
-        .prepare_cached(insert)
-        .and_then(|mut s| s.execute(insert_params))
-        .map_err(db)?;
-    if inserted == 1 {
-        return Ok(None);
-    }
-    let Stored(existing) = conn
-        .prepare_cached(select)
-        .and_then(|mut s| s.query_row(select_params, |row| row.get(0)))
-        .map_err(db)?;
-    decode_record(&existing).map(Some)
-}
-
-/// Runs a compare-and-set statement; true when it changed the one row.
-/// Every record that `sql` (a query of one `record` column) selects, decoded.
-fn all_records<T: serde::de::DeserializeOwned>(
-    conn: &Connection,
-    sql: &str,
-) -> StoreResult<Vec<T>> {
-    let texts: Vec<String> = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
-        .map_err(db)?;
-    texts.iter().map(|text| decode_record(text)).collect()
-}
-
-/// A shadow set again, or removed, starts its count over (SPEC 6.4 r4: calls decided since it was set).
-fn forget_tallies(conn: &Connection, context: &str) -> StoreResult<()> {
-    changes_one(
-        conn,
-        "DELETE FROM shadow_tallies WHERE context = ?1",
-        params![context],
-    )
-    .map(|_| ())
-}
-
-fn changes_one(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> StoreResult<bool> {
-    let changed = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.execute(params))
-        .map_err(db)?;
-    Ok(changed == 1)
-}
-
-/// Removes the rows that `purge` finds before `cutoff`, then inserts one row: the sign-in tables hold no
-/// more than their records' lifetimes.
-fn purge_then_insert(
-    conn: &Connection,
-    purge: &str,
-    cutoff: i64,
-    insert: &str,
-    params: &[&dyn rusqlite::ToSql],
-) -> StoreResult<()> {
-    conn.prepare_cached(purge)
-        .and_then(|mut s| s.execute(params![cutoff]))
-        .map_err(db)?;
-    changes_one(conn, insert, params).map(|_| ())
-}
-
-/// One record by key, decoded.
-fn get_record<T: serde::de::DeserializeOwned>(
-    conn: &Connection,
-    sql: &str,
-    params: &[&dyn rusqlite::ToSql],
-) -> StoreResult<Option<T>> {
-    let text: Option<Stored> = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.query_row(params, |row| row.get(0)).optional())
-        .map_err(db)?;
-    text.map(|Stored(text)| decode_record(&text)).transpose()
-}
-
-const SESSION_BY_ID: &str = "SELECT record FROM sessions WHERE session_id = ?1";
-const CLAIM_BY_ID: &str = "SELECT record FROM claims WHERE kind = ?1 AND request_id = ?2";
-const APPROVAL_BY_ID: &str = "SELECT record FROM approvals WHERE approval_id = ?1";
-
 /// A session's expiry while it is not revoked (the live-sessions gauge's index).
 fn live_until(record: &SessionRecord) -> Option<i64> {
     record.revoked_at_ms.is_none().then_some(record.expires_at)
-}
-
-/// A claim ready for its row, its text packed by the caller's thread so the one writer does not spend its
-/// time compressing.
-struct ClaimRow {
-    kind: ClaimKind,
-    request_id: String,
-    claimed_at_ms: i64,
-    pending: bool,
-    packed: Vec<u8>,
-}
-
-impl ClaimRow {
-    fn of(record: &ClaimRecord) -> StoreResult<ClaimRow> {
-        Ok(ClaimRow {
-            kind: record.kind,
-            request_id: record.request_id.clone(),
-            claimed_at_ms: record.claimed_at_ms,
-            pending: record.status == ClaimStatus::Pending,
-            packed: pack(&encode_record(record)?)?,
-        })
-    }
-}
-
-fn claim_insert(conn: &Connection, row: &ClaimRow) -> StoreResult<Option<ClaimRecord>> {
-    let kind = row.kind.as_str();
-    insert_or_get(
-        conn,
-        "INSERT INTO claims (kind, request_id, claimed_at_ms, pending, record) \
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (kind, request_id) DO NOTHING",
-        params![
-            kind,
-            row.request_id,
-            row.claimed_at_ms,
-            row.pending,
-            row.packed
-        ],
-        CLAIM_BY_ID,
-        params![kind, row.request_id],
-    )
-}
-
-/// Compare-and-set of a claim: replaces (or with `new` None deletes) the row only while it still holds
-/// `old`. The comparison is of the records' text, not of packed bytes, which another zstd build may
-/// produce differently; the one writer thread makes the read and the write one step.
-fn claim_replace(
-    conn: &Connection,
-    old: &ClaimRecord,
-    new: Option<&ClaimRow>,
-) -> StoreResult<bool> {
-    let kind = old.kind.as_str();
-    let current: Option<Stored> = conn
-        .prepare_cached(CLAIM_BY_ID)
-        .and_then(|mut s| s.query_row(params![kind, old.request_id], |row| row.get(0)))
-        .optional()
-        .map_err(db)?;
-    if current.map(|Stored(text)| text) != Some(encode_record(old)?) {
-        return Ok(false);
-    }
-    match new {
-        Some(new) => changes_one(
-            conn,
-            "UPDATE claims SET record = ?3, pending = ?4 WHERE kind = ?1 AND request_id = ?2",
-            params![kind, old.request_id, new.packed, new.pending],
-        ),
-        None => changes_one(
-            conn,
-            "DELETE FROM claims WHERE kind = ?1 AND request_id = ?2",
-            params![kind, old.request_id],
-        ),
-    }
-}
-
-/// The budget counts' changes that the counters table does not hold yet, for the writer to write (see
-/// [`BudgetCounts`]).
-fn unwritten_budgets(budgets: Arc<BudgetCounts>) -> threads::Unwritten {
-    Box::new(move || {
-        let changes = budgets.take_unwritten()?;
-        Some(Box::new(move |conn: &Connection| {
-            let mut add = conn
-                .prepare_cached(
-                    "INSERT INTO counters (key, value) VALUES (?1, ?2) \
-                     ON CONFLICT (key) DO UPDATE SET value = value + excluded.value",
-                )
-                .map_err(db)?;
-            for (key, change) in &changes {
-                add.execute(params![key.as_bytes(), change]).map_err(db)?;
-            }
-            Ok(())
-        }))
-    })
 }
 
 #[async_trait::async_trait]
@@ -417,36 +222,6 @@ impl Store for SqliteStore {
         let id = session_id.to_owned();
         self.writer
             .write(move |w| get_record(&w.conn, SESSION_BY_ID, params![id]))
-            .await
-    }
-
-    async fn session_labels(&self, session_id: &str) -> StoreResult<Vec<SessionLabel>> {
-        // The writer's connection: it sees every batch before this read, committed or about to be (a
-        // read connection would not see one whose group commit is still under way).
-        let id = session_id.to_owned();
-        self.writer
-            .write(move |w| {
-                let mut select = w
-                    .conn
-                    .prepare_cached(
-                        "SELECT label, seq FROM session_labels WHERE session_id = ?1 ORDER BY seq, label",
-                    )
-                    .map_err(db)?;
-                let rows = select
-                    .query_map(params![id], |row| {
-                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-                    })
-                    .map_err(db)?;
-                rows.map(|row| {
-                    let (label, seq) = row.map_err(db)?;
-                    Ok(SessionLabel {
-                        label,
-                        seq: u64::try_from(seq)
-                            .map_err(|_| StoreError::Corrupt("negative label seq".into()))?,
-                    })
-                })
-                .collect()
-            })
             .await
     }
 
@@ -494,6 +269,36 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn session_labels(&self, session_id: &str) -> StoreResult<Vec<SessionLabel>> {
+        // The writer's connection: it sees every batch before this read, committed or about to be (a
+        // read connection would not see one whose group commit is still under way).
+        let id = session_id.to_owned();
+        self.writer
+            .write(move |w| {
+                let mut select = w
+                    .conn
+                    .prepare_cached(
+                        "SELECT label, seq FROM session_labels WHERE session_id = ?1 ORDER BY seq, label",
+                    )
+                    .map_err(db)?;
+                let rows = select
+                    .query_map(params![id], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })
+                    .map_err(db)?;
+                rows.map(|row| {
+                    let (label, seq) = row.map_err(db)?;
+                    Ok(SessionLabel {
+                        label,
+                        seq: u64::try_from(seq)
+                            .map_err(|_| StoreError::Corrupt("negative label seq".into()))?,
+                    })
+                })
+                .collect()
+            })
+            .await
+    }
+
     async fn counter_get(&self, key: &str) -> StoreResult<Option<i64>> {
         let key = key.as_bytes().to_vec();
         self.writer
@@ -517,31 +322,7 @@ impl Store for SqliteStore {
     }
 
     async fn admit(&self, admission: &Admission) -> StoreResult<Admitted> {
-        self.check_running()?;
-        if let Some(seen) = &admission.signature {
-            if !self.replay.remember(&seen.signature, seen.expires_at_ms) {
-                return Ok(Admitted::Replayed);
-            }
-        }
-        let now_ms = admission.now_ms;
-        if let Some((key, window)) = &admission.rate {
-            if let Err(retry_after_ms) = self.rates.admit(key, window, now_ms) {
-                return Ok(Admitted::RateLimited { retry_after_ms });
-            }
-        }
-        let charged = self.charge_and_claim(admission).await;
-        if !matches!(charged, Ok(Some(_))) {
-            // Refused by the budget, or not written: the rate window must not count the call either.
-            if let Some((key, window)) = &admission.rate {
-                self.rates.refund(key, window, now_ms);
-            }
-        }
-        Ok(match charged? {
-            Some(existing) => Admitted::Charged {
-                existing_claim: existing.map(Box::new),
-            },
-            None => Admitted::BudgetExhausted,
-        })
+        self.admit_with_memory(admission).await
     }
 
     async fn claim_insert(&self, record: &ClaimRecord) -> StoreResult<Option<ClaimRecord>> {
@@ -829,7 +610,7 @@ impl Store for SqliteStore {
                             count.tool,
                             count.live,
                             count.shadow,
-                            int(count.calls),
+                            sql_int(count.calls),
                             count.first_at_ms
                         ],
                     )?;
@@ -1066,7 +847,7 @@ impl Store for SqliteStore {
     }
 
     async fn events_remove_through(&self, through: u64) -> StoreResult<u64> {
-        let through = int(through);
+        let through = sql_int(through);
         let removed = self
             .writer
             .write(move |w| {
@@ -1158,352 +939,6 @@ impl Store for SqliteStore {
             let _ = self.rates.admit(key, window, *at_ms);
         }
     }
-}
-
-/// Reads one batch of a listing, after the cursor when there is one: rows of (cursor, record text).
-type BatchQuery<C> = fn(&Connection, Option<&C>, i64) -> rusqlite::Result<Vec<(C, Stored)>>;
-
-impl SqliteStore {
-    /// Fills one page of a listing from batches that the readers read with `query`, starting after
-    /// `cursor`; `keep` runs here, on the records as they come.
-    async fn page<C, T>(
-        &self,
-        limit: usize,
-        keep: &(dyn for<'r> Fn(&'r T) -> bool + Sync),
-        mut cursor: Option<C>,
-        query: BatchQuery<C>,
-    ) -> StoreResult<(Vec<T>, bool)>
-    where
-        C: Clone + Send + 'static,
-        T: serde::de::DeserializeOwned,
-    {
-        let mut page = Page::new(limit, keep);
-        let batch = limit.saturating_add(1).max(64);
-        loop {
-            let from = cursor.clone();
-            let rows = self
-                .read(move |conn| query(conn, from.as_ref(), int(batch as u64)).map_err(db))
-                .await?;
-            let exhausted = rows.len() < batch;
-            for (next, Stored(text)) in rows {
-                cursor = Some(next);
-                if page.offer(decode_record(&text)?) {
-                    return Ok(page.done(true));
-                }
-            }
-            if exhausted {
-                return Ok(page.done(false));
-            }
-        }
-    }
-
-    /// Sets a budget count as an earlier release's store held it (`store import-sled`).
-    pub(crate) async fn import_counter(&self, key: &str, count: i64) -> StoreResult<()> {
-        let bytes = key.as_bytes().to_vec();
-        let set = self
-            .writer
-            .write(move |w| {
-                changes_one(
-                    &w.conn,
-                    "INSERT INTO counters (key, value) VALUES (?1, ?2) \
-                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    params![bytes, count],
-                )
-                .map(drop)
-            })
-            .await;
-        self.budgets.forget(key);
-        set
-    }
-
-    /// Charges the call's budget, then inserts its claim: `None` when the budget is used up, otherwise
-    /// the claim that existed already, if any. Only the claim waits for the writer; a claim not written
-    /// gives its charge back.
-    async fn charge_and_claim(
-        &self,
-        admission: &Admission,
-    ) -> StoreResult<Option<Option<ClaimRecord>>> {
-        // Packed before the charge: a claim that cannot be packed charges nothing.
-        let claim = admission.claim.as_ref().map(ClaimRow::of).transpose()?;
-        if let Some((key, max)) = &admission.budget {
-            if !self.charge_budget(key, *max).await? {
-                return Ok(None);
-            }
-        }
-        let Some(claim) = claim else {
-            return Ok(Some(None));
-        };
-        let claimed = self
-            .writer
-            .write(move |w| claim_insert(&w.conn, &claim))
-            .await;
-        if let (Err(_), Some((key, _))) = (&claimed, &admission.budget) {
-            self.budgets.refund(key);
-        }
-        claimed.map(Some)
-    }
-
-    /// Charges one call to the budget `key` in memory, for the writer to write (see [`BudgetCounts`]);
-    /// false when it holds `max` already. A key's first call reads its count first.
-    async fn charge_budget(&self, key: &str, max: u64) -> StoreResult<bool> {
-        loop {
-            if let Some(charged) = self.budgets.charge(key, max) {
-                return Ok(charged);
-            }
-            let count = self.counter_get(key).await?.unwrap_or(0);
-            self.budgets.load(key, count);
-        }
-    }
-
-    /// Fails when the writer has stopped (see [`threads`]): memory-only steps must not admit calls that
-    /// nothing could record.
-    fn check_running(&self) -> StoreResult<()> {
-        match self.writer.failed() {
-            Some(why) => Err(threads::stopped(why)),
-            None => Ok(()),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl AuditBackend for SqliteStore {
-    async fn head(&self) -> StoreResult<Option<ChainHead>> {
-        self.writer
-            .write(|w| Ok((w.head.seq > 0).then(|| w.head.clone())))
-            .await
-    }
-
-    async fn append(
-        &self,
-        after: &ChainHead,
-        events: &[Value],
-        settlements: &[ClaimSettlement],
-    ) -> StoreResult<()> {
-        let after = after.clone();
-        let rows = events
-            .iter()
-            .map(|event| Ok((ChainHead::of_event(event)?, pack(&event.to_string())?)))
-            .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
-        let settlements = settlements
-            .iter()
-            .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
-            .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
-        let labels = crate::store::labels_of_batch(events);
-        self.writer
-            .write(move |w| {
-                if w.head != after {
-                    return Err(StoreError::HeadMoved);
-                }
-                for (pending, settled) in &settlements {
-                    // A claim an operator resolved meanwhile is left as it is.
-                    claim_replace(&w.conn, pending, Some(settled))?;
-                }
-                if !labels.is_empty() {
-                    // SPEC 19: in the batch's transaction; a label held keeps the seq that first brought it.
-                    let mut label = w
-                        .conn
-                        .prepare_cached(
-                            "INSERT INTO session_labels (session_id, label, seq) VALUES (?1, ?2, ?3) \
-                             ON CONFLICT (session_id, label) DO NOTHING",
-                        )
-                        .map_err(db)?;
-                    for (session_id, name, seq) in &labels {
-                        label
-                            .execute(params![session_id, name, int(*seq)])
-                            .map_err(db)?;
-                    }
-                }
-                let mut insert = w
-                    .conn
-                    .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
-                    .map_err(db)?;
-                for (head, packed) in &rows {
-                    insert.execute(params![int(head.seq), packed]).map_err(db)?;
-                }
-                drop(insert);
-                if let Some((head, _)) = rows.last() {
-                    w.head = head.clone();
-                }
-                Ok(())
-            })
-            .await
-    }
-
-    async fn sync(&self) -> StoreResult<()> {
-        self.writer.commit().await
-    }
-
-    async fn append_durably(
-        &self,
-        after: &ChainHead,
-        events: &[Value],
-        settlements: &[ClaimSettlement],
-    ) -> StoreResult<()> {
-        // `join!` polls the append first, and its first poll queues the write (nothing before it
-        // awaits), so the commit queued next covers it: one wake of the writer for both.
-        let (appended, committed) = tokio::join!(
-            self.append(after, events, settlements),
-            self.writer.commit()
-        );
-        appended.and(committed)
-    }
-
-    async fn events_newest_first(
-        &self,
-        before_seq: Option<u64>,
-        limit: usize,
-    ) -> StoreResult<Vec<Value>> {
-        let before = before_seq.map_or(i64::MAX, int);
-        let limit = int(limit as u64);
-        self.read(move |conn| {
-            let texts: Vec<Stored> = conn
-                .prepare_cached(
-                    "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
-                )
-                .and_then(|mut s| {
-                    s.query_map(params![before, limit], |row| row.get(0))?
-                        .collect()
-                })
-                .map_err(db)?;
-            texts
-                .iter()
-                .map(|Stored(text)| decode_record(text))
-                .collect()
-        })
-        .await
-    }
-
-    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
-        let (from, limit) = (int(from_seq), int(limit as u64));
-        self.read(move |conn| {
-            let texts: Vec<Stored> = conn
-                .prepare_cached(
-                    "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
-                )
-                .and_then(|mut s| {
-                    s.query_map(params![from, limit], |row| row.get(0))?
-                        .collect()
-                })
-                .map_err(db)?;
-            texts
-                .iter()
-                .map(|Stored(text)| decode_record(text))
-                .collect()
-        })
-        .await
-    }
-}
-
-/// Writes a consistent copy of the store in `dir` to `file` (mode 0600, synced) with SQLite's online
-/// backup, in one step, so the copy is one committed state even while a gateway writes. Returns how many
-/// audit events the copy holds.
-pub fn backup(dir: &Path, file: &Path) -> StoreResult<u64> {
-    let source = threads::open_reader(&existing_database(dir)?)?;
-    let mut target = create_backup_file(file)?;
-    let copied = copy_into(&source, file, &mut target);
-    if copied.is_err() {
-        let _ = std::fs::remove_file(file);
-    }
-    copied
-}
-
-/// FILE, new, with `O_EXCL | O_NOFOLLOW` (SPEC 20 rule 14): the backup is written through this descriptor,
-/// so a name swapped for a symlink after it was made cannot send the store's contents elsewhere.
-fn create_backup_file(file: &Path) -> StoreResult<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .mode(0o600)
-        .open(file)
-        .map_err(|e| StoreError::unavailable(format!("cannot create {}: {e}", file.display())))
-}
-
-/// SQLite's backup API writes to a database it opens by name, so the copy is made in a private folder of
-/// its own beside FILE (mode 0700: nobody else can reach into it), then copied into `target` and synced.
-fn copy_into(source: &Connection, file: &Path, target: &mut std::fs::File) -> StoreResult<u64> {
-    let beside = file.parent().filter(|p| !p.as_os_str().is_empty());
-    let staging = tempfile::Builder::new()
-        .prefix(".sealgate-backup-")
-        .tempdir_in(beside.unwrap_or(Path::new(".")))
-        .map_err(|e| {
-            StoreError::unavailable(format!(
-                "cannot make a folder beside {}: {e}",
-                file.display()
-            ))
-        })?;
-    let copy = staging.path().join(FILE_NAME);
-    let events = backup_to(source, &copy)?;
-    let mut staged = std::fs::File::open(&copy)
-        .map_err(|e| StoreError::unavailable(format!("cannot read {}: {e}", copy.display())))?;
-    std::io::copy(&mut staged, target)
-        .and_then(|_| target.sync_all())
-        .map_err(|e| StoreError::unavailable(format!("cannot write {}: {e}", file.display())))?;
-    crate::files::sync_parent(file).map_err(StoreError::unavailable)?;
-    Ok(events)
-}
-
-/// A consistent copy of `source` as a plain database at `copy` (no WAL beside it to lose); returns how many
-/// audit events it holds.
-fn backup_to(source: &Connection, copy: &Path) -> StoreResult<u64> {
-    let mut target = Connection::open(copy).map_err(db)?;
-    {
-        let backup = rusqlite::backup::Backup::new(source, &mut target).map_err(db)?;
-        match backup.step(-1).map_err(db)? {
-            rusqlite::backup::StepResult::Done => {}
-            _ => {
-                return Err(StoreError::unavailable(
-                    "the backup did not complete in one step",
-                ))
-            }
-        }
-    }
-    target
-        .query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(()))
-        .map_err(db)?;
-    let events: i64 = target
-        .query_row("SELECT count(*) FROM audit_events", [], |row| row.get(0))
-        .map_err(db)?;
-    Ok(u64::try_from(events).unwrap_or(0))
-}
-
-/// The database file in `dir`, which must exist (a command that only reads never creates one).
-fn existing_database(dir: &Path) -> StoreResult<PathBuf> {
-    let path = SqliteStore::path_in(dir);
-    if !path.is_file() {
-        return Err(StoreError::unavailable(format!(
-            "no embedded store at {}",
-            path.display()
-        )));
-    }
-    Ok(path)
-}
-
-/// `sealgate store check`: SQLite's integrity check, then the audit chain walked from seq 1 (`visit`
-/// gets each event's text, in seq order). Fails naming the first problem.
-pub fn check(
-    dir: &Path,
-    visit: &mut dyn FnMut(String) -> Result<(), String>,
-) -> Result<(), String> {
-    let conn = threads::open_reader(&existing_database(dir).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let problems: Vec<String> = conn
-        .prepare("PRAGMA integrity_check(10)")
-        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
-        .map_err(|e| format!("integrity check could not run: {e}"))?;
-    if problems != ["ok"] {
-        return Err(format!("integrity check failed: {}", problems.join("; ")));
-    }
-    let mut events = conn
-        .prepare("SELECT event FROM audit_events ORDER BY seq")
-        .map_err(|e| e.to_string())?;
-    let mut rows = events.query([]).map_err(|e| e.to_string())?;
-    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
-        let Stored(text) = row.get(0).map_err(|e| e.to_string())?;
-        visit(text)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

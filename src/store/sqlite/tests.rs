@@ -1,5 +1,6 @@
 use super::*;
 use crate::store::conformance::{self, claim};
+use crate::store::{AuditBackend, ClaimStatus};
 use std::sync::Arc;
 
 fn open() -> (tempfile::TempDir, SqliteStore) {

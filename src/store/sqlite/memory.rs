@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use crate::policy::rate::SlidingWindow;
+use crate::window::SlidingWindow;
 
 /// Envelope signatures whose clock window has not passed. A signature is kept by its first 16 bytes: Ed25519's
 /// `R` half, a hash output, so two envelopes share them only by a 2^-128 chance (and then the second is

@@ -1,0 +1,143 @@
+//! The audit chain in the embedded store: the writer thread holds the head, so an append is a
+//! compare-and-set on it; a batch's events, the claims it settles and the labels it gives sessions are
+//! written in one transaction.
+
+use rusqlite::params;
+use serde_json::Value;
+
+use super::packed::{pack, Stored};
+use super::sql::{claim_replace, db, ClaimRow};
+use super::SqliteStore;
+use crate::store::{
+    decode_record, labels_of_batch, sql_int, AuditBackend, ChainHead, ClaimRecord, ClaimSettlement,
+    StoreError, StoreResult,
+};
+
+#[async_trait::async_trait]
+impl AuditBackend for SqliteStore {
+    async fn head(&self) -> StoreResult<Option<ChainHead>> {
+        self.writer
+            .write(|w| Ok((w.head.seq > 0).then(|| w.head.clone())))
+            .await
+    }
+
+    async fn append(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        let after = after.clone();
+        let rows = events
+            .iter()
+            .map(|event| Ok((ChainHead::of_event(event)?, pack(&event.to_string())?)))
+            .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
+        let settlements = settlements
+            .iter()
+            .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
+            .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
+        let labels = labels_of_batch(events);
+        self.writer
+            .write(move |w| {
+                if w.head != after {
+                    return Err(StoreError::HeadMoved);
+                }
+                for (pending, settled) in &settlements {
+                    // A claim an operator resolved meanwhile is left as it is.
+                    claim_replace(&w.conn, pending, Some(settled))?;
+                }
+                if !labels.is_empty() {
+                    // SPEC 19: in the batch's transaction; a label held keeps the seq that first brought it.
+                    let mut label = w
+                        .conn
+                        .prepare_cached(
+                            "INSERT INTO session_labels (session_id, label, seq) VALUES (?1, ?2, ?3) \
+                             ON CONFLICT (session_id, label) DO NOTHING",
+                        )
+                        .map_err(db)?;
+                    for (session_id, name, seq) in &labels {
+                        label
+                            .execute(params![session_id, name, sql_int(*seq)])
+                            .map_err(db)?;
+                    }
+                }
+                let mut insert = w
+                    .conn
+                    .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
+                    .map_err(db)?;
+                for (head, packed) in &rows {
+                    insert.execute(params![sql_int(head.seq), packed]).map_err(db)?;
+                }
+                drop(insert);
+                if let Some((head, _)) = rows.last() {
+                    w.head = head.clone();
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        self.writer.commit().await
+    }
+
+    async fn append_durably(
+        &self,
+        after: &ChainHead,
+        events: &[Value],
+        settlements: &[ClaimSettlement],
+    ) -> StoreResult<()> {
+        // `join!` polls the append first, and its first poll queues the write (nothing before it
+        // awaits), so the commit queued next covers it: one wake of the writer for both.
+        let (appended, committed) = tokio::join!(
+            self.append(after, events, settlements),
+            self.writer.commit()
+        );
+        appended.and(committed)
+    }
+
+    async fn events_newest_first(
+        &self,
+        before_seq: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        let before = before_seq.map_or(i64::MAX, sql_int);
+        let limit = sql_int(limit as u64);
+        self.read(move |conn| {
+            let texts: Vec<Stored> = conn
+                .prepare_cached(
+                    "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![before, limit], |row| row.get(0))?
+                        .collect()
+                })
+                .map_err(db)?;
+            texts
+                .iter()
+                .map(|Stored(text)| decode_record(text))
+                .collect()
+        })
+        .await
+    }
+
+    async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
+        let (from, limit) = (sql_int(from_seq), sql_int(limit as u64));
+        self.read(move |conn| {
+            let texts: Vec<Stored> = conn
+                .prepare_cached(
+                    "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![from, limit], |row| row.get(0))?
+                        .collect()
+                })
+                .map_err(db)?;
+            texts
+                .iter()
+                .map(|Stored(text)| decode_record(text))
+                .collect()
+        })
+        .await
+    }
+}
