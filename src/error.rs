@@ -169,6 +169,13 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// A payload that is not an accepted JSON-RPC request is a malformed envelope (check 9 reads it).
+impl From<crate::envelope::PayloadError> for ApiError {
+    fn from(error: crate::envelope::PayloadError) -> Self {
+        ApiError::new(Code::MalformedEnvelope, error.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status.unwrap_or_else(|| self.code.status());

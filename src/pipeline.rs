@@ -103,8 +103,13 @@ struct Refusal {
 type Refused = Box<Refusal>;
 
 fn refuse(code: Code, message: impl Into<String>) -> Refused {
+    refused(ApiError::new(code, message))
+}
+
+/// A refusal whose code the error itself names (`crate::error` maps the typed errors to codes).
+fn refused(error: ApiError) -> Refused {
     Box::new(Refusal {
-        error: ApiError::new(code, message),
+        error,
         rule: None,
         event: None,
     })
@@ -425,8 +430,7 @@ async fn after_verification(
         .caller
         .clone()
         .ok_or_else(|| store_refusal("no verified caller"))?;
-    let call =
-        envelope::parse_call(sent.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
+    let call = envelope::parse_call(sent.payload).map_err(|e| refused(e.into()))?;
     let (context, shadow) = gw
         .contexts
         .get_with_shadow(&session.record.security_context);
