@@ -24,7 +24,7 @@ use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
 use crate::session::LiveSession;
 use crate::store::{Admission, Admitted, ClaimKind, ClaimRecord, SeenSignature};
-use crate::token::{AccessClaims, AgentClaims, TokenError};
+use crate::token::{AccessClaims, AgentClaims};
 use crate::upstream::UpstreamError;
 
 /// What a call came to: the answer and its receipt, or a refusal with its SPEC code and the tool called
@@ -769,10 +769,7 @@ async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<Agen
     gw.agent_tokens
         .verify_with_refresh(&env.security_token, now)
         .await
-        .map_err(|e| match e {
-            TokenError::Invalid(m) => refuse(Code::TokenVerificationFailed, m),
-            TokenError::Expired(m) => refuse(Code::TokenExpired, m),
-        })
+        .map_err(|e| refused(e.into()))
 }
 
 /// Check 5: the session of the token's execution, from memory.

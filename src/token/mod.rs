@@ -33,7 +33,8 @@ pub use mint::{
 pub use operator::{OperatorAuthConfig, OperatorClaims, OperatorVerifier};
 
 /// Why a token was refused. The message is precise and safe to show to the caller (it never holds key
-/// material); the variant decides the SPEC code.
+/// material); the variant decides the SPEC code (`crate::error` maps it; operator refusals are HTTP
+/// 401 / 6001 instead).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     /// Checks 2 and 3: the token is malformed, badly signed, or lacks a required claim (code 1004).
@@ -42,16 +43,6 @@ pub enum TokenError {
     /// Check 4: the token is past `exp` + leeway, or its `nbf` lies in the future (code 1003).
     #[error("{0}")]
     Expired(String),
-}
-
-impl TokenError {
-    /// The SPEC section 10 code of this refusal (for agent tokens; operator refusals are HTTP 401 / 6001).
-    pub fn spec_code(&self) -> u16 {
-        match self {
-            TokenError::Invalid(_) => 1004,
-            TokenError::Expired(_) => 1003,
-        }
-    }
 }
 
 // The verifiers and the minter live in shared server state; this fails to compile if that breaks.

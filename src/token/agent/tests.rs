@@ -389,8 +389,8 @@ fn well_signed_expired_token_is_expired() {
         verifier
             .verify(&token, NOW)
             .map(|_| ())
-            .map_err(|err| err.spec_code()),
-        Err(1003)
+            .map_err(|err| crate::error::ApiError::from(err).code),
+        Err(crate::error::Code::TokenExpired)
     );
     assert!(verifier.verify(&token, NOW - 1).is_ok());
 }
