@@ -27,8 +27,8 @@ pub use agent::{AgentClaims, AgentTokenConfig, AgentTokenVerifier};
 pub use id_token::{relying_party, IdTokenVerifier};
 pub use keys::{KeyConfig, KeySource};
 pub use mint::{
-    ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, NewAgentToken,
-    NewOperatorToken, TokenMinter,
+    ed25519_keypair_pem, key_id, sign_eddsa, sign_eddsa_for_tests_and_cli, MintError,
+    NewAgentToken, NewOperatorToken, TokenMinter,
 };
 pub use operator::{OperatorAuthConfig, OperatorClaims, OperatorVerifier};
 
