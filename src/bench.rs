@@ -398,6 +398,7 @@ fn operator_token(dir: &Path, scope: &str) -> Result<String, String> {
                 "iat": now, "exp": now + LIFETIME_SECS, "jti": uuid::Uuid::new_v4().to_string()}),
         None,
     )
+    .map_err(String::from)
 }
 
 /// The bench gateway's MCP endpoint, as its tokens name it (the port does not matter to a bench client).

@@ -90,12 +90,16 @@ fn check(config: &Config) -> Report {
     let mut problems = Vec::new();
     // These messages already name their key (`agent_tokens.keys[0]: …`). The verifier stops at its
     // first bad key before it reads issuer_key, so the minter is asked on its own too.
-    let agent = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir).err();
-    let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir).err();
+    let agent = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
+        .err()
+        .map(|e| e.to_string());
+    let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
+        .err()
+        .map(|e| e.to_string());
     problems.extend(minter.clone());
     problems.extend(agent.filter(|e| Some(e) != minter.as_ref()));
     if let Err(e) = OperatorVerifier::new(&config.operator_auth, &config.base_dir) {
-        problems.push(e);
+        problems.push(e.to_string());
     }
     let skew = config.limits.max_clock_skew_secs.unsigned_abs();
     if let Err(e) = crate::token::relying_party(&config.operator_auth, &config.base_dir, skew) {

@@ -199,6 +199,24 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// Checks 2–4: a token that does not verify is 1004, one outside its lifetime 1003.
+impl From<crate::token::TokenError> for ApiError {
+    fn from(error: crate::token::TokenError) -> Self {
+        let code = match error {
+            crate::token::TokenError::Invalid(_) => Code::TokenVerificationFailed,
+            crate::token::TokenError::Expired(_) => Code::TokenExpired,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
+/// A payload that is not an accepted JSON-RPC request is a malformed envelope (check 9 reads it).
+impl From<crate::envelope::PayloadError> for ApiError {
+    fn from(error: crate::envelope::PayloadError) -> Self {
+        ApiError::new(Code::MalformedEnvelope, error.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status.unwrap_or_else(|| self.code.status());

@@ -272,7 +272,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         }
         Command::Demo { keep, serve, tls } => sealgate::demo::run(keep, serve, tls).await?,
         Command::Connect(args) => return Ok(sealgate::connect::run(args).await),
-        Command::Keygen(args) => sealgate::envelope::keygen::run(&args)?,
+        Command::Keygen(args) => {
+            sealgate::envelope::keygen::run(&args).map_err(|e| e.to_string())?
+        }
         Command::Token { command } => sealgate::token::cli::run(command)?,
         Command::Sign(args) => println!("{}", signed_envelope(&args)?),
         Command::Invoke { sign, url, tls } => {

@@ -26,7 +26,7 @@ use crate::otel::Phase;
 use crate::policy::{self, Capability, Decision, FlowMatch, SecurityContext};
 use crate::session::{LiveSession, SessionCache};
 use crate::store::{ClaimKind, ClaimRecord, SeenSignature, Store};
-use crate::token::{AccessClaims, AgentClaims, TokenError};
+use crate::token::{AccessClaims, AgentClaims};
 use crate::upstream::{UpstreamError, Upstreams};
 
 /// What a call came to: the answer and its receipt, or a refusal with its SPEC code and the tool called
@@ -105,8 +105,13 @@ struct Refusal {
 type Refused = Box<Refusal>;
 
 fn refuse(code: Code, message: impl Into<String>) -> Refused {
+    refused(ApiError::new(code, message))
+}
+
+/// A refusal whose code the error itself names (`crate::error` maps the typed errors to codes).
+fn refused(error: ApiError) -> Refused {
     Box::new(Refusal {
-        error: ApiError::new(code, message),
+        error,
         rule: None,
         event: None,
     })
@@ -429,8 +434,7 @@ async fn after_verification(
         .caller
         .clone()
         .ok_or_else(|| store_refusal("no verified caller"))?;
-    let call =
-        envelope::parse_call(sent.payload).map_err(|m| refuse(Code::MalformedEnvelope, m))?;
+    let call = envelope::parse_call(sent.payload).map_err(|e| refused(e.into()))?;
     let (context, shadow) = gw
         .contexts()
         .get_with_shadow(&session.record.security_context);
@@ -794,10 +798,7 @@ async fn verify_token(gw: &Gateway, env: &Envelope, now: i64) -> Result<Arc<Agen
     gw.agent_tokens()
         .verify_with_refresh(&env.security_token, now)
         .await
-        .map_err(|e| match e {
-            TokenError::Invalid(m) => refuse(Code::TokenVerificationFailed, m),
-            TokenError::Expired(m) => refuse(Code::TokenExpired, m),
-        })
+        .map_err(|e| refused(e.into()))
 }
 
 /// Check 5: the session of the token's execution, from memory.

@@ -445,7 +445,10 @@ impl LiveSession {
                     .ok()
                     .and_then(|b| b.try_into().ok())
                     .ok_or_else(|| StoreError::Corrupt("stored session key".into()))?;
-                Some(SessionKey::from_bytes(&bytes).map_err(StoreError::Corrupt)?)
+                Some(
+                    SessionKey::from_bytes(&bytes)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                )
             }
         };
         let patterns = record

@@ -125,6 +125,48 @@ impl Call {
     }
 }
 
+/// Why a payload is not a `tools/call` or `tools/list` request the gateway accepts (code 1000). The
+/// message names the field by its path in the payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    #[error("{field} must be {expected}, found {found}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("{place} has an unknown field {}", quote_excerpt(.field))]
+    UnknownField { place: &'static str, field: String },
+    #[error("payload.jsonrpc is {}; expected \"2.0\"", quote_excerpt(.0))]
+    UnsupportedVersion(String),
+    #[error("payload.id is missing (notifications are not accepted)")]
+    Notification,
+    #[error(
+        "payload.method {} is not supported; expected \"tools/call\" or \"tools/list\"",
+        quote_excerpt(.0)
+    )]
+    UnsupportedMethod(String),
+    #[error("payload.params is missing (tools/call needs a name)")]
+    NoParams,
+    #[error("payload.params.name: {0}")]
+    ToolName(String),
+    /// Two argument names equal under ASCII case folding (SPEC 6.3 r3).
+    #[error("payload.params.arguments: {0}")]
+    CaseFoldedArguments(String),
+    #[error("payload.params._meta.idempotency_key is {0} bytes long; it must be 1 to 256 bytes")]
+    IdempotencyKeyLength(usize),
+}
+
+fn wrong_type(field: &'static str, expected: &'static str, found: &Value) -> PayloadError {
+    PayloadError::WrongType {
+        field,
+        expected,
+        found: json_kind(found),
+    }
+}
+
 /// Reads the envelope's payload as a `tools/call` or `tools/list` JSON-RPC 2.0 request.
 ///
 /// Refused: a `jsonrpc` other than `"2.0"`; an `id` that is missing, null, a boolean, an array or an
@@ -133,49 +175,28 @@ impl Call {
 /// present but not an object or that holds, at any depth, two names equal under ASCII case folding
 /// (SPEC 6.3 r3); `params._meta` that is not an object or an `idempotency_key` that is not
 /// a string of 1–256 bytes; and any field that a JSON-RPC request or these params do not define.
-pub fn parse_call(payload: &Value) -> Result<Call, String> {
+pub fn parse_call(payload: &Value) -> Result<Call, PayloadError> {
     let Value::Object(fields) = payload else {
-        return Err(format!(
-            "payload must be a JSON object, found {}",
-            json_kind(payload)
-        ));
+        return Err(wrong_type("payload", "a JSON object", payload));
     };
     refuse_unknown_keys(fields, &["jsonrpc", "id", "method", "params"], "payload")?;
     match fields.get("jsonrpc") {
         Some(Value::String(version)) if version == "2.0" => {}
         Some(Value::String(version)) => {
-            return Err(format!(
-                "payload.jsonrpc is {}; expected \"2.0\"",
-                quote_excerpt(version)
-            ))
+            return Err(PayloadError::UnsupportedVersion(version.clone()))
         }
-        Some(other) => {
-            return Err(format!(
-                "payload.jsonrpc must be the string \"2.0\", found {}",
-                json_kind(other)
-            ))
-        }
-        None => return Err("payload.jsonrpc is missing".to_string()),
+        Some(other) => return Err(wrong_type("payload.jsonrpc", "the string \"2.0\"", other)),
+        None => return Err(PayloadError::Missing("payload.jsonrpc")),
     }
     let id = match fields.get("id") {
         Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
-        Some(other) => {
-            return Err(format!(
-                "payload.id must be a string or a number, found {}",
-                json_kind(other)
-            ))
-        }
-        None => return Err("payload.id is missing (notifications are not accepted)".to_string()),
+        Some(other) => return Err(wrong_type("payload.id", "a string or a number", other)),
+        None => return Err(PayloadError::Notification),
     };
     let method = match fields.get("method") {
         Some(Value::String(method)) => method.as_str(),
-        Some(other) => {
-            return Err(format!(
-                "payload.method must be a string, found {}",
-                json_kind(other)
-            ))
-        }
-        None => return Err("payload.method is missing".to_string()),
+        Some(other) => return Err(wrong_type("payload.method", "a string", other)),
+        None => return Err(PayloadError::Missing("payload.method")),
     };
     match method {
         "tools/call" => parse_tools_call(id, fields.get("params")),
@@ -186,59 +207,33 @@ pub fn parse_call(payload: &Value) -> Result<Call, String> {
                     refuse_unknown_keys(params, &["_meta"], "payload.params")?;
                     idempotency_key(params)?;
                 }
-                Some(other) => {
-                    return Err(format!(
-                        "payload.params must be an object, found {}",
-                        json_kind(other)
-                    ))
-                }
+                Some(other) => return Err(wrong_type("payload.params", "an object", other)),
             }
             Ok(Call::ToolsList { id })
         }
-        other => Err(format!(
-            "payload.method {} is not supported; expected \"tools/call\" or \"tools/list\"",
-            quote_excerpt(other)
-        )),
+        other => Err(PayloadError::UnsupportedMethod(other.to_string())),
     }
 }
 
-fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, String> {
+fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, PayloadError> {
     let params = match params {
         Some(Value::Object(params)) => params,
-        Some(other) => {
-            return Err(format!(
-                "payload.params must be an object, found {}",
-                json_kind(other)
-            ))
-        }
-        None => return Err("payload.params is missing (tools/call needs a name)".to_string()),
+        Some(other) => return Err(wrong_type("payload.params", "an object", other)),
+        None => return Err(PayloadError::NoParams),
     };
     refuse_unknown_keys(params, &["name", "arguments", "_meta"], "payload.params")?;
     let tool = match params.get("name") {
-        Some(Value::String(name)) => {
-            ToolName::parse(name).map_err(|error| format!("payload.params.name: {error}"))?
-        }
-        Some(other) => {
-            return Err(format!(
-                "payload.params.name must be a string, found {}",
-                json_kind(other)
-            ))
-        }
-        None => return Err("payload.params.name is missing".to_string()),
+        Some(Value::String(name)) => ToolName::parse(name).map_err(PayloadError::ToolName)?,
+        Some(other) => return Err(wrong_type("payload.params.name", "a string", other)),
+        None => return Err(PayloadError::Missing("payload.params.name")),
     };
     let arguments = match params.get("arguments") {
         None => Map::new(),
         Some(Value::Object(arguments)) => {
-            refuse_case_folded_names(arguments)
-                .map_err(|problem| format!("payload.params.arguments: {problem}"))?;
+            refuse_case_folded_names(arguments).map_err(PayloadError::CaseFoldedArguments)?;
             arguments.clone()
         }
-        Some(other) => {
-            return Err(format!(
-                "payload.params.arguments must be an object, found {}",
-                json_kind(other)
-            ))
-        }
+        Some(other) => return Err(wrong_type("payload.params.arguments", "an object", other)),
     };
     let idempotency_key = idempotency_key(params)?;
     Ok(Call::ToolsCall {
@@ -250,29 +245,22 @@ fn parse_tools_call(id: Value, params: Option<&Value>) -> Result<Call, String> {
 }
 
 /// Reads `params._meta.idempotency_key`; `_meta` may hold other (MCP) keys, which are left alone.
-fn idempotency_key(params: &Map<String, Value>) -> Result<Option<String>, String> {
+fn idempotency_key(params: &Map<String, Value>) -> Result<Option<String>, PayloadError> {
     let meta = match params.get("_meta") {
         None => return Ok(None),
         Some(Value::Object(meta)) => meta,
-        Some(other) => {
-            return Err(format!(
-                "payload.params._meta must be an object, found {}",
-                json_kind(other)
-            ))
-        }
+        Some(other) => return Err(wrong_type("payload.params._meta", "an object", other)),
     };
     match meta.get("idempotency_key") {
         None => Ok(None),
         Some(Value::String(key)) if IDEMPOTENCY_KEY_BYTES.contains(&key.len()) => {
             Ok(Some(key.clone()))
         }
-        Some(Value::String(key)) => Err(format!(
-            "payload.params._meta.idempotency_key is {} bytes long; it must be 1 to 256 bytes",
-            key.len()
-        )),
-        Some(other) => Err(format!(
-            "payload.params._meta.idempotency_key must be a string, found {}",
-            json_kind(other)
+        Some(Value::String(key)) => Err(PayloadError::IdempotencyKeyLength(key.len())),
+        Some(other) => Err(wrong_type(
+            "payload.params._meta.idempotency_key",
+            "a string",
+            other,
         )),
     }
 }
@@ -280,13 +268,13 @@ fn idempotency_key(params: &Map<String, Value>) -> Result<Option<String>, String
 fn refuse_unknown_keys(
     fields: &Map<String, Value>,
     known: &[&str],
-    place: &str,
-) -> Result<(), String> {
+    place: &'static str,
+) -> Result<(), PayloadError> {
     match fields.keys().find(|key| !known.contains(&key.as_str())) {
-        Some(unknown) => Err(format!(
-            "{place} has an unknown field {}",
-            quote_excerpt(unknown)
-        )),
+        Some(unknown) => Err(PayloadError::UnknownField {
+            place,
+            field: unknown.clone(),
+        }),
         None => Ok(()),
     }
 }
@@ -410,12 +398,12 @@ mod tests {
         let with = |pointer: &str, value: Value| {
             let mut payload = base.clone();
             *payload.pointer_mut(pointer).unwrap() = value;
-            parse_call(&payload).unwrap_err()
+            parse_call(&payload).unwrap_err().to_string()
         };
         let without = |field: &str| {
             let mut payload = base.clone();
             payload.as_object_mut().unwrap().remove(field);
-            parse_call(&payload).unwrap_err()
+            parse_call(&payload).unwrap_err().to_string()
         };
         assert!(with("/jsonrpc", json!("1.0")).contains("expected \"2.0\""));
         assert!(with("/jsonrpc", json!(2.0)).contains("found a number"));
@@ -449,14 +437,17 @@ mod tests {
         extra_param["params"]["task"] = json!({});
         assert!(parse_call(&extra_param)
             .unwrap_err()
+            .to_string()
             .contains("payload.params has an unknown field \"task\""));
         assert!(parse_call(&json!([]))
             .unwrap_err()
+            .to_string()
             .contains("found an array"));
         let mut extra = base.clone();
         extra["result"] = json!(1);
         assert!(parse_call(&extra)
             .unwrap_err()
+            .to_string()
             .contains("payload has an unknown field \"result\""));
     }
 

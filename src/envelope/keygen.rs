@@ -8,7 +8,9 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde_json::json;
 
-use super::keys::{generate_signing_key, public_key_b64, public_key_pem, signing_key_to_pkcs8_pem};
+use super::keys::{
+    generate_signing_key, public_key_b64, public_key_pem, signing_key_to_pkcs8_pem, KeyError,
+};
 
 #[derive(clap::Args)]
 pub struct KeygenArgs {
@@ -20,8 +22,31 @@ pub struct KeygenArgs {
     name: String,
 }
 
+/// Why `sealgate keygen` made no key pair.
+#[derive(Debug, thiserror::Error)]
+pub enum KeygenError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("--name `{0}` must be a plain file name stem (no path separators)")]
+    BadName(String),
+    #[error("{} already exists; keygen never overwrites a key (choose another --name)", .0.display())]
+    Exists(PathBuf),
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
 /// Prints the key pair as JSON, or writes it to files and prints where (and the public key).
-pub fn run(args: &KeygenArgs) -> Result<(), String> {
+pub fn run(args: &KeygenArgs) -> Result<(), KeygenError> {
     let key = generate_signing_key()?;
     let public = key.verifying_key();
     let private_pem = signing_key_to_pkcs8_pem(&key)?;
@@ -43,10 +68,7 @@ pub fn run(args: &KeygenArgs) -> Result<(), String> {
             })
         }
     };
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&described).map_err(|e| e.to_string())?
-    );
+    println!("{}", serde_json::to_string_pretty(&described)?);
     Ok(())
 }
 
@@ -56,21 +78,19 @@ fn write_pair(
     name: &str,
     private_pem: &str,
     public_pem: &str,
-) -> Result<(PathBuf, PathBuf), String> {
+) -> Result<(PathBuf, PathBuf), KeygenError> {
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
-        return Err(format!(
-            "--name `{name}` must be a plain file name stem (no path separators)"
-        ));
+        return Err(KeygenError::BadName(name.to_string()));
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| KeygenError::Create {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let private_path = dir.join(format!("{name}.key"));
     let public_path = dir.join(format!("{name}.pub.pem"));
     for path in [&private_path, &public_path] {
         if path.exists() {
-            return Err(format!(
-                "{} already exists; keygen never overwrites a key (choose another --name)",
-                path.display()
-            ));
+            return Err(KeygenError::Exists(path.clone()));
         }
     }
     write_new(&private_path, private_pem, 0o600)?;
@@ -82,7 +102,7 @@ fn write_pair(
     Ok((private_path, public_path))
 }
 
-fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), String> {
+fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), KeygenError> {
     use std::os::unix::fs::OpenOptionsExt;
     // The mode applies at creation, so the private key is never readable by others, not even briefly.
     let mut file = std::fs::OpenOptions::new()
@@ -90,8 +110,14 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), String> {
         .create_new(true)
         .mode(mode)
         .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        .map_err(|source| KeygenError::Create {
+            path: path.to_path_buf(),
+            source,
+        })?;
     file.write_all(contents.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|source| KeygenError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }

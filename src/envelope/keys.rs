@@ -6,12 +6,13 @@
 //! verify.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
+use ed25519_dalek::pkcs8::spki;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{
     DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, KeypairBytes,
@@ -33,20 +34,119 @@ const URL_SAFE_ANY_PADDING: GeneralPurpose =
 /// decoding so that a huge string costs nothing.
 const MAX_SIGNATURE_TEXT_CHARS: usize = 128;
 
+/// Why a text is not base64 in either accepted alphabet.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Base64Error {
+    #[error("empty base64 text")]
+    Empty,
+    #[error("invalid base64: {0}")]
+    Invalid(#[from] base64::DecodeError),
+}
+
+/// Why a public or private key, a key file or a key's encoding was refused. The messages name the
+/// problem and never hold key material.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("PEM public key must be an SPKI block (-----BEGIN PUBLIC KEY-----)")]
+    NotSpki,
+    #[error("invalid Ed25519 SPKI PEM public key: {0}")]
+    Spki(spki::Error),
+    #[error("PEM private key must be a PKCS#8 block (-----BEGIN PRIVATE KEY-----)")]
+    NotPkcs8,
+    #[error("invalid Ed25519 PKCS#8 PEM private key: {0}")]
+    Pkcs8(ed25519_dalek::pkcs8::Error),
+    /// `half` is "public" or "private".
+    #[error("invalid hex {half} key: {source}")]
+    Hex {
+        half: &'static str,
+        source: hex::FromHexError,
+    },
+    #[error("public key is neither 64 hex digits, base64 nor an SPKI PEM: {0}")]
+    PublicEncoding(Base64Error),
+    #[error("private key is neither a PKCS#8 PEM, 64 hex digits, base64 nor keygen JSON: {0}")]
+    PrivateEncoding(Base64Error),
+    #[error("public key decodes to {0} bytes; Ed25519 public keys are 32 bytes")]
+    PublicLength(usize),
+    #[error(
+        "private key decodes to {0} bytes; expected a 32-byte seed or 64-byte seed ‖ public key"
+    )]
+    PrivateLength(usize),
+    #[error("public key bytes are not an Ed25519 curve point")]
+    NotACurvePoint,
+    #[error("public key has small order (a weak key) and is refused")]
+    WeakPublicKey,
+    #[error("public key is a non-canonical point encoding")]
+    NonCanonicalPublicKey,
+    #[error("64-byte private key: its public half does not match its seed")]
+    KeypairMismatch,
+    /// A `sealgate keygen` JSON key whose fields are missing, mistyped or describe different keys.
+    #[error("{0}")]
+    KeygenJson(KeygenJsonError),
+    /// A key inside a keygen JSON field, named by the field.
+    #[error("keygen JSON `{field}`: {source}")]
+    KeygenField {
+        field: &'static str,
+        source: Box<KeyError>,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        source: Box<KeyError>,
+    },
+    #[error("operating system random source failed: {0}")]
+    Random(getrandom::Error),
+    #[error("cannot encode the private key as PKCS#8 PEM: {0}")]
+    EncodePrivate(ed25519_dalek::pkcs8::Error),
+    #[error("cannot encode the public key as SPKI PEM: {0}")]
+    EncodePublic(spki::Error),
+}
+
+/// How a `sealgate keygen` JSON key file is inconsistent; it is refused rather than half-used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeygenJsonError {
+    #[error("private key starts with `{{` but is not a JSON object like `sealgate keygen` prints")]
+    NotAnObject,
+    #[error("keygen JSON: `{0}` is not a string")]
+    NotAString(&'static str),
+    #[error("keygen JSON has neither `private_key` nor `private_key_pem`")]
+    NoPrivateKey,
+    #[error("keygen JSON: `private_key` and `private_key_pem` are different keys")]
+    DifferentPrivateKeys,
+    #[error("keygen JSON: `{0}` is not the public half of the private key")]
+    NotThePublicHalf(&'static str),
+}
+
+impl From<KeygenJsonError> for KeyError {
+    fn from(error: KeygenJsonError) -> Self {
+        KeyError::KeygenJson(error)
+    }
+}
+
+// The evidence signer, the console sign-in and the CLI still answer `String`; they keep using `?` on
+// key errors until their own errors are typed.
+impl From<KeyError> for String {
+    fn from(error: KeyError) -> Self {
+        error.to_string()
+    }
+}
+
 /// Decodes base64 in the standard or the URL-safe alphabet, padding optional (SPEC section 2).
 /// A text that mixes the two alphabets is refused.
-pub fn decode_base64_flexible(text: &str) -> Result<Vec<u8>, String> {
+pub fn decode_base64_flexible(text: &str) -> Result<Vec<u8>, Base64Error> {
     if text.is_empty() {
-        return Err("empty base64 text".to_string());
+        return Err(Base64Error::Empty);
     }
     let engine = if text.contains(['-', '_']) {
         &URL_SAFE_ANY_PADDING
     } else {
         &STANDARD_ANY_PADDING
     };
-    engine
-        .decode(text)
-        .map_err(|error| format!("invalid base64: {error}"))
+    Ok(engine.decode(text)?)
 }
 
 /// Decodes the envelope's `signature` field (check 7, code 1001 on failure).
@@ -82,45 +182,40 @@ impl SessionKey {
     /// Reads a public key given as standard or URL-safe base64 of the raw 32 bytes (padding optional),
     /// as 64 hex digits, or as an SPKI PEM block (`-----BEGIN PUBLIC KEY-----`). Surrounding white
     /// space is ignored.
-    pub fn parse(text: &str) -> Result<SessionKey, String> {
+    pub fn parse(text: &str) -> Result<SessionKey, KeyError> {
         let text = text.trim();
         if text.starts_with("-----BEGIN") {
             if !text.starts_with("-----BEGIN PUBLIC KEY-----") {
-                return Err(
-                    "PEM public key must be an SPKI block (-----BEGIN PUBLIC KEY-----)".to_string(),
-                );
+                return Err(KeyError::NotSpki);
             }
-            let key = VerifyingKey::from_public_key_pem(text)
-                .map_err(|error| format!("invalid Ed25519 SPKI PEM public key: {error}"))?;
+            let key = VerifyingKey::from_public_key_pem(text).map_err(KeyError::Spki)?;
             return SessionKey::from_bytes(key.as_bytes());
         }
         let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            hex::decode(text).map_err(|error| format!("invalid hex public key: {error}"))?
-        } else {
-            decode_base64_flexible(text).map_err(|error| {
-                format!("public key is neither 64 hex digits, base64 nor an SPKI PEM: {error}")
+            hex::decode(text).map_err(|source| KeyError::Hex {
+                half: "public",
+                source,
             })?
+        } else {
+            decode_base64_flexible(text).map_err(KeyError::PublicEncoding)?
         };
-        let array: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-            format!(
-                "public key decodes to {} bytes; Ed25519 public keys are 32 bytes",
-                bytes.len()
-            )
-        })?;
+        let array: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| KeyError::PublicLength(bytes.len()))?;
         SessionKey::from_bytes(&array)
     }
 
     /// Accepts the raw 32-byte encoding when it is a canonical point of large order.
-    pub fn from_bytes(bytes: &[u8; 32]) -> Result<SessionKey, String> {
-        let key = VerifyingKey::from_bytes(bytes)
-            .map_err(|_| "public key bytes are not an Ed25519 curve point".to_string())?;
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<SessionKey, KeyError> {
+        let key = VerifyingKey::from_bytes(bytes).map_err(|_| KeyError::NotACurvePoint)?;
         if key.is_weak() {
-            return Err("public key has small order (a weak key) and is refused".to_string());
+            return Err(KeyError::WeakPublicKey);
         }
         // Decompression tolerates a few non-canonical encodings; requiring the canonical one keeps
         // "same key" equal to "same bytes".
         if key.to_edwards().compress().to_bytes() != *bytes {
-            return Err("public key is a non-canonical point encoding".to_string());
+            return Err(KeyError::NonCanonicalPublicKey);
         }
         Ok(SessionKey(key))
     }
@@ -147,10 +242,9 @@ impl SessionKey {
 }
 
 /// A fresh signing key from the operating system's random source.
-pub fn generate_signing_key() -> Result<SigningKey, String> {
+pub fn generate_signing_key() -> Result<SigningKey, KeyError> {
     let mut seed = [0u8; 32];
-    getrandom::getrandom(&mut seed)
-        .map_err(|error| format!("operating system random source failed: {error}"))?;
+    getrandom::getrandom(&mut seed).map_err(KeyError::Random)?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
@@ -158,7 +252,7 @@ pub fn generate_signing_key() -> Result<SigningKey, String> {
 /// the 32-byte seed, as base64 (either alphabet, padding optional) of the seed or of seed ‖ public key
 /// (the 64-byte libsodium form, whose public half must match), or as the JSON that `sealgate keygen`
 /// prints (every key field in it must describe the same key).
-pub fn signing_key_from_text(text: &str) -> Result<SigningKey, String> {
+pub fn signing_key_from_text(text: &str) -> Result<SigningKey, KeyError> {
     let text = text.trim();
     if text.starts_with('{') {
         return signing_key_from_keygen_json(text);
@@ -167,59 +261,58 @@ pub fn signing_key_from_text(text: &str) -> Result<SigningKey, String> {
 }
 
 /// [`signing_key_from_text`] of the file at `path`; errors name the file.
-pub fn read_signing_key_file(path: &Path) -> Result<SigningKey, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    signing_key_from_text(&text).map_err(|error| format!("{}: {error}", path.display()))
+pub fn read_signing_key_file(path: &Path) -> Result<SigningKey, KeyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    signing_key_from_text(&text).map_err(|source| KeyError::InFile {
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    })
 }
 
-fn signing_key_from_plain_text(text: &str) -> Result<SigningKey, String> {
+fn signing_key_from_plain_text(text: &str) -> Result<SigningKey, KeyError> {
     if text.starts_with("-----BEGIN") {
         if !text.starts_with("-----BEGIN PRIVATE KEY-----") {
-            return Err(
-                "PEM private key must be a PKCS#8 block (-----BEGIN PRIVATE KEY-----)".to_string(),
-            );
+            return Err(KeyError::NotPkcs8);
         }
-        return SigningKey::from_pkcs8_pem(text)
-            .map_err(|error| format!("invalid Ed25519 PKCS#8 PEM private key: {error}"));
+        return SigningKey::from_pkcs8_pem(text).map_err(KeyError::Pkcs8);
     }
     let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        hex::decode(text).map_err(|error| format!("invalid hex private key: {error}"))?
-    } else {
-        decode_base64_flexible(text).map_err(|error| {
-            format!(
-                "private key is neither a PKCS#8 PEM, 64 hex digits, base64 nor keygen JSON: {error}"
-            )
+        hex::decode(text).map_err(|source| KeyError::Hex {
+            half: "private",
+            source,
         })?
+    } else {
+        decode_base64_flexible(text).map_err(KeyError::PrivateEncoding)?
     };
     if let Ok(seed) = <[u8; 32]>::try_from(bytes.as_slice()) {
         return Ok(SigningKey::from_bytes(&seed));
     }
     if let Ok(keypair) = <[u8; 64]>::try_from(bytes.as_slice()) {
-        return SigningKey::from_keypair_bytes(&keypair).map_err(|_| {
-            "64-byte private key: its public half does not match its seed".to_string()
-        });
+        return SigningKey::from_keypair_bytes(&keypair).map_err(|_| KeyError::KeypairMismatch);
     }
-    Err(format!(
-        "private key decodes to {} bytes; expected a 32-byte seed or 64-byte seed ‖ public key",
-        bytes.len()
-    ))
+    Err(KeyError::PrivateLength(bytes.len()))
 }
 
 /// `sealgate keygen`'s JSON: `private_key` and/or `private_key_pem`, optionally the public halves. A key
 /// file whose fields disagree was edited or mixed up, so it is refused rather than half-used.
-fn signing_key_from_keygen_json(text: &str) -> Result<SigningKey, String> {
+fn signing_key_from_keygen_json(text: &str) -> Result<SigningKey, KeyError> {
     let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
-        return Err(
-            "private key starts with `{` but is not a JSON object like `sealgate keygen` prints"
-                .to_string(),
-        );
+        return Err(KeygenJsonError::NotAnObject.into());
     };
-    let field_text = |name: &str| -> Result<Option<&str>, String> {
+    let field_text = |name: &'static str| -> Result<Option<&str>, KeygenJsonError> {
         match fields.get(name) {
             None => Ok(None),
             Some(Value::String(text)) => Ok(Some(text)),
-            Some(_) => Err(format!("keygen JSON: `{name}` is not a string")),
+            Some(_) => Err(KeygenJsonError::NotAString(name)),
+        }
+    };
+    let in_field = |field: &'static str| {
+        move |source| KeyError::KeygenField {
+            field,
+            source: Box::new(source),
         }
     };
     let mut key: Option<SigningKey> = None;
@@ -227,28 +320,21 @@ fn signing_key_from_keygen_json(text: &str) -> Result<SigningKey, String> {
         let Some(text) = field_text(name)? else {
             continue;
         };
-        let parsed = signing_key_from_plain_text(text.trim())
-            .map_err(|error| format!("keygen JSON `{name}`: {error}"))?;
+        let parsed = signing_key_from_plain_text(text.trim()).map_err(in_field(name))?;
         if key
             .as_ref()
             .is_some_and(|k| k.to_bytes() != parsed.to_bytes())
         {
-            return Err(
-                "keygen JSON: `private_key` and `private_key_pem` are different keys".to_string(),
-            );
+            return Err(KeygenJsonError::DifferentPrivateKeys.into());
         }
         key = Some(parsed);
     }
-    let key = key
-        .ok_or_else(|| "keygen JSON has neither `private_key` nor `private_key_pem`".to_string())?;
+    let key = key.ok_or(KeygenJsonError::NoPrivateKey)?;
     for name in ["public_key", "public_key_pem"] {
         if let Some(text) = field_text(name)? {
-            let public = SessionKey::parse(text)
-                .map_err(|error| format!("keygen JSON `{name}`: {error}"))?;
+            let public = SessionKey::parse(text).map_err(in_field(name))?;
             if public.to_bytes() != key.verifying_key().to_bytes() {
-                return Err(format!(
-                    "keygen JSON: `{name}` is not the public half of the private key"
-                ));
+                return Err(KeygenJsonError::NotThePublicHalf(name).into());
             }
         }
     }
@@ -257,7 +343,7 @@ fn signing_key_from_keygen_json(text: &str) -> Result<SigningKey, String> {
 
 /// The private key as a PKCS#8 v1 PEM document, the form `openssl genpkey -algorithm ed25519` writes. The
 /// v2 form (public key embedded) is refused by OpenSSL 3.0's `openssl pkey` and by Python `cryptography`.
-pub fn signing_key_to_pkcs8_pem(key: &SigningKey) -> Result<String, String> {
+pub fn signing_key_to_pkcs8_pem(key: &SigningKey) -> Result<String, KeyError> {
     let seed_only = KeypairBytes {
         secret_key: key.to_bytes(),
         public_key: None,
@@ -265,7 +351,7 @@ pub fn signing_key_to_pkcs8_pem(key: &SigningKey) -> Result<String, String> {
     seed_only
         .to_pkcs8_pem(LineEnding::LF)
         .map(|pem| pem.as_str().to_owned())
-        .map_err(|error| format!("cannot encode the private key as PKCS#8 PEM: {error}"))
+        .map_err(KeyError::EncodePrivate)
 }
 
 /// The public key as standard base64 of its 32 raw bytes (what `POST /v1/seal/sessions` takes).
@@ -274,9 +360,9 @@ pub fn public_key_b64(key: &VerifyingKey) -> String {
 }
 
 /// The public key as an SPKI PEM document.
-pub fn public_key_pem(key: &VerifyingKey) -> Result<String, String> {
+pub fn public_key_pem(key: &VerifyingKey) -> Result<String, KeyError> {
     key.to_public_key_pem(LineEnding::LF)
-        .map_err(|error| format!("cannot encode the public key as SPKI PEM: {error}"))
+        .map_err(KeyError::EncodePublic)
 }
 
 #[cfg(test)]
@@ -327,7 +413,8 @@ mod tests {
         minus_one[31] = 0x7f;
         for weak in [all_zero, identity, minus_one] {
             let error = SessionKey::from_bytes(&weak).unwrap_err();
-            assert!(error.contains("small order"), "{error}");
+            assert!(matches!(error, KeyError::WeakPublicKey), "{error}");
+            assert!(error.to_string().contains("small order"), "{error}");
             assert!(SessionKey::parse(&STANDARD.encode(weak)).is_err());
             assert!(SessionKey::parse(&hex::encode(weak)).is_err());
         }
@@ -337,14 +424,19 @@ mod tests {
         non_canonical[31] = 0x7f;
         assert!(SessionKey::from_bytes(&non_canonical).is_err());
 
-        assert!(SessionKey::parse("").unwrap_err().contains("empty"));
+        assert!(SessionKey::parse("")
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
         assert!(SessionKey::parse(&STANDARD.encode([7u8; 31]))
             .unwrap_err()
+            .to_string()
             .contains("31 bytes"));
         assert!(SessionKey::parse("not a key!").is_err());
         assert!(
             SessionKey::parse("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----")
                 .unwrap_err()
+                .to_string()
                 .contains("SPKI")
         );
         assert!(
@@ -504,7 +596,9 @@ mod tests {
         let mixed = |name: &str| {
             let mut fields = fields.clone();
             fields.insert(name.to_string(), other_fields[name].clone());
-            signing_key_from_text(&Value::Object(fields).to_string()).unwrap_err()
+            signing_key_from_text(&Value::Object(fields).to_string())
+                .unwrap_err()
+                .to_string()
         };
         assert!(mixed("private_key_pem").contains("different keys"));
         assert!(mixed("public_key").contains("`public_key` is not the public half"));
@@ -518,7 +612,7 @@ mod tests {
             ),
             ("{not json", "not a JSON object"),
         ] {
-            let error = signing_key_from_text(bad).unwrap_err();
+            let error = signing_key_from_text(bad).unwrap_err().to_string();
             assert!(error.contains(expected), "{bad}: {error}");
         }
     }
@@ -530,13 +624,13 @@ mod tests {
         std::fs::write(&path, RFC8410_PEM).unwrap();
         assert!(read_signing_key_file(&path).is_ok());
         std::fs::write(&path, "garbage!").unwrap();
-        let error = read_signing_key_file(&path).unwrap_err();
+        let error = read_signing_key_file(&path).unwrap_err().to_string();
         assert!(
             error.starts_with(&format!("{}: ", path.display())),
             "{error}"
         );
         let missing = dir.path().join("missing.key");
-        let error = read_signing_key_file(&missing).unwrap_err();
+        let error = read_signing_key_file(&missing).unwrap_err().to_string();
         assert!(
             error.contains("cannot read") && error.contains("missing.key"),
             "{error}"

@@ -20,11 +20,14 @@ use sha2::{Digest as _, Sha256};
 
 use crate::strict_json;
 
-pub use call::{json_kind, parse_call, Call, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES};
+pub use call::{
+    json_kind, parse_call, Call, PayloadError, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES,
+};
 pub use jcs::{jcs, jcs_object};
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,
-    read_signing_key_file, signing_key_from_text, signing_key_to_pkcs8_pem, SessionKey,
+    read_signing_key_file, signing_key_from_text, signing_key_to_pkcs8_pem, Base64Error, KeyError,
+    KeygenJsonError, SessionKey,
 };
 // The strict reader moved to `crate::strict_json` (token and audit read JSON with it too); these names
 // stay here for the callers that know it as the envelope parser.
@@ -208,7 +211,7 @@ fn read_timestamp(value: Option<&Value>) -> Result<i64, EnvelopeError> {
                     "field \"timestamp\" must be a whole number of Unix seconds written as an integer, found {number}"
                 ))
             }),
-        Some(Value::String(text)) => rfc3339_to_unix_seconds(text).map_err(malformed),
+        Some(Value::String(text)) => rfc3339_to_unix_seconds(text),
         other => Err(wrong_field(
             "timestamp",
             "an integer of Unix seconds or an RFC 3339 string",
@@ -219,15 +222,15 @@ fn read_timestamp(value: Option<&Value>) -> Result<i64, EnvelopeError> {
 
 /// Unix seconds of an RFC 3339 instant, rounded down (towards the past, also before 1970), as the
 /// seal/v1 SDKs sign it.
-pub fn rfc3339_to_unix_seconds(text: &str) -> Result<i64, String> {
+pub fn rfc3339_to_unix_seconds(text: &str) -> Result<i64, EnvelopeError> {
     chrono::DateTime::parse_from_rfc3339(text)
         // `timestamp()` is the floor: chrono keeps the sub-second part as a non-negative offset.
         .map(|instant| instant.timestamp())
         .map_err(|error| {
-            format!(
+            malformed(format!(
                 "field \"timestamp\" is not an RFC 3339 date-time ({error}): {}",
                 strict_json::quote_excerpt(text)
-            )
+            ))
         })
 }
 
@@ -243,10 +246,23 @@ pub fn sha256_base64url(bytes: &[u8]) -> String {
 
 /// 256 random bits from the operating system, base64url without padding: console session ids, CSRF
 /// tokens, sign-in `state`s, nonces and PKCE verifiers (43 characters, as RFC 7636 allows).
-pub fn random_secret() -> Result<String, String> {
+pub fn random_secret() -> Result<String, RandomUnavailable> {
     let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes).map_err(|err| format!("OS randomness unavailable: {err}"))?;
+    getrandom::getrandom(&mut bytes).map_err(RandomUnavailable)?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The operating system gave no random bytes for a [`random_secret`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("OS randomness unavailable: {0}")]
+pub struct RandomUnavailable(pub(crate) getrandom::Error);
+
+// The console sign-in and the MCP endpoint still answer `String`; they keep using `?` on this until
+// their own errors are typed.
+impl From<RandomUnavailable> for String {
+    fn from(error: RandomUnavailable) -> Self {
+        error.to_string()
+    }
 }
 
 /// Lower-case hex of SHA-256 over the JCS bytes of `value` (request ids, action refs, audit hashes).

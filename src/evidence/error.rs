@@ -38,8 +38,8 @@ pub enum Error {
     )]
     KeyRequired,
     /// The envelope module's key code refused or could not make a key; its message as it gave it.
-    #[error("{0}")]
-    Key(String),
+    #[error(transparent)]
+    Key(#[from] crate::envelope::KeyError),
     /// A folder that could not be synced (the file helpers' message).
     #[error("{0}")]
     Sync(String),

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::claims::{check_audience, check_time, optional_seconds, required_seconds};
 use super::keys::{KeyConfig, KeySet, KeySource};
-use super::TokenError;
+use super::{ConfigError, TokenError};
 use crate::clock::Round;
 
 /// What a verified access token says of its holder.
@@ -55,7 +55,7 @@ impl AccessTokenVerifier {
         resource: &str,
         scopes_required: &[String],
         leeway_secs: u64,
-    ) -> Result<AccessTokenVerifier, String> {
+    ) -> Result<AccessTokenVerifier, ConfigError> {
         Ok(AccessTokenVerifier {
             keys: KeySet::load(keys, base_dir, "mcp_server")?,
             issuers: issuers.to_vec(),

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::TokenError;
+use super::{ConfigError, TokenError};
 use crate::clock::{whole_seconds, Round};
 
 /// Leeway beyond this is refused as a configuration mistake: it would all but switch expiry off.
@@ -160,17 +160,18 @@ fn invalid(message: impl Into<String>) -> TokenError {
 
 /// Checks shared by the agent and operator sections.
 pub(crate) fn validate_common(
-    section: &str,
+    section: &'static str,
     issuer: Option<&str>,
     leeway_secs: u64,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     if issuer == Some("") {
-        return Err(format!("{section}.issuer must not be empty"));
+        return Err(ConfigError::EmptyIssuer(section));
     }
     if leeway_secs > MAX_LEEWAY_SECS {
-        return Err(format!(
-            "{section}.leeway_secs is {leeway_secs}; at most {MAX_LEEWAY_SECS} is allowed"
-        ));
+        return Err(ConfigError::Leeway {
+            section,
+            secs: leeway_secs,
+        });
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value};
 
-use super::mint::{sign_eddsa, NewAgentToken, NewOperatorToken};
+use super::mint::{sign_eddsa, MintError, NewAgentToken, NewOperatorToken};
 use super::OperatorAuthConfig;
 
 /// A token is a bearer credential: lifetimes past this are refused as a likely mistake.
@@ -78,7 +78,7 @@ pub struct AgentArgs {
 }
 
 /// Prints the token on stdout (and the explanation on stderr when asked).
-pub fn run(command: TokenCommand) -> Result<(), String> {
+pub fn run(command: TokenCommand) -> Result<(), MintError> {
     let (common, claims, meanings) = match &command {
         TokenCommand::Operator(args) => {
             let iat = crate::clock::now_secs();
@@ -123,13 +123,25 @@ pub fn run(command: TokenCommand) -> Result<(), String> {
     Ok(())
 }
 
-fn expiry(iat: i64, ttl: i64) -> Result<i64, String> {
-    iat.checked_add(ttl)
-        .ok_or_else(|| "--ttl reaches past the end of time".to_owned())
+fn expiry(iat: i64, ttl: i64) -> Result<i64, MintError> {
+    iat.checked_add(ttl).ok_or(MintError::EndOfTime)
+}
+
+/// Why a `--ttl` was refused (clap shows the message after the option's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TtlError {
+    #[error("`{0}` is not a duration: write seconds or a number with s, m, h or d (e.g. 15m)")]
+    NotADuration(String),
+    #[error("`{0}` does not start with a whole number")]
+    NotANumber(String),
+    #[error("a token must live at least one second")]
+    Zero,
+    #[error("`{0}` is longer than the 30 days a token may live; mint a new one when it expires")]
+    TooLong(String),
 }
 
 /// `90`, `90s`, `15m`, `1h`, `7d`.
-fn parse_ttl(text: &str) -> Result<i64, String> {
+fn parse_ttl(text: &str) -> Result<i64, TtlError> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
         None => (text, "s"),
@@ -139,21 +151,15 @@ fn parse_ttl(text: &str) -> Result<i64, String> {
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        _ => {
-            return Err(format!(
-                "`{text}` is not a duration: write seconds or a number with s, m, h or d (e.g. 15m)"
-            ))
-        }
+        _ => return Err(TtlError::NotADuration(text.to_owned())),
     };
     let count: i64 = number
         .parse()
-        .map_err(|_| format!("`{text}` does not start with a whole number"))?;
+        .map_err(|_| TtlError::NotANumber(text.to_owned()))?;
     match count.checked_mul(scale) {
-        Some(0) => Err("a token must live at least one second".to_owned()),
+        Some(0) => Err(TtlError::Zero),
         Some(secs) if secs <= MAX_TTL_SECS => Ok(secs),
-        _ => Err(format!(
-            "`{text}` is longer than the 30 days a token may live; mint a new one when it expires"
-        )),
+        _ => Err(TtlError::TooLong(text.to_owned())),
     }
 }
 
@@ -273,7 +279,7 @@ mod tests {
             ("-5", "not a duration"),
             ("", "whole number"),
         ] {
-            let error = parse_ttl(bad).expect_err(bad);
+            let error = parse_ttl(bad).expect_err(bad).to_string();
             assert!(error.contains(expected), "{bad}: {error}");
         }
     }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use super::claims::{check_audience, check_time, optional_seconds, required_seconds};
 use super::keys::{KeyConfig, KeySet};
 use super::OperatorAuthConfig;
-use super::TokenError;
+use super::{ConfigError, TokenError};
 use crate::clock::Round;
 use crate::identity::oidc::MakeIdTokenCheck;
 use crate::identity::{IdTokenCheck, Oidc};
@@ -33,7 +33,7 @@ impl IdTokenVerifier {
         issuer: &str,
         client_id: &str,
         skew_secs: u64,
-    ) -> Result<IdTokenVerifier, String> {
+    ) -> Result<IdTokenVerifier, ConfigError> {
         let entry = KeyConfig {
             jwks_url: Some(jwks_uri.to_owned()),
             ca_file,

@@ -14,13 +14,14 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
 use url::Url;
 
-use super::key_material::{keys_from_fetched_jwks, PinnedKey, TokenAlg};
+use super::key_material::{keys_from_fetched_jwks, JwkError, PinnedKey, TokenAlg};
+use super::ConfigError;
 use crate::upstream::{read_capped, CappedReadError};
 
 const DEFAULT_REFRESH_SECS: u64 = 300;
-const MAX_REFRESH_SECS: u64 = 86_400;
+pub(super) const MAX_REFRESH_SECS: u64 = 86_400;
 /// SPEC 11: the last good set is used for at most one hour.
-const MAX_GRACE_SECS: u64 = 3_600;
+pub(super) const MAX_GRACE_SECS: u64 = 3_600;
 /// A token naming an unknown kid makes a fetch at most this often (SPEC 11).
 const DEMAND_FLOOR: Duration = Duration::from_secs(10);
 /// After a failed fetch the next comes this much later, or after `refresh_secs` when that is sooner.
@@ -74,25 +75,21 @@ impl RemoteJwks {
         place: &str,
         pin: Option<TokenAlg>,
         epoch: Arc<AtomicU64>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let url = parse_jwks_url(source.url)?;
         let refresh_secs = source.refresh_secs.unwrap_or(DEFAULT_REFRESH_SECS);
         let grace_secs = source.grace_secs.unwrap_or(MAX_GRACE_SECS);
         if !(1..=MAX_REFRESH_SECS).contains(&refresh_secs) {
-            return Err(format!(
-                "refresh_secs is {refresh_secs}; 1 to {MAX_REFRESH_SECS} are accepted"
-            ));
+            return Err(ConfigError::RefreshSecs(refresh_secs));
         }
         if !(1..=MAX_GRACE_SECS).contains(&grace_secs) {
-            return Err(format!(
-                "grace_secs is {grace_secs}; 1 to {MAX_GRACE_SECS} are accepted"
-            ));
+            return Err(ConfigError::GraceSecs(grace_secs));
         }
         if refresh_secs >= grace_secs {
-            return Err(format!(
-                "refresh_secs ({refresh_secs}) must be less than grace_secs ({grace_secs}), or the \
-                 keys would expire between two routine fetches"
-            ));
+            return Err(ConfigError::RefreshNotBelowGrace {
+                refresh: refresh_secs,
+                grace: grace_secs,
+            });
         }
         let client = build_client(&url, source.ca_file.as_deref())?;
         Ok(RemoteJwks {
@@ -196,7 +193,7 @@ impl RemoteJwks {
         }
     }
 
-    async fn download(&self) -> Result<Vec<u8>, String> {
+    async fn download(&self) -> Result<Vec<u8>, FetchError> {
         let response = self
             .client
             .get(self.url.clone())
@@ -206,21 +203,21 @@ impl RemoteJwks {
             )
             .send()
             .await
-            .map_err(describe)?;
+            .map_err(|err| FetchError::Request(describe(err)))?;
         if !response.status().is_success() {
             let status = crate::outbound::failed_status(response.status(), response.headers());
-            return Err(format!("answered {status}"));
+            return Err(FetchError::Status(status));
         }
         read_capped(response, MAX_JWKS_BYTES)
             .await
             .map_err(|err| match err {
-                CappedReadError::TooLarge => format!("the answer is over {MAX_JWKS_BYTES} bytes"),
-                CappedReadError::Body(err) => describe(err),
+                CappedReadError::TooLarge => FetchError::TooLarge,
+                CappedReadError::Body(err) => FetchError::Request(describe(err)),
             })
     }
 
     /// Takes a fetched document: the same one renews the current keys' time, another replaces them.
-    fn apply(&self, body: &[u8]) -> Result<(), String> {
+    fn apply(&self, body: &[u8]) -> Result<(), FetchError> {
         let digest: [u8; 32] = Sha256::digest(body).into();
         let at = Instant::now();
         if let Some(current) = self.current.load_full().filter(|c| c.digest == digest) {
@@ -246,7 +243,7 @@ impl RemoteJwks {
         Ok(())
     }
 
-    fn report_failure(&self, err: &str) {
+    fn report_failure(&self, err: &FetchError) {
         let url = url_for_log(self.url.as_str());
         if self.usable().is_some() {
             tracing::warn!(entry = %self.place, %url, error = %err, "could not fetch token keys; the last good set stays in use");
@@ -263,6 +260,20 @@ impl RemoteJwks {
             self.refresh.min(RETRY_AFTER_FAILURE)
         }
     }
+}
+
+/// Why a fetch brought no usable key set (the last good one, if any, stays in use).
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    /// The request or the body failed, with its causes (see [`describe`]).
+    #[error("{0}")]
+    Request(String),
+    #[error("answered {0}")]
+    Status(String),
+    #[error("the answer is over {MAX_JWKS_BYTES} bytes")]
+    TooLarge,
+    #[error(transparent)]
+    Document(#[from] JwkError),
 }
 
 /// Fetches on schedule and on demand for as long as the source lives.
@@ -299,31 +310,30 @@ fn describe(err: reqwest::Error) -> String {
 
 /// `https://`, or `http://` on a loopback host, where nobody else can answer. Errors never quote the
 /// URL: its query may hold a credential.
-fn parse_jwks_url(raw: &str) -> Result<Url, String> {
-    let url = Url::parse(raw).map_err(|err| format!("jwks_url is not a valid URL: {err}"))?;
+fn parse_jwks_url(raw: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(raw).map_err(ConfigError::NotAUrl)?;
     if url.host().is_none() {
-        return Err("jwks_url has no host".to_owned());
+        return Err(ConfigError::NoHost);
     }
-    crate::outbound::https_or_loopback(&url).map_err(|why| format!("jwks_url: {why}"))?;
+    crate::outbound::https_or_loopback(&url).map_err(ConfigError::UrlRefused)?;
     Ok(url)
 }
 
 /// No redirects and no proxy from the environment: the keys come from the URL configured, directly.
 /// With a CA file, only its certificates are trusted.
-fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, String> {
+fn build_client(url: &Url, ca_file: Option<&Path>) -> Result<reqwest::Client, ConfigError> {
     let mut builder = crate::outbound::client_builder()
         .no_proxy()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(FETCH_TIMEOUT);
     if let Some(ca_file) = ca_file {
         if url.scheme() != "https" {
-            return Err("ca_file applies only to an https:// jwks_url".to_owned());
+            return Err(ConfigError::CaFileWithoutHttps);
         }
-        builder = builder.tls_certs_only(crate::outbound::read_ca_file(ca_file)?);
+        let certificates = crate::outbound::read_ca_file(ca_file).map_err(ConfigError::CaFile)?;
+        builder = builder.tls_certs_only(certificates);
     }
-    builder
-        .build()
-        .map_err(|err| format!("cannot build the JWKS client: {err}"))
+    builder.build().map_err(ConfigError::Client)
 }
 
 /// A URL as logs may show it: scheme, host, port and path; never userinfo nor query (SPEC 9.1 r3).
@@ -360,7 +370,7 @@ mod tests {
     fn load_error(entry: KeyConfig) -> String {
         match KeySet::load(&[entry], Path::new("/"), "agent_tokens") {
             Ok(_) => panic!("the entry should have been refused"),
-            Err(err) => err,
+            Err(err) => err.to_string(),
         }
     }
 
@@ -460,7 +470,7 @@ mod tests {
         let body = json!({ "keys": keys }).to_string();
         let (keys, skipped) = keys_from_fetched_jwks(body.as_bytes(), pin).expect("a JWK Set");
         let kids = keys.iter().map(|k| k.kid().map(str::to_owned)).collect();
-        (kids, skipped)
+        (kids, skipped.iter().map(ToString::to_string).collect())
     }
 
     #[test]
@@ -537,7 +547,7 @@ mod tests {
             ("[]", "no `keys` array"),
         ] {
             match keys_from_fetched_jwks(body.as_bytes(), None) {
-                Err(err) => assert!(err.contains(expected), "{body}: {err}"),
+                Err(err) => assert!(err.to_string().contains(expected), "{body}: {err}"),
                 Ok(_) => panic!("{body} accepted"),
             }
         }

@@ -11,8 +11,8 @@ use jsonwebtoken::DecodingKey;
 use serde::{Deserialize, Serialize};
 
 use super::jwks_url::{url_for_log, RemoteJwks, RemoteSource};
-use super::key_material::{key_from_pem, keys_from_jwks, PinnedKey, TokenAlg};
-use super::TokenError;
+use super::key_material::{key_from_pem, keys_from_jwks, KeyMaterialError, PinnedKey, TokenAlg};
+use super::{ConfigError, TokenError};
 
 /// One configured key. Exactly one of `public_key_pem`, `public_key_pem_file`, `jwks_file`, `jwks_url`,
 /// `secret` is set; `alg` is the only algorithm the key will ever be used with.
@@ -101,7 +101,7 @@ impl KeySet {
         configs: &[KeyConfig],
         base_dir: &Path,
         section: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let mut set = KeySet {
             keys: Vec::new(),
             remote: Vec::new(),
@@ -119,11 +119,14 @@ impl KeySet {
         config: &KeyConfig,
         base_dir: &Path,
         place: &str,
-    ) -> Result<(), String> {
-        let loaded = load_key_config(config, base_dir, place, &self.epoch)
-            .map_err(|err| format!("{place}: {err}"))?;
+    ) -> Result<(), ConfigError> {
+        let in_entry = |source| ConfigError::Entry {
+            place: place.to_owned(),
+            source: Box::new(source),
+        };
+        let loaded = load_key_config(config, base_dir, place, &self.epoch).map_err(in_entry)?;
         match loaded {
-            Loaded::Fixed(keys) => self.add(keys).map_err(|err| format!("{place}: {err}")),
+            Loaded::Fixed(keys) => self.add(keys).map_err(in_entry),
             Loaded::Remote(remote) => {
                 self.remote.push(Arc::new(remote));
                 Ok(())
@@ -131,13 +134,13 @@ impl KeySet {
         }
     }
 
-    fn add(&mut self, loaded: Vec<PinnedKey>) -> Result<(), String> {
+    fn add(&mut self, loaded: Vec<PinnedKey>) -> Result<(), ConfigError> {
         let mut seen: HashSet<&str> = self.keys.iter().filter_map(|k| k.kid.as_deref()).collect();
         for key in &loaded {
             if let Some(kid) = key.kid.as_deref() {
                 // Two keys under one kid would make kid selection ambiguous.
                 if !seen.insert(kid) {
-                    return Err(format!("kid `{kid}` is used by more than one key"));
+                    return Err(ConfigError::DuplicateKid(kid.to_owned()));
                 }
             }
         }
@@ -316,10 +319,13 @@ pub(crate) fn resolve(base_dir: &Path, path: &Path) -> PathBuf {
     }
 }
 
-fn read_text(base_dir: &Path, path: &Path, field: &str) -> Result<String, String> {
+fn read_text(base_dir: &Path, path: &Path, field: &'static str) -> Result<String, ConfigError> {
     let full = resolve(base_dir, path);
-    std::fs::read_to_string(&full)
-        .map_err(|err| format!("{field}: cannot read {}: {err}", full.display()))
+    std::fs::read_to_string(&full).map_err(|source| ConfigError::Read {
+        field,
+        path: full,
+        source,
+    })
 }
 
 fn load_key_config(
@@ -327,12 +333,13 @@ fn load_key_config(
     base_dir: &Path,
     place: &str,
     epoch: &Arc<AtomicU64>,
-) -> Result<Loaded, String> {
+) -> Result<Loaded, ConfigError> {
     let alg = match config.alg.as_deref() {
         None => None,
-        Some(name) => Some(TokenAlg::from_name(name).ok_or_else(|| {
-            format!("alg `{name}` is not supported (use EdDSA, ES256, RS256 or HS256)")
-        })?),
+        Some(name) => Some(
+            TokenAlg::from_name(name)
+                .ok_or_else(|| ConfigError::UnsupportedAlg(name.to_owned()))?,
+        ),
     };
     let sources = [
         config.public_key_pem.is_some(),
@@ -343,21 +350,17 @@ fn load_key_config(
     ];
     let source_count = sources.iter().filter(|set| **set).count();
     if source_count != 1 {
-        return Err(format!(
-            "exactly one of public_key_pem, public_key_pem_file, jwks_file, jwks_url, secret must be set ({source_count} are)"
-        ));
+        return Err(ConfigError::SourceCount(source_count));
     }
-    if let Some(kid) = &config.kid {
-        if kid.is_empty() {
-            return Err("kid must not be empty".to_owned());
-        }
+    if config.kid.as_deref() == Some("") {
+        return Err(ConfigError::EmptyKid);
     }
     if config.jwks_url.is_some() {
         if alg == Some(TokenAlg::Hs256) {
-            return Err("HS256 keys come from `secret` only, not from a JWKS".to_owned());
+            return Err(KeyMaterialError::SecretInJwks.into());
         }
         if config.kid.is_some() {
-            return Err("kid cannot be set with jwks_url; the JWKs carry their own kid".to_owned());
+            return Err(ConfigError::KidWithJwks("jwks_url"));
         }
         let source = RemoteSource {
             url: config.jwks_url.as_deref().unwrap_or_default(),
@@ -368,11 +371,9 @@ fn load_key_config(
         return RemoteJwks::new(source, place, alg, epoch.clone()).map(Loaded::Remote);
     }
     if config.refresh_secs.is_some() || config.grace_secs.is_some() || config.ca_file.is_some() {
-        return Err(
-            "refresh_secs, grace_secs and ca_file apply only to a jwks_url entry".to_owned(),
-        );
+        return Err(ConfigError::UrlOptionsWithoutUrl);
     }
-    let alg = alg.ok_or("alg is required (EdDSA, ES256, RS256 or HS256)")?;
+    let alg = alg.ok_or(ConfigError::NoAlg)?;
     load_fixed_key(config, alg, base_dir).map(Loaded::Fixed)
 }
 
@@ -381,22 +382,19 @@ fn load_fixed_key(
     config: &KeyConfig,
     alg: TokenAlg,
     base_dir: &Path,
-) -> Result<Vec<PinnedKey>, String> {
+) -> Result<Vec<PinnedKey>, ConfigError> {
     // HS256 only with a secret, a secret only with HS256: a public key must never double as an HMAC key.
     if (alg == TokenAlg::Hs256) != config.secret.is_some() {
         return Err(if alg == TokenAlg::Hs256 {
-            "alg HS256 needs `secret` (and only `secret`)".to_owned()
+            ConfigError::NoSecret
         } else {
-            format!(
-                "`secret` is only allowed with alg HS256, not {}",
-                alg.name()
-            )
+            ConfigError::SecretWithAlg(alg)
         });
     }
 
     if let Some(secret) = &config.secret {
         if secret.is_empty() {
-            return Err("HS256 secret is empty".to_owned());
+            return Err(ConfigError::EmptySecret);
         }
         // RFC 7518 asks for 32 bytes; a shorter secret is weak but may be what an orchestrator
         // already uses, so it loads with a warning instead of stopping the gateway.
@@ -406,8 +404,8 @@ fn load_fixed_key(
                 "HS256 secret shorter than {MIN_HS256_SECRET_BYTES} bytes: use a longer one"
             );
         }
-        let key = DecodingKey::from_secret(secret.as_bytes())
-            .map_err(|err| format!("HS256 secret is unusable: {err}"))?;
+        let key =
+            DecodingKey::from_secret(secret.as_bytes()).map_err(ConfigError::UnusableSecret)?;
         return Ok(vec![PinnedKey {
             alg,
             kid: config.kid.clone(),
@@ -415,7 +413,7 @@ fn load_fixed_key(
         }]);
     }
     if let Some(pem) = &config.public_key_pem {
-        let key = key_from_pem(alg, pem).map_err(|err| format!("public_key_pem: {err}"))?;
+        let key = key_from_pem(alg, pem).map_err(ConfigError::Pem)?;
         return Ok(vec![PinnedKey {
             alg,
             kid: config.kid.clone(),
@@ -424,12 +422,8 @@ fn load_fixed_key(
     }
     if let Some(path) = &config.public_key_pem_file {
         let pem = read_text(base_dir, path, "public_key_pem_file")?;
-        let key = key_from_pem(alg, &pem).map_err(|err| {
-            format!(
-                "public_key_pem_file {}: {err}",
-                resolve(base_dir, path).display()
-            )
-        })?;
+        let key =
+            key_from_pem(alg, &pem).map_err(in_file("public_key_pem_file", base_dir, path))?;
         return Ok(vec![PinnedKey {
             alg,
             kid: config.kid.clone(),
@@ -438,13 +432,23 @@ fn load_fixed_key(
     }
     if let Some(path) = &config.jwks_file {
         if config.kid.is_some() {
-            return Err(
-                "kid cannot be set with jwks_file; the JWKs carry their own kid".to_owned(),
-            );
+            return Err(ConfigError::KidWithJwks("jwks_file"));
         }
         let text = read_text(base_dir, path, "jwks_file")?;
-        return keys_from_jwks(alg, &text)
-            .map_err(|err| format!("jwks_file {}: {err}", resolve(base_dir, path).display()));
+        return keys_from_jwks(alg, &text).map_err(in_file("jwks_file", base_dir, path));
     }
-    Err("no key source is set".to_owned())
+    Err(ConfigError::NoSource)
+}
+
+/// Names the key file, as found from `base_dir`, in an error about its contents.
+fn in_file<'a>(
+    field: &'static str,
+    base_dir: &'a Path,
+    path: &'a Path,
+) -> impl FnOnce(KeyMaterialError) -> ConfigError + 'a {
+    move |source| ConfigError::KeyFile {
+        field,
+        path: resolve(base_dir, path),
+        source,
+    }
 }

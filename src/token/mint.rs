@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::pkcs8::{spki, EncodePrivateKey, EncodePublicKey};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Map, Value};
@@ -14,7 +14,56 @@ use sha2::{Digest, Sha256};
 
 use super::keys::{resolve, KeyConfig};
 use super::AgentTokenConfig;
+use crate::envelope::{KeyError, RandomUnavailable};
 use crate::identity::{scopes, TeamScope};
+
+/// Why no token (or no minter) was made: a claim the verifier would refuse, an unusable key, or a
+/// failure of the signing itself.
+#[derive(Debug, thiserror::Error)]
+pub enum MintError {
+    #[error("cannot mint a token with an empty `{0}`")]
+    EmptyClaim(&'static str),
+    #[error("cannot mint a token that expires at {exp}, not after now ({iat})")]
+    NotAfterNow { iat: i64, exp: i64 },
+    #[error("--ttl reaches past the end of time")]
+    EndOfTime,
+    #[error("an operator token needs at least one scope (one of: {})", scopes::ALL.join(" "))]
+    NoScope,
+    /// A `TEAM/SCOPE` whose team part is not a team name.
+    #[error("{0}")]
+    TeamScope(String),
+    #[error("unknown scope `{0}` (known: {known})", known = scopes::ALL.join(" "))]
+    UnknownScope(String),
+    #[error("token claims must be a JSON object")]
+    ClaimsNotAnObject,
+    /// The configured `issuer_key` cannot be read as an Ed25519 private key.
+    #[error("agent_tokens.issuer_key: {0}")]
+    IssuerKey(KeyError),
+    /// The `issuer_key` at `path` was read but cannot sign.
+    #[error("agent_tokens.issuer_key {}: {source}", path.display())]
+    IssuerKeyUnusable {
+        path: std::path::PathBuf,
+        source: Box<MintError>,
+    },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("cannot encode the private key: {0}")]
+    EncodePrivate(ed25519_dalek::pkcs8::Error),
+    #[error("cannot encode the public key: {0}")]
+    EncodePublic(spki::Error),
+    #[error("cannot sign the token: {0}")]
+    Sign(jsonwebtoken::errors::Error),
+    #[error(transparent)]
+    Random(#[from] RandomUnavailable),
+}
+
+// The verifiers' loading, the demo, the benchmark and the CLI still answer `String`; they keep using
+// `?` on minting errors until their own errors are typed.
+impl From<MintError> for String {
+    fn from(error: MintError) -> Self {
+        error.to_string()
+    }
+}
 
 /// Signs agent tokens for sessions (EdDSA). The private key never leaves this value.
 pub struct TokenMinter {
@@ -39,15 +88,18 @@ impl fmt::Debug for TokenMinter {
 impl TokenMinter {
     /// `Ok(None)` when `issuer_key` is not configured; an error when it is set but unreadable or not an
     /// Ed25519 private key (any form `sealgate sign --key` reads, keygen's JSON included).
-    pub fn from_config(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Option<Self>, String> {
+    pub fn from_config(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Option<Self>, MintError> {
         let Some(path) = &cfg.issuer_key else {
             return Ok(None);
         };
         let full = resolve(base_dir, path);
-        let signing_key = crate::envelope::read_signing_key_file(&full)
-            .map_err(|err| format!("agent_tokens.issuer_key: {err}"))?;
+        let signing_key =
+            crate::envelope::read_signing_key_file(&full).map_err(MintError::IssuerKey)?;
         let minter = Self::from_signing_key(&signing_key, cfg.issuer.clone(), cfg.audience.clone())
-            .map_err(|err| format!("agent_tokens.issuer_key {}: {err}", full.display()))?;
+            .map_err(|source| MintError::IssuerKeyUnusable {
+                path: full,
+                source: Box::new(source),
+            })?;
         Ok(Some(minter))
     }
 
@@ -55,12 +107,12 @@ impl TokenMinter {
         signing_key: &SigningKey,
         issuer: Option<String>,
         audience: Option<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MintError> {
         let encoding_key = encoding_key(signing_key)?;
         let verifying_key = signing_key.verifying_key();
         let public_key_pem = verifying_key
             .to_public_key_pem(LineEnding::LF)
-            .map_err(|err| format!("cannot encode the public key: {err}"))?;
+            .map_err(MintError::EncodePublic)?;
         Ok(TokenMinter {
             encoding_key,
             public_key_pem,
@@ -80,7 +132,7 @@ impl TokenMinter {
         wid: Option<&str>,
         expires_at: i64,
         now: i64,
-    ) -> Result<String, String> {
+    ) -> Result<String, MintError> {
         let claims = NewAgentToken {
             sub,
             scp,
@@ -124,19 +176,19 @@ pub struct NewAgentToken<'a> {
 impl NewAgentToken<'_> {
     /// The claim set with a fresh random (UUID v4) `jti`. Refuses empty values, which the verifier would
     /// refuse, and a token that is expired when minted.
-    pub fn claims(&self) -> Result<Map<String, Value>, String> {
+    pub fn claims(&self) -> Result<Map<String, Value>, MintError> {
         for (name, value) in [
             ("sub", self.sub),
             ("scp", self.scp),
             ("exec_id", self.exec_id),
         ] {
             if value.is_empty() {
-                return Err(format!("cannot mint a token with an empty `{name}`"));
+                return Err(MintError::EmptyClaim(name));
             }
         }
         for (name, value) in [("wid", self.wid), ("iss", self.iss), ("aud", self.aud)] {
             if value == Some("") {
-                return Err(format!("cannot mint a token with an empty `{name}`"));
+                return Err(MintError::EmptyClaim(name));
             }
         }
         check_lifetime(self.iat, self.exp)?;
@@ -176,31 +228,25 @@ pub struct NewOperatorToken<'a> {
 impl NewOperatorToken<'_> {
     /// The claim set with a fresh random `jti` and `scope` rewritten with single spaces. A scope the
     /// gateway does not know would grant nothing, so it is refused here rather than found at a 403.
-    pub fn claims(&self) -> Result<Map<String, Value>, String> {
+    pub fn claims(&self) -> Result<Map<String, Value>, MintError> {
         for (name, value) in [
             ("sub", Some(self.sub)),
             ("aud", Some(self.aud)),
             ("iss", self.iss),
         ] {
             if value == Some("") {
-                return Err(format!("cannot mint a token with an empty `{name}`"));
+                return Err(MintError::EmptyClaim(name));
             }
         }
         let names: Vec<&str> = self.scope.split_whitespace().collect();
         if names.is_empty() {
-            return Err(format!(
-                "an operator token needs at least one scope (one of: {})",
-                scopes::ALL.join(" ")
-            ));
+            return Err(MintError::NoScope);
         }
         for name in &names {
             // `TEAM/SCOPE` binds a scope to one team (SPEC 16).
-            let scope = TeamScope::parse(name)?.scope;
+            let scope = TeamScope::parse(name).map_err(MintError::TeamScope)?.scope;
             if !scopes::ALL.contains(&scope.as_str()) {
-                return Err(format!(
-                    "unknown scope `{scope}` (known: {})",
-                    scopes::ALL.join(" ")
-                ));
+                return Err(MintError::UnknownScope(scope));
             }
         }
         check_lifetime(self.iat, self.exp)?;
@@ -218,11 +264,9 @@ impl NewOperatorToken<'_> {
     }
 }
 
-fn check_lifetime(iat: i64, exp: i64) -> Result<(), String> {
+fn check_lifetime(iat: i64, exp: i64) -> Result<(), MintError> {
     if exp <= iat {
-        return Err(format!(
-            "cannot mint a token that expires at {exp}, not after now ({iat})"
-        ));
+        return Err(MintError::NotAfterNow { iat, exp });
     }
     Ok(())
 }
@@ -232,7 +276,7 @@ pub fn sign_eddsa(
     key: &SigningKey,
     claims: &Map<String, Value>,
     kid: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, MintError> {
     encode_eddsa(claims, kid, &encoding_key(key)?)
 }
 
@@ -248,9 +292,9 @@ pub fn sign_eddsa_for_tests_and_cli(
     private_key: &str,
     claims: &Value,
     kid: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, MintError> {
     let Value::Object(claims) = claims else {
-        return Err("token claims must be a JSON object".to_owned());
+        return Err(MintError::ClaimsNotAnObject);
     };
     let signing_key = crate::envelope::signing_key_from_text(private_key)?;
     sign_eddsa(&signing_key, claims, kid)
@@ -258,7 +302,7 @@ pub fn sign_eddsa_for_tests_and_cli(
 
 /// A fresh Ed25519 key pair from OS randomness: (private PKCS#8 v1 PEM, public SPKI PEM).
 /// Returns an error instead of panicking when the OS cannot supply randomness.
-pub fn ed25519_keypair_pem() -> Result<(String, String), String> {
+pub fn ed25519_keypair_pem() -> Result<(String, String), KeyError> {
     let signing_key = crate::envelope::generate_signing_key()?;
     Ok((
         crate::envelope::signing_key_to_pkcs8_pem(&signing_key)?,
@@ -266,10 +310,10 @@ pub fn ed25519_keypair_pem() -> Result<(String, String), String> {
     ))
 }
 
-fn encoding_key(signing_key: &SigningKey) -> Result<EncodingKey, String> {
+fn encoding_key(signing_key: &SigningKey) -> Result<EncodingKey, MintError> {
     let der = signing_key
         .to_pkcs8_der()
-        .map_err(|err| format!("cannot encode the private key: {err}"))?;
+        .map_err(MintError::EncodePrivate)?;
     Ok(EncodingKey::from_ed_der(der.as_bytes()))
 }
 
@@ -277,16 +321,15 @@ fn encode_eddsa(
     claims: &Map<String, Value>,
     kid: Option<&str>,
     key: &EncodingKey,
-) -> Result<String, String> {
+) -> Result<String, MintError> {
     let mut header = Header::new(Algorithm::EdDSA);
     header.kid = kid.map(str::to_owned);
-    jsonwebtoken::encode(&header, claims, key)
-        .map_err(|err| format!("cannot sign the token: {err}"))
+    jsonwebtoken::encode(&header, claims, key).map_err(MintError::Sign)
 }
 
-fn random_uuid() -> Result<String, String> {
+fn random_uuid() -> Result<String, RandomUnavailable> {
     let mut bytes = [0u8; 16];
-    getrandom::getrandom(&mut bytes).map_err(|err| format!("OS randomness unavailable: {err}"))?;
+    getrandom::getrandom(&mut bytes).map_err(RandomUnavailable)?;
     Ok(uuid::Builder::from_random_bytes(bytes)
         .into_uuid()
         .hyphenated()
@@ -421,7 +464,9 @@ mod tests {
             issuer_key: Some("nope.pem".into()),
             ..AgentTokenConfig::default()
         };
-        let err = TokenMinter::from_config(&missing, dir.path()).expect_err("missing file");
+        let err = TokenMinter::from_config(&missing, dir.path())
+            .expect_err("missing file")
+            .to_string();
         assert!(err.contains("cannot read"), "{err}");
         let (_, public_pem) = ed25519_keypair_pem().expect("keypair");
         std::fs::write(dir.path().join("public.pem"), public_pem).expect("write");
@@ -429,7 +474,9 @@ mod tests {
             issuer_key: Some("public.pem".into()),
             ..AgentTokenConfig::default()
         };
-        let err = TokenMinter::from_config(&public, dir.path()).expect_err("public key");
+        let err = TokenMinter::from_config(&public, dir.path())
+            .expect_err("public key")
+            .to_string();
         assert!(err.contains("must be a PKCS#8 block"), "{err}");
         let rsa = AgentTokenConfig {
             issuer_key: Some(
@@ -506,27 +553,36 @@ mod tests {
     fn operator_tokens_refuse_unknown_or_missing_scopes_and_empty_claims() {
         let err = operator_token("seal.session.create seal.sesion.read")
             .claims()
-            .expect_err("misspelt");
+            .expect_err("misspelt")
+            .to_string();
         assert!(err.contains("unknown scope `seal.sesion.read`"), "{err}");
         assert!(operator_token("payments/seal.approval.decide")
             .claims()
             .is_ok());
         let err = operator_token("payments/seal.aproval.decide")
             .claims()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown scope `seal.aproval.decide`"), "{err}");
-        let err = operator_token("pay.ments/seal.admin").claims().unwrap_err();
+        let err = operator_token("pay.ments/seal.admin")
+            .claims()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a team name"), "{err}");
         assert!(operator_token("  ")
             .claims()
             .expect_err("none")
+            .to_string()
             .contains("at least one scope"));
         let mut empty_sub = operator_token("seal.admin");
         empty_sub.sub = "";
-        assert!(empty_sub.claims().expect_err("sub").contains("`sub`"));
+        assert!(matches!(
+            empty_sub.claims(),
+            Err(MintError::EmptyClaim("sub"))
+        ));
         let mut dead = operator_token("seal.admin");
         dead.exp = dead.iat;
-        assert!(dead.claims().expect_err("dead").contains("expires"));
+        assert!(matches!(dead.claims(), Err(MintError::NotAfterNow { .. })));
     }
 
     #[test]

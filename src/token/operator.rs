@@ -12,7 +12,7 @@ use super::claims::{
     validate_common,
 };
 use super::keys::{KeyConfig, KeySet, KeySource};
-use super::TokenError;
+use super::{ConfigError, TokenError};
 use crate::clock::Round;
 
 fn default_operator_audience() -> String {
@@ -77,10 +77,10 @@ pub struct OperatorVerifier {
 
 impl OperatorVerifier {
     /// No keys is allowed (the default configuration); every operator request is then refused.
-    pub fn new(cfg: &OperatorAuthConfig, base_dir: &Path) -> Result<Self, String> {
+    pub fn new(cfg: &OperatorAuthConfig, base_dir: &Path) -> Result<Self, ConfigError> {
         validate_common("operator_auth", cfg.issuer.as_deref(), cfg.leeway_secs)?;
         if cfg.audience.is_empty() {
-            return Err("operator_auth.audience must not be empty".to_owned());
+            return Err(ConfigError::EmptyAudience("operator_auth"));
         }
         Ok(OperatorVerifier {
             keys: KeySet::load(&cfg.keys, base_dir, "operator_auth")?,

@@ -14,7 +14,7 @@ use super::claims::{
 use super::jwt::MAX_TOKEN_BYTES;
 use super::keys::{KeyConfig, KeySet};
 use super::mint::TokenMinter;
-use super::TokenError;
+use super::{ConfigError, TokenError};
 use crate::clock::Round;
 
 /// `agent_tokens` in the configuration file (SPEC section 11).
@@ -68,10 +68,10 @@ impl AgentTokenVerifier {
     /// gateway's own minting key is trusted too, so what the gateway mints always verifies; callers need
     /// not add `TokenMinter::verifying_key_config()` themselves. No keys at all is allowed (the default
     /// configuration) and then every token is refused.
-    pub fn new(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Self, String> {
+    pub fn new(cfg: &AgentTokenConfig, base_dir: &Path) -> Result<Self, ConfigError> {
         validate_common("agent_tokens", cfg.issuer.as_deref(), cfg.leeway_secs)?;
         if cfg.audience.as_deref() == Some("") {
-            return Err("agent_tokens.audience must not be empty".to_owned());
+            return Err(ConfigError::EmptyAudience("agent_tokens"));
         }
         let mut keys = KeySet::load(&cfg.keys, base_dir, "agent_tokens")?;
         if let Some(minter) = TokenMinter::from_config(cfg, base_dir)? {
