@@ -261,15 +261,20 @@ async fn the_writer_starts_the_log_over_once_it_passes_its_limit() {
     let limit = 64 * 1024;
     let store = SqliteStore::open_with_wal_limit(dir.path(), limit).unwrap();
     let wal = dir.path().join("sealgate.db-wal");
-    let mut largest = 0;
+    let (mut largest, mut last, mut restarts) = (0, 0, 0);
     for n in 0..1_000 {
         let record = claim(ClaimKind::Invoke, &format!("request-{n}"), n);
         assert_eq!(store.claim_insert(&record).await.unwrap(), None);
         store.sync().await.unwrap();
-        largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+        let now = std::fs::metadata(&wal).unwrap().len();
+        restarts += u32::from(now < last);
+        (largest, last) = (largest.max(now), now);
     }
-    // A thousand commits of a page or more each would leave over 4 MiB in a log never started over.
-    assert!(largest < 2 * limit, "the WAL reached {largest} bytes");
+    // A thousand commits of a page or more each would leave over 4 MiB in a log never started over. A
+    // restart that meets the checkpointer's pass is tried again at the next commit, so on a loaded
+    // machine the log may pass the limit by a few commits' pages before it starts over.
+    assert!(restarts > 0, "the WAL was never started over");
+    assert!(largest < 16 * limit, "the WAL reached {largest} bytes");
     assert_eq!(
         store
             .claim_get(ClaimKind::Invoke, "request-999")
