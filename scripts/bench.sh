@@ -21,6 +21,8 @@
 #   BENCH_POSTGRES=postgres://postgres@127.0.0.1:5432   server for the PostgreSQL rows (a database is created
 #                          and dropped); the rows are skipped when it does not answer
 #   BENCH_ONLY=postgres    only the PostgreSQL rows (and the Ed25519 measurement they are read against)
+#   BENCH_GATEWAY_BIN      another build's binary to serve the gateway rows, for a back-to-back comparison with
+#                          the build before (the floor, the upstream and the clients still come from this build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +42,7 @@ ONLY=${BENCH_ONLY:-}
 SAFEAGENT_VERSION=0.1.25
 VENV=target/bench-venv
 BIN=target/release/sealgate
+GATEWAY_BIN=${BENCH_GATEWAY_BIN:-$BIN}
 
 if [[ -n $ONLY && $ONLY != postgres ]]; then
     echo "BENCH_ONLY must be empty (every row) or postgres, not '$ONLY'" >&2
@@ -145,7 +148,7 @@ start_gateway() { # NAME DATA_DIR: sets GW_URL and GW_PID (SEALGATE_LIMITS__MAX_
         ${SEALGATE_LIMITS__MAX_CONCURRENT_CALLS:+SEALGATE_LIMITS__MAX_CONCURRENT_CALLS=$SEALGATE_LIMITS__MAX_CONCURRENT_CALLS} \
         ${SEALGATE_STORE:+SEALGATE_STORE=$SEALGATE_STORE} ${SEALGATE_REPLICA_ID:+SEALGATE_REPLICA_ID=$SEALGATE_REPLICA_ID} \
         ${SEALGATE_SIGNING__KEY_FILE:+SEALGATE_SIGNING__KEY_FILE=$SEALGATE_SIGNING__KEY_FILE} \
-        "$BIN" serve --config "$WORK/gw/sealgate.yaml"
+        "$GATEWAY_BIN" serve --config "$WORK/gw/sealgate.yaml"
     GW_PID=$STARTED
     GW_URL=$(wait_line "$1" '^sealgate ready on ' "$GW_PID")
     GW_URL=${GW_URL#sealgate ready on }
@@ -490,6 +493,7 @@ print_table() {
     nginx_rps=$(rps nginx)
     echo
     echo "sealgate bench: $(nproc) cores (load average $LOAD_AVERAGE before the run); wrk $THREADS threads, $CONNECTIONS connections, ${SECS} s a row; unique envelopes over $SESSIONS sessions; one run"
+    [[ $GATEWAY_BIN == "$BIN" ]] || echo "the gateway rows served by $GATEWAY_BIN"
     echo
     echo "$TABLE_HEAD"
     local rows="nginx floor off claim"
