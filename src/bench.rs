@@ -874,6 +874,25 @@ mod tests {
         assert_eq!(percentile(&[], 50.0), 0);
     }
 
+    #[test]
+    fn a_keyed_soak_call_names_its_idempotency_key_and_an_unkeyed_one_none() {
+        let sessions = [Session {
+            key: SigningKey::from_bytes(&FLOOR_KEY),
+            token: "token".into(),
+        }];
+        let key_of = |key: Option<String>| {
+            let envelope = envelope::parse_envelope(&signed(&sessions, 7, 0, key)).unwrap();
+            match envelope::parse_call(&envelope.payload).unwrap() {
+                envelope::Call::ToolsCall {
+                    idempotency_key, ..
+                } => idempotency_key,
+                envelope::Call::ToolsList { .. } => panic!("a soak call is a tools/call"),
+            }
+        };
+        assert_eq!(key_of(Some("k-1".into())).as_deref(), Some("k-1"));
+        assert_eq!(key_of(None), None);
+    }
+
     async fn serve(app: axum::Router) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
