@@ -239,6 +239,18 @@ fn sealed_line_is_canonical(event: AuditEvent, include_payloads: bool) -> Value 
 }
 
 #[test]
+fn at_has_its_layout_from_1970_to_9999() {
+    for millis in [0, 1, 999, 1_764_496_800_120, 253_402_300_799_999] {
+        let Some(instant) = chrono::DateTime::from_timestamp_millis(millis) else {
+            panic!("{millis} is no instant")
+        };
+        let at = format_at(instant);
+        assert_eq!(at, instant.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string());
+        assert!(chain::is_valid_at(&at), "{at}");
+    }
+}
+
+#[test]
 fn a_sealed_event_is_its_canonical_line_with_every_field() {
     let who = crate::identity::Identity {
         iss: "https://idp.example".into(),
