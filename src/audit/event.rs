@@ -222,6 +222,10 @@ pub const MAX_FIELD_CHARS: usize = 256;
 
 /// `value`, or its first 255 characters followed by `…` when it is longer than [`MAX_FIELD_CHARS`].
 fn bounded(value: &str) -> Cow<'_, str> {
+    // No more bytes than the limit is no more characters: most fields need no walk.
+    if value.len() <= MAX_FIELD_CHARS {
+        return Cow::Borrowed(value);
+    }
     let mut chars = value.char_indices();
     match (chars.nth(MAX_FIELD_CHARS - 1), chars.next()) {
         (Some((cut_at, _)), Some(_)) => Cow::Owned(format!("{}…", &value[..cut_at])),
