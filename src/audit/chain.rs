@@ -7,12 +7,13 @@
 use std::fmt;
 use std::io::BufRead;
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::event::{is_sha256_hex, EventType};
+use super::event::{is_sha256_hex, EventType, Unsealed, CHAIN_KEYS};
 use super::{AuditBackend, Recorded};
+use crate::envelope::{write_string, write_value};
 use crate::strict_json;
 
 pub use crate::store::GENESIS_HASH;
@@ -20,9 +21,10 @@ pub use crate::store::GENESIS_HASH;
 /// The layout of `at`: RFC 3339, UTC, exactly three fraction digits.
 const AT_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.3fZ";
 
-/// Formats an instant as an event's `at` (`2026-11-30T10:00:00.000Z`).
+/// Formats an instant as an event's `at` (`2026-11-30T10:00:00.000Z`): [`AT_FORMAT`]'s layout, without
+/// parsing that format for every event.
 pub fn format_at(instant: DateTime<Utc>) -> String {
-    instant.format(AT_FORMAT).to_string()
+    instant.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// Whether `text` is exactly an `at` in the layout [`format_at`] writes.
@@ -50,7 +52,7 @@ fn canonical_hash(event: Map<String, Value>) -> Result<(String, Value), String> 
 }
 
 /// Whether JCS writes every number in `value` as exactly the integer it is.
-fn exact_in_jcs(value: &Value) -> bool {
+pub(crate) fn exact_in_jcs(value: &Value) -> bool {
     const SAFE: u64 = strict_json::MAX_SAFE_INTEGER;
     match value {
         Value::Number(n) => n
@@ -64,31 +66,136 @@ fn exact_in_jcs(value: &Value) -> bool {
     }
 }
 
-/// Adds the chain fields to an unchained event object and returns it with its receipt.
-pub(crate) fn seal(
-    mut event: Map<String, Value>,
-    seq: u64,
-    prev_hash: &str,
-    at: &str,
-) -> Result<(Value, Recorded), String> {
+/// Where an event is chained: the chain fields that [`seal`] adds to it.
+pub(crate) struct Link<'a> {
+    pub(crate) seq: u64,
+    pub(crate) prev_hash: &'a str,
+    pub(crate) at: &'a str,
+    /// The writer's `replica_id` (SPEC 12), when it has one.
+    pub(crate) replica: Option<&'a str>,
+}
+
+/// A chained event as the file and standard output take it: its JSON line (the stored event's text), and
+/// how it links.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sealed {
+    pub(crate) line: String,
+    pub(crate) seq: u64,
+    pub(crate) prev_hash: String,
+    pub(crate) hash: String,
+}
+
+impl Sealed {
+    /// A stored event as the file takes it.
+    pub(crate) fn of_stored(event: &Value) -> Result<Sealed, String> {
+        let text = |key: &str| event.get(key).and_then(Value::as_str).map(str::to_owned);
+        match (
+            event.get("seq").and_then(Value::as_u64),
+            text("prev_hash"),
+            text("hash"),
+        ) {
+            (Some(seq), Some(prev_hash), Some(hash)) => Ok(Sealed {
+                line: event.to_string(),
+                seq,
+                prev_hash,
+                hash,
+            }),
+            _ => Err("a stored audit event lacks seq, prev_hash or hash".to_owned()),
+        }
+    }
+}
+
+/// A chain field's value, as [`seal`] writes it.
+enum ChainField<'a> {
+    Text(&'a str),
+    Number(u64),
+    /// The hash, written once the rest is hashed.
+    Hash,
+    Absent,
+}
+
+/// Adds the chain fields to an event and hashes it: the event's members are already in JCS order, so its
+/// JCS bytes are written once, and hashed without the `hash` member. Returns the event as the copies
+/// and as the store take it, and the caller's receipt.
+pub(crate) fn seal(event: &Unsealed, link: &Link<'_>) -> Result<(Sealed, Value, Recorded), String> {
     let event_id = uuid::Uuid::new_v4().to_string();
-    event.insert("event_id".to_owned(), Value::from(event_id.as_str()));
-    event.insert("seq".to_owned(), Value::from(seq));
-    event.insert("at".to_owned(), Value::from(at));
-    event.insert("prev_hash".to_owned(), Value::from(prev_hash));
-    event.remove("hash");
-    let (hash, normalised) = canonical_hash(event)?;
-    let Value::Object(mut sealed) = normalised else {
-        return Err("canonical event is not an object".to_owned());
+    let fields = [
+        ChainField::Text(link.at),
+        ChainField::Text(&event_id),
+        ChainField::Hash,
+        ChainField::Text(link.prev_hash),
+        link.replica.map_or(ChainField::Absent, ChainField::Text),
+        ChainField::Number(link.seq),
+    ];
+    let mut out = Vec::with_capacity(event.members.len() + 320);
+    out.push(b'{');
+    let mut hash_at = 0;
+    let mut from = 0;
+    for ((key, gap), field) in CHAIN_KEYS.iter().zip(event.gaps).zip(fields) {
+        out.extend_from_slice(event.members.get(from..gap).unwrap_or_default());
+        from = gap;
+        match field {
+            ChainField::Text(text) => {
+                chain_key(&mut out, key);
+                write_string(&mut out, text);
+                out.push(b',');
+            }
+            ChainField::Number(number) => {
+                chain_key(&mut out, key);
+                write_value(&mut out, &Value::from(number));
+                out.push(b',');
+            }
+            ChainField::Hash => hash_at = out.len(),
+            ChainField::Absent => {}
+        }
+    }
+    out.extend_from_slice(event.members.get(from..).unwrap_or_default());
+    // `seq` is always written, so the bytes end with a member's comma: it closes the object instead.
+    if let Some(last) = out.last_mut() {
+        *last = b'}';
+    }
+    let hash = crate::envelope::sha256_hex(&out);
+    // `prev_hash` and `seq` always follow `hash`, so its member ends with a comma.
+    let hash_member = format!("\"hash\":\"{hash}\",");
+    out.splice(hash_at..hash_at, hash_member.into_bytes());
+    let line = String::from_utf8(out).map_err(|_| "a sealed event is not UTF-8".to_owned())?;
+    let (line, stored) = read_back(
+        line,
+        event.plain && link.seq <= strict_json::MAX_SAFE_INTEGER,
+    )?;
+    let sealed = Sealed {
+        line,
+        seq: link.seq,
+        prev_hash: link.prev_hash.to_owned(),
+        hash: hash.clone(),
     };
-    sealed.insert("hash".to_owned(), Value::from(hash.as_str()));
     let recorded = Recorded {
         event_id,
-        seq,
-        at: at.to_owned(),
+        seq: link.seq,
+        at: link.at.to_owned(),
         hash,
     };
-    Ok((Value::Object(sealed), recorded))
+    Ok((sealed, stored, recorded))
+}
+
+/// The sealed event as JCS reads it back, so that what is stored is what was hashed even for numbers
+/// that JCS rounds (integers beyond 2^53), and its text. A `plain` event's line reads back exactly, and
+/// is the text serde_json writes of it; any other is read by the strict reader of `verify`, so that
+/// sealing and verifying cannot disagree on a number, and its text is serde_json's, as the store's is.
+fn read_back(line: String, plain: bool) -> Result<(String, Value), String> {
+    let unreadable = |e: String| format!("sealed event does not read back: {e}");
+    if plain {
+        let stored = serde_json::from_str(&line).map_err(|e| unreadable(e.to_string()))?;
+        return Ok((line, stored));
+    }
+    let stored = strict_json::parse_strict_json_with(line.as_bytes(), strict_json::AUDIT_LINES)
+        .map_err(unreadable)?;
+    Ok((stored.to_string(), stored))
+}
+
+fn chain_key(out: &mut Vec<u8>, key: &str) {
+    write_string(out, key);
+    out.push(b':');
 }
 
 /// What a verified chain (a file or the store) holds.
@@ -432,6 +539,7 @@ pub(crate) fn parse_strict(line: &str) -> Result<Value, String> {
 #[cfg(test)]
 mod reader_tests {
     use super::*;
+    use crate::audit::AuditEvent;
     use crate::strict_json::{parse_strict_json, MAX_DEPTH};
 
     /// Lines that an envelope body's reader refuses for reasons other than integer range and depth,
@@ -479,11 +587,18 @@ mod reader_tests {
 
     #[test]
     fn verify_names_the_line_that_only_a_lenient_reader_would_accept() {
-        let sealed = |seq: u64, prev: &str| {
-            let mut event = Map::new();
-            event.insert("type".to_owned(), Value::from("SessionCreated"));
-            match seal(event, seq, prev, "2026-11-30T10:00:00.000Z") {
-                Ok((value, recorded)) => (value.to_string(), recorded.hash),
+        let sealed = |seq: u64, prev_hash: &str| {
+            let event = AuditEvent::new(EventType::SessionCreated)
+                .into_unsealed(false)
+                .unwrap();
+            let link = Link {
+                seq,
+                prev_hash,
+                at: "2026-11-30T10:00:00.000Z",
+                replica: None,
+            };
+            match seal(&event, &link) {
+                Ok((sealed, _, recorded)) => (sealed.line, recorded.hash),
                 Err(error) => panic!("cannot seal: {error}"),
             }
         };

@@ -3,6 +3,7 @@
 //! The builder checks the event against the table of SPEC 9.1 before it is queued, so a code that the
 //! table does not allow for a type is a programming error caught at the one place events are made.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -10,6 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::envelope::{write_string, write_value};
 use crate::error::Code;
 use crate::identity::Identity;
 
@@ -219,14 +221,15 @@ enum CodeRule {
 pub const MAX_FIELD_CHARS: usize = 256;
 
 /// `value`, or its first 255 characters followed by `…` when it is longer than [`MAX_FIELD_CHARS`].
-fn bounded(value: String) -> String {
-    match value.char_indices().nth(MAX_FIELD_CHARS) {
-        None => value,
-        Some(_) => {
-            let mut cut: String = value.chars().take(MAX_FIELD_CHARS - 1).collect();
-            cut.push('…');
-            cut
-        }
+fn bounded(value: &str) -> Cow<'_, str> {
+    // No more bytes than the limit is no more characters: most fields need no walk.
+    if value.len() <= MAX_FIELD_CHARS {
+        return Cow::Borrowed(value);
+    }
+    let mut chars = value.char_indices();
+    match (chars.nth(MAX_FIELD_CHARS - 1), chars.next()) {
+        (Some((cut_at, _)), Some(_)) => Cow::Owned(format!("{}…", &value[..cut_at])),
+        _ => Cow::Borrowed(value),
     }
 }
 
@@ -298,23 +301,24 @@ struct Actor {
 impl Actor {
     /// The event's `actor` object; its strings are bounded like every other field's (they come from
     /// tokens).
-    fn into_value(self) -> Value {
+    fn to_value(&self) -> Value {
         let Identity {
             iss,
             sub,
             name,
             via,
-        } = self.identity;
+        } = &self.identity;
+        let text = |value: &str| Value::from(bounded(value).into_owned());
         let mut object = Map::new();
-        object.insert("iss".to_owned(), Value::from(bounded(iss)));
-        object.insert("sub".to_owned(), Value::from(bounded(sub)));
+        object.insert("iss".to_owned(), text(iss));
+        object.insert("sub".to_owned(), text(sub));
         if let Some(name) = name {
-            object.insert("name".to_owned(), Value::from(bounded(name)));
+            object.insert("name".to_owned(), text(name));
         }
         let via = serde_json::to_value(via).unwrap_or(Value::Null);
         object.insert("via".to_owned(), via);
-        if let Some(team) = self.team {
-            object.insert("team".to_owned(), Value::from(bounded(team)));
+        if let Some(team) = &self.team {
+            object.insert("team".to_owned(), text(team));
         }
         Value::Object(object)
     }
@@ -595,92 +599,76 @@ impl AuditEvent {
         self
     }
 
-    /// Checks the event against SPEC 9.1, fills in what its type implies, and turns it into the JSON
-    /// object that the writer chains.
-    pub(crate) fn into_object(
-        mut self,
-        include_payloads: bool,
-    ) -> Result<Map<String, Value>, String> {
-        let event_type = self.event_type;
+    /// Checks the event against SPEC 9.1, fills in what its type implies, and serialises it for the
+    /// writer to chain.
+    pub(crate) fn into_unsealed(mut self, include_payloads: bool) -> Result<Unsealed, String> {
         self.fill_implied();
         self.check()?;
+        let facts = Facts {
+            event_type: self.event_type,
+            decision: self.decision,
+            code: self.code,
+            claim: self.claim_outcome(),
+        };
+        Ok(self.members(include_payloads).finish(facts))
+    }
 
-        let mut object = Map::new();
-        object.insert("type".to_owned(), Value::from(event_type.as_str()));
-        let strings = [
-            ("session_id", self.session_id),
-            ("sub", self.sub),
-            ("scp", self.scp),
-            ("wid", self.wid),
-            ("jti", self.jti),
-            ("auth", self.auth),
-            ("iss", self.iss),
-            ("client_id", self.client_id),
-            ("tool", self.tool),
-            ("signature", self.signature),
-            ("payload_sha256", self.payload_sha256),
-            ("context_version", self.context_version),
-            ("request_id", self.request_id),
-            ("claim", self.claim),
-            ("action_ref", self.action_ref),
-            ("action", self.action),
-            ("approval_id", self.approval_id),
-            ("team", self.team),
-            ("detail", self.detail),
-            ("trace_id", self.trace_id),
-            ("client_addr", self.client_addr),
-        ];
-        for (key, value) in strings {
-            if let Some(value) = value {
-                object.insert(key.to_owned(), Value::from(bounded(value)));
-            }
+    /// The outcome that `sealgate_claims_total` counts for this event, if any.
+    fn claim_outcome(&self) -> Option<&'static str> {
+        match (self.event_type, self.claim.as_deref()) {
+            (EventType::ToolCallAuthorized, Some("PROCEED")) => Some("PROCEED"),
+            (EventType::ClaimSkipped, _) => Some("SKIP"),
+            (EventType::ClaimBlocked, _) => Some("PENDING"),
+            _ => None,
         }
-        let numbers = [
-            ("duration_ms", self.duration_ms),
-            ("bytes", self.bytes),
-            ("suppressed", self.suppressed),
-            ("grants", self.grants),
-            ("approvers", self.approvers),
-        ];
-        for (key, value) in numbers {
-            if let Some(value) = value {
-                object.insert(key.to_owned(), Value::from(value));
-            }
-        }
-        if let Some(timestamp) = self.envelope_timestamp {
-            object.insert("envelope_timestamp".to_owned(), Value::from(timestamp));
-        }
-        if let Some(code) = self.code {
-            object.insert("code".to_owned(), Value::from(code));
-        }
-        if let Some(decision) = self.decision {
-            object.insert("decision".to_owned(), Value::from(decision.as_str()));
-        }
-        if let Some(actor) = self.actor {
-            object.insert("actor".to_owned(), actor.into_value());
-        }
-        if let Some(rule) = self.rule {
-            object.insert("rule".to_owned(), rule);
-        }
-        if let Some(labels) = self.labels_added {
-            object.insert(LABELS_ADDED.to_owned(), Value::from(labels));
-        }
-        if let Some(checkpoint) = self.checkpoint {
-            object.insert("checkpoint".to_owned(), checkpoint);
-        }
-        if let Some(decisions) = self.decisions {
-            object.insert("decisions".to_owned(), decisions);
-        }
+    }
+
+    /// The event's fields as JCS members, in JCS order (the keys' byte order: they are all ASCII).
+    fn members(&self, include_payloads: bool) -> Members {
+        let mut m = Members::new();
+        m.text("action", self.action.as_deref());
+        m.text("action_ref", self.action_ref.as_deref());
+        m.value("actor", self.actor.as_ref().map(Actor::to_value).as_ref());
+        m.text("approval_id", self.approval_id.as_deref());
+        m.number("approvers", self.approvers);
+        m.text("auth", self.auth.as_deref());
+        m.number("bytes", self.bytes);
+        m.value("checkpoint", self.checkpoint.as_ref());
+        m.text("claim", self.claim.as_deref());
+        m.text("client_addr", self.client_addr.as_deref());
+        m.text("client_id", self.client_id.as_deref());
+        m.number("code", self.code);
+        m.text("context_version", self.context_version.as_deref());
+        m.text("decision", self.decision.map(Decision::as_str));
+        m.value("decisions", self.decisions.as_ref());
+        m.text("detail", self.detail.as_deref());
+        m.number("duration_ms", self.duration_ms);
+        m.number("envelope_timestamp", self.envelope_timestamp);
+        m.number("grants", self.grants);
+        m.text("iss", self.iss.as_deref());
+        m.text("jti", self.jti.as_deref());
+        m.labels(LABELS_ADDED, self.labels_added.as_deref());
         // Payloads and tool answers may hold secrets; SPEC 9.1 keeps them out unless asked for.
         if include_payloads {
-            if let Some(payload) = self.payload {
-                object.insert("payload".to_owned(), payload);
-            }
-            if let Some(result) = self.result {
-                object.insert("result".to_owned(), result);
-            }
+            m.value("payload", self.payload.as_ref());
         }
-        Ok(object)
+        m.text("payload_sha256", self.payload_sha256.as_deref());
+        m.text("request_id", self.request_id.as_deref());
+        if include_payloads {
+            m.value("result", self.result.as_ref());
+        }
+        m.value("rule", self.rule.as_ref());
+        m.text("scp", self.scp.as_deref());
+        m.text("session_id", self.session_id.as_deref());
+        m.text("signature", self.signature.as_deref());
+        m.text("sub", self.sub.as_deref());
+        m.number("suppressed", self.suppressed);
+        m.text("team", self.team.as_deref());
+        m.text("tool", self.tool.as_deref());
+        m.text("trace_id", self.trace_id.as_deref());
+        m.text("type", Some(self.event_type.as_str()));
+        m.text("wid", self.wid.as_deref());
+        m
     }
 
     fn fill_implied(&mut self) {
@@ -773,6 +761,128 @@ impl AuditEvent {
             }
         }
         Ok(())
+    }
+}
+
+/// The chain fields, in JCS order: the writer adds them when it seals an event (`chain::seal`).
+pub(crate) const CHAIN_KEYS: [&str; 6] = ["at", "event_id", "hash", "prev_hash", "replica", "seq"];
+
+/// An event checked against SPEC 9.1 and serialised once, as the members of its JCS object: sealing
+/// it only adds the chain fields between them and hashes the bytes (SPEC 9.2).
+#[derive(Debug, Clone)]
+pub(crate) struct Unsealed {
+    /// The members in JCS order, each followed by a comma.
+    pub(crate) members: Vec<u8>,
+    /// Where each of [`CHAIN_KEYS`] belongs among the members: byte offsets into `members`.
+    pub(crate) gaps: [usize; CHAIN_KEYS.len()],
+    /// Whether serde_json writes the event's values as JCS does (see `chain::seal`).
+    pub(crate) plain: bool,
+    pub(crate) facts: Facts,
+}
+
+/// What the metrics count of an event once it is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Facts {
+    pub(crate) event_type: EventType,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) code: Option<u16>,
+    /// The outcome `sealgate_claims_total` counts, if any.
+    pub(crate) claim: Option<&'static str>,
+}
+
+/// Writes an object's members in JCS order, and notes where the chain fields go.
+struct Members {
+    out: Vec<u8>,
+    gaps: [usize; CHAIN_KEYS.len()],
+    /// How many of [`CHAIN_KEYS`] have their place.
+    placed: usize,
+    plain: bool,
+}
+
+impl Members {
+    fn new() -> Self {
+        Members {
+            out: Vec::with_capacity(768),
+            gaps: [0; CHAIN_KEYS.len()],
+            placed: 0,
+            plain: true,
+        }
+    }
+
+    /// Starts the member `key`, which sorts after every member written before it.
+    fn key(&mut self, key: &str) {
+        while CHAIN_KEYS
+            .get(self.placed)
+            .is_some_and(|chain| *chain < key)
+        {
+            self.gaps[self.placed] = self.out.len();
+            self.placed += 1;
+        }
+        write_string(&mut self.out, key);
+        self.out.push(b':');
+    }
+
+    /// A string field, bounded (SPEC 9.1 r2).
+    fn text(&mut self, key: &str, value: Option<&str>) {
+        if let Some(value) = value {
+            self.key(key);
+            write_string(&mut self.out, &bounded(value));
+            self.out.push(b',');
+        }
+    }
+
+    fn number(&mut self, key: &str, value: Option<impl Into<Value>>) {
+        self.value(key, value.map(Into::into).as_ref());
+    }
+
+    fn value(&mut self, key: &str, value: Option<&Value>) {
+        if let Some(value) = value {
+            self.plain &= plain_in_jcs(value);
+            self.key(key);
+            write_value(&mut self.out, value);
+            self.out.push(b',');
+        }
+    }
+
+    /// Labels are the context's own names, not input: written whole, as before r4's bound.
+    fn labels(&mut self, key: &str, labels: Option<&[String]>) {
+        if let Some(labels) = labels {
+            self.key(key);
+            self.out.push(b'[');
+            for (index, label) in labels.iter().enumerate() {
+                if index > 0 {
+                    self.out.push(b',');
+                }
+                write_string(&mut self.out, label);
+            }
+            self.out.extend_from_slice(b"],");
+        }
+    }
+
+    /// Places the chain fields that sort after every member.
+    fn finish(mut self, facts: Facts) -> Unsealed {
+        let end = self.out.len();
+        for gap in &mut self.gaps[self.placed..] {
+            *gap = end;
+        }
+        Unsealed {
+            members: self.out,
+            gaps: self.gaps,
+            plain: self.plain,
+            facts,
+        }
+    }
+}
+
+/// Whether serde_json writes `value` exactly as JCS does: every number an integer that JCS writes
+/// exactly, and every key ASCII (JCS orders keys by UTF-16 code units, serde_json by bytes).
+fn plain_in_jcs(value: &Value) -> bool {
+    match value {
+        Value::Array(items) => items.iter().all(plain_in_jcs),
+        Value::Object(map) => map
+            .iter()
+            .all(|(key, value)| key.is_ascii() && plain_in_jcs(value)),
+        other => super::chain::exact_in_jcs(other),
     }
 }
 

@@ -127,10 +127,13 @@ async fn catch_up_file(
             break;
         }
     }
-    let lines: Vec<String> = missing.iter().map(serde_json::Value::to_string).collect();
+    let missing = missing
+        .iter()
+        .map(chain::Sealed::of_stored)
+        .collect::<Result<Vec<_>, _>>()?;
     tracing::warn!(target: "audit", from = file_last + 1, to = head.seq, file = %sink.path().display(),
         "audit file lagged the store after a crash; extended from the store");
-    sink.write_batch(&missing, &lines)
+    sink.write_batch(&missing)
 }
 
 /// A file that ends beyond the store's chain (`store_seq`, 0 for an empty store) means the store lost
@@ -342,7 +345,7 @@ impl AuditLog {
     ) -> Result<Recorded, AuditError> {
         let event = event
             .in_current_trace()
-            .into_object(self.inner.include_payloads)
+            .into_unsealed(self.inner.include_payloads)
             .map_err(AuditError::InvalidEvent)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -365,7 +368,7 @@ impl AuditLog {
     pub async fn record_deferred(&self, event: AuditEvent) -> Result<(), AuditError> {
         let event = event
             .in_current_trace()
-            .into_object(self.inner.include_payloads)
+            .into_unsealed(self.inner.include_payloads)
             .map_err(AuditError::InvalidEvent)?;
         let job = Job {
             event,
@@ -412,7 +415,7 @@ impl AuditLog {
         if let Some(addr) = client_addr {
             event = event.client_addr(addr);
         }
-        let Ok(event) = event.into_object(false) else {
+        let Ok(event) = event.into_unsealed(false) else {
             return;
         };
         let job = Job {

@@ -108,23 +108,30 @@ pub fn verify_replica_log<R: BufRead>(reader: R) -> Result<ReplicaLogReport, Cha
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{json, Map};
+    use serde_json::json;
 
     use super::*;
-    use crate::audit::chain::seal;
+    use crate::audit::chain::{seal, Link};
+    use crate::audit::{AuditEvent, EventType};
 
     /// A chain of `count` events written alternately by replicas r0 and r1, as JSON lines.
     fn shared_chain(count: u64) -> Vec<Value> {
+        let event = AuditEvent::new(EventType::SessionCreated)
+            .into_unsealed(false)
+            .unwrap();
         let mut prev = GENESIS_HASH.to_owned();
         (1..=count)
             .map(|seq| {
-                let mut event = Map::new();
-                event.insert("type".into(), json!("SessionCreated"));
-                event.insert("replica".into(), json!(format!("r{}", seq % 2)));
-                let (sealed, recorded) =
-                    seal(event, seq, &prev, "2026-01-01T00:00:00.000Z").unwrap();
+                let replica = format!("r{}", seq % 2);
+                let link = Link {
+                    seq,
+                    prev_hash: &prev,
+                    at: "2026-01-01T00:00:00.000Z",
+                    replica: Some(&replica),
+                };
+                let (_, stored, recorded) = seal(&event, &link).unwrap();
                 prev = recorded.hash;
-                sealed
+                stored
             })
             .collect()
     }

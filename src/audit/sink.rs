@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::chain::parse_strict;
+use super::chain::{parse_strict, Sealed};
 
 /// Where the file's chain stands, as far as the sink knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,23 +131,13 @@ impl FileSink {
         &self.path
     }
 
-    /// Appends one batch of chained events (`lines` are their JSON texts) and syncs the file.
-    pub(crate) fn write_batch(&mut self, events: &[Value], lines: &[String]) -> Result<(), String> {
+    /// Appends one batch of chained events and syncs the file.
+    pub(crate) fn write_batch(&mut self, events: &[Sealed]) -> Result<(), String> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(());
         };
-        let (Some(first_seq), Some(first_prev)) = (
-            first.get("seq").and_then(Value::as_u64),
-            first.get("prev_hash").and_then(Value::as_str),
-        ) else {
-            return Err("batch event lacks seq or prev_hash".to_owned());
-        };
-        let (Some(last_seq), Some(last_hash)) = (
-            last.get("seq").and_then(Value::as_u64),
-            last.get("hash").and_then(Value::as_str),
-        ) else {
-            return Err("batch event lacks seq or hash".to_owned());
-        };
+        let (first_seq, first_prev) = (first.seq, first.prev_hash.as_str());
+        let (last_seq, last_hash) = (last.seq, last.hash.as_str());
 
         let links = match &self.tail {
             Tail::Empty => true,
@@ -168,9 +158,9 @@ impl FileSink {
         }
         self.ensure_open()?;
 
-        let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
-        for line in lines {
-            buffer.extend_from_slice(line.as_bytes());
+        let mut buffer = Vec::with_capacity(events.iter().map(|e| e.line.len() + 1).sum());
+        for event in events {
+            buffer.extend_from_slice(event.line.as_bytes());
             buffer.push(b'\n');
         }
         let size_before = self.size;
@@ -337,7 +327,7 @@ fn read_last_line(file: &mut File, len: u64) -> io::Result<Option<String>> {
 /// own after each commit, so that no caller waits for them. A copy that fails is reported (log and
 /// `sealgate_audit_sink_errors_total`); the file catches up from the store at the next start.
 pub(crate) struct Copies {
-    tx: Option<std::sync::mpsc::Sender<Vec<Value>>>,
+    tx: Option<std::sync::mpsc::Sender<Vec<Sealed>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -347,22 +337,21 @@ impl Copies {
         if file.is_none() && !stdout {
             return Ok(None);
         }
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<Value>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Sealed>>();
         let thread = std::thread::Builder::new()
             .name("sg-audit-copies".into())
             .spawn(move || {
                 let mut file = file;
                 for batch in rx {
-                    let lines: Vec<String> = batch.iter().map(Value::to_string).collect();
                     if let Some(sink) = file.as_mut() {
-                        if let Err(error) = sink.write_batch(&batch, &lines) {
+                        if let Err(error) = sink.write_batch(&batch) {
                             tracing::error!(target: "audit", %error, "audit file copy failed; the store holds the events");
                             metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "file")
                                 .increment(1);
                         }
                     }
                     if stdout {
-                        write_stdout(&lines);
+                        write_stdout(&batch);
                     }
                 }
             })
@@ -374,7 +363,7 @@ impl Copies {
     }
 
     /// Queues a committed batch.
-    pub(crate) fn send(&self, batch: Vec<Value>) {
+    pub(crate) fn send(&self, batch: Vec<Sealed>) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(batch);
         }
@@ -389,12 +378,12 @@ impl Copies {
     }
 }
 
-pub(crate) fn write_stdout(lines: &[String]) {
+pub(crate) fn write_stdout(events: &[Sealed]) {
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    let written = lines
+    let written = events
         .iter()
-        .try_for_each(|line| writeln!(out, "{line}"))
+        .try_for_each(|event| writeln!(out, "{}", event.line))
         .and_then(|()| out.flush());
     if let Err(e) = written {
         metrics::counter!("sealgate_audit_sink_errors_total", "sink" => "stdout").increment(1);

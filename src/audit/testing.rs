@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{AuditBackend, ChainHead};
+use super::chain::{seal, Link};
+use super::{AuditBackend, AuditEvent, ChainHead};
 use crate::store::{ClaimSettlement, StoreError, StoreResult};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -28,6 +29,19 @@ fn head_of(event: &Value) -> StoreResult<ChainHead> {
         }),
         _ => Err(StoreError::Corrupt("event lacks seq or hash".to_owned())),
     }
+}
+
+/// `event` as the audit writer chains it right after `head`, for tests of what reads the chain.
+pub fn chained_after(event: AuditEvent, head: &ChainHead) -> Result<Value, String> {
+    let event = event.into_unsealed(false)?;
+    let link = Link {
+        seq: head.seq + 1,
+        prev_hash: &head.hash,
+        at: "2026-11-30T10:00:00.000Z",
+        replica: None,
+    };
+    let (_, stored, _) = seal(&event, &link)?;
+    Ok(stored)
 }
 
 /// Keeps events in memory; counts `append` calls and can be told to fail; `sync` costs a set delay.

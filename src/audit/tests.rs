@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::chain::parse_strict;
 use super::testing::{JsonlFileBackend, MemoryBackend};
-use super::writer::metric_updates;
+use super::writer::{metric_updates, Tally};
 use super::*;
 use crate::store::StoreResult;
 
@@ -29,6 +29,31 @@ fn authorized(n: usize) -> AuditEvent {
         .signature(format!("sig-{n}"))
         .envelope_timestamp(1_771_338_721 + n as i64)
         .claim("NONE")
+}
+
+/// The event as the writer chains it, less its chain fields.
+trait Unchained {
+    fn object(self) -> Result<serde_json::Map<String, Value>, String>;
+}
+
+impl Unchained for AuditEvent {
+    fn object(self) -> Result<serde_json::Map<String, Value>, String> {
+        let event = self.into_unsealed(false)?;
+        let link = chain::Link {
+            seq: 1,
+            prev_hash: GENESIS_HASH,
+            at: "2026-11-30T10:00:00.000Z",
+            replica: None,
+        };
+        let (_, stored, _) = chain::seal(&event, &link)?;
+        let Value::Object(mut object) = stored else {
+            return Err("a sealed event is not an object".to_owned());
+        };
+        for key in event::CHAIN_KEYS {
+            object.remove(key);
+        }
+        Ok(object)
+    }
 }
 
 async fn memory_log(backend: &Arc<MemoryBackend>, cfg: &AuditConfig) -> AuditLog {
@@ -129,14 +154,14 @@ fn serde_jcs_sorts_keys_by_utf16_code_units() {
 
 #[test]
 fn builder_omits_absent_fields_and_applies_spec_table() {
-    let object = authorized(1).into_object(false).unwrap_or_default();
+    let object = authorized(1).object().unwrap_or_default();
     assert_eq!(object.get("decision"), Some(&json!("allow")));
     assert!(object.values().all(|v| !v.is_null()));
     assert!(!object.contains_key("code"));
     assert!(!object.contains_key("rule"));
 
     let blocked = AuditEvent::new(EventType::ClaimBlocked)
-        .into_object(false)
+        .object()
         .unwrap_or_default();
     assert_eq!(blocked.get("code"), Some(&json!(4001)));
     assert_eq!(blocked.get("claim"), Some(&json!("PENDING")));
@@ -170,20 +195,126 @@ fn builder_omits_absent_fields_and_applies_spec_table() {
         AuditEvent::new(EventType::SessionCreated).code(1000),
     ];
     for event in invalid {
-        assert!(
-            event.clone().into_object(false).is_err(),
-            "accepted {event:?}"
-        );
+        assert!(event.clone().object().is_err(), "accepted {event:?}");
     }
     let policy = AuditEvent::new(EventType::PolicyViolationBlocked)
         .code(2004)
         .rule_parts("capability", Some(1), Some("web.fetch"))
-        .into_object(false)
+        .object()
         .unwrap_or_default();
     assert_eq!(
         policy.get("rule"),
         Some(&json!({"kind": "capability", "index": 1, "pattern": "web.fetch"}))
     );
+}
+
+/// Seals `event` as the writer does, and checks that its line is the JCS of the event that the store
+/// takes, in serde_json's text too (what the store, the export and the file hold), and that it verifies.
+fn sealed_line_is_canonical(event: AuditEvent, include_payloads: bool) -> Value {
+    let event = event.into_unsealed(include_payloads).unwrap();
+    let prev_hash = "ab".repeat(32);
+    let link = chain::Link {
+        seq: 7,
+        prev_hash: &prev_hash,
+        at: "2026-11-30T10:00:00.000Z",
+        replica: Some("replica-\"1\""),
+    };
+    let (sealed, stored, recorded) = chain::seal(&event, &link).unwrap();
+    let text = stored.to_string();
+    assert_eq!(sealed.line, text);
+    // serde_json writes doubles, and orders keys beyond ASCII, its own way: only then is the text
+    // not the event's JCS (as it was before the writer wrote JCS itself).
+    if event.plain {
+        assert_eq!(crate::envelope::jcs(&stored), text.as_bytes());
+    }
+    let report = verify_chain(Cursor::new(format!("{text}\n"))).unwrap();
+    assert_eq!(
+        (report.last_seq, report.last_hash),
+        (7, recorded.hash.clone())
+    );
+    assert_eq!(stored["hash"], json!(recorded.hash));
+    assert_eq!(stored["prev_hash"], json!(prev_hash));
+    assert_eq!(stored["replica"], json!("replica-\"1\""));
+    stored
+}
+
+#[test]
+fn at_has_its_layout_from_1970_to_9999() {
+    for millis in [0, 1, 999, 1_764_496_800_120, 253_402_300_799_999] {
+        let Some(instant) = chrono::DateTime::from_timestamp_millis(millis) else {
+            panic!("{millis} is no instant")
+        };
+        let at = format_at(instant);
+        assert_eq!(at, instant.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string());
+        assert!(chain::is_valid_at(&at), "{at}");
+    }
+}
+
+#[test]
+fn a_sealed_event_is_its_canonical_line_with_every_field() {
+    let who = crate::identity::Identity {
+        iss: "https://idp.example".into(),
+        sub: "ann".into(),
+        name: Some("Ann".into()),
+        via: crate::identity::Via::Oidc,
+    };
+    let failed = AuditEvent::new(EventType::ToolCallFailed)
+        .code(5001)
+        .decision(Decision::Deny)
+        .session_id("exec-1")
+        .sub("agent-7")
+        .scp("agent-runtime")
+        .wid("w")
+        .jti("j")
+        .auth("oauth")
+        .iss("https://idp.example")
+        .client_id("host")
+        .tool("fs.read_file")
+        .signature("sig")
+        .envelope_timestamp(-5)
+        .payload_sha256("0".repeat(64))
+        .rule(json!({"kind": "capability", "index": 3, "pattern": null, "id": "c"}))
+        .context_version("v1")
+        .request_id("r")
+        .claim("PROCEED")
+        .action_ref("a")
+        .action("fs.read_file")
+        .approval_id("ap")
+        .duration_ms(12)
+        .actor(&who, Some("payments"))
+        .team("payments")
+        .grants(1, 2)
+        .labels_added(&["pii".to_owned(), "\u{e9}".to_owned()])
+        .detail("quote \" backslash \\ tab \t nul \u{0} del \u{7f} \u{2028} \u{1f600}")
+        .trace_id("0af7651916cd43dd8448eb211c80319c")
+        .client_addr("127.0.0.1:9".parse().unwrap())
+        .bytes(10)
+        .suppressed(3)
+        .payload(json!({"b": [1, "x"], "a": {"\u{e000}": 1, "\u{1f600}": 2}}))
+        .result(json!({"ok": true, "n": null}))
+        .decisions(json!({"live": {"decision": "deny"}, "shadow": {"decision": "allow"}}));
+    let stored = sealed_line_is_canonical(failed, true);
+    let keys = stored.as_object().map(|o| o.len());
+    assert_eq!(keys, Some(42), "{stored}");
+    let checkpoint = AuditEvent::new(EventType::AuditCheckpoint)
+        .checkpoint(json!({"seq": 6, "hash": "ab".repeat(32), "kid": "k", "sig": "s"}));
+    sealed_line_is_canonical(checkpoint, false);
+}
+
+#[test]
+fn a_sealed_event_keeps_bounded_strings_and_numbers_as_jcs_reads_them() {
+    let long = AuditEvent::new(EventType::SessionCreated).detail("é".repeat(300));
+    let stored = sealed_line_is_canonical(long, false);
+    let detail = stored["detail"].as_str().unwrap_or_default();
+    assert_eq!(detail.chars().count(), 256);
+    assert!(detail.ends_with('…'));
+    // JCS writes these numbers as doubles: the store gets them as they read back.
+    let inexact = AuditEvent::new(EventType::ToolCallCompleted)
+        .duration_ms(u64::MAX)
+        .result(json!({"x": 1.5, "big": 9_007_199_254_740_993_u64}));
+    let stored = sealed_line_is_canonical(inexact, true);
+    assert_eq!(stored["duration_ms"], json!(18_446_744_073_709_552_000.0));
+    assert_eq!(stored["result"]["big"], json!(9_007_199_254_740_992_u64));
 }
 
 #[tokio::test]
@@ -865,7 +996,7 @@ fn the_actor_is_an_identity_with_its_team_and_bounded_strings() {
     };
     let object = AuditEvent::new(EventType::SessionRevoked)
         .actor(&ann, Some("payments"))
-        .into_object(false)
+        .object()
         .unwrap();
     let actor = &object["actor"];
     assert_eq!(actor["iss"], "https://idp.example");
@@ -875,7 +1006,7 @@ fn the_actor_is_an_identity_with_its_team_and_bounded_strings() {
     assert_eq!(actor["name"].as_str().unwrap().chars().count(), 256);
     let object = AuditEvent::new(EventType::SessionRevoked)
         .actor(&orchestrator(), None)
-        .into_object(false)
+        .object()
         .unwrap();
     assert_eq!(
         object["actor"],
@@ -1219,35 +1350,37 @@ async fn suppressed_count_is_reported_periodically() {
     assert_eq!(suppressed, 28);
 }
 
+fn tally(event: AuditEvent, count_decision: bool) -> Tally {
+    match event.into_unsealed(false) {
+        Ok(event) => Tally {
+            facts: event.facts,
+            count_decision,
+        },
+        Err(e) => panic!("invalid event: {e}"),
+    }
+}
+
 #[test]
 fn metric_labels_follow_the_event() {
-    let authorized = json!({"type": "ToolCallAuthorized", "decision": "allow", "claim": "PROCEED"});
-    let updates = metric_updates(&authorized, true);
-    assert_eq!(
-        updates.decision,
-        Some(("allow".to_owned(), "none".to_owned()))
-    );
+    let authorized = AuditEvent::new(EventType::ToolCallAuthorized).claim("PROCEED");
+    let updates = metric_updates(&tally(authorized, true));
+    assert_eq!(updates.decision, Some(("allow", "none".to_owned())));
     assert_eq!(updates.claim, Some("PROCEED"));
-    let blocked =
-        json!({"type": "ClaimBlocked", "decision": "deny", "code": 4001, "claim": "PENDING"});
-    let updates = metric_updates(&blocked, true);
-    assert_eq!(
-        updates.decision,
-        Some(("deny".to_owned(), "4001".to_owned()))
-    );
+    let updates = metric_updates(&tally(AuditEvent::new(EventType::ClaimBlocked), true));
+    assert_eq!(updates.decision, Some(("deny", "4001".to_owned())));
     assert_eq!(updates.claim, Some("PENDING"));
+    let skipped = tally(AuditEvent::new(EventType::ClaimSkipped), true);
+    assert_eq!(metric_updates(&skipped).claim, Some("SKIP"));
+    let completed = AuditEvent::new(EventType::ToolCallCompleted)
+        .decision(Decision::Allow)
+        .claim("PROCEED");
+    assert_eq!(metric_updates(&tally(completed, true)).decision, None);
+    let none = AuditEvent::new(EventType::ToolCallAuthorized).claim("NONE");
+    assert_eq!(metric_updates(&tally(none, true)).claim, None);
+    let unreadable = AuditEvent::new(EventType::EnvelopeRejected).code(1000);
+    let updates = metric_updates(&tally(unreadable, false));
     assert_eq!(
-        metric_updates(&json!({"type": "ClaimSkipped"}), true).claim,
-        Some("SKIP")
-    );
-    let completed = json!({"type": "ToolCallCompleted", "decision": "allow", "claim": "PROCEED"});
-    assert_eq!(metric_updates(&completed, true).decision, None);
-    let none = json!({"type": "ToolCallAuthorized", "decision": "allow", "claim": "NONE"});
-    assert_eq!(metric_updates(&none, true).claim, None);
-    let unreadable = json!({"type": "EnvelopeRejected", "decision": "deny", "code": 1000});
-    let updates = metric_updates(&unreadable, false);
-    assert_eq!(
-        (updates.event_type.as_str(), updates.decision),
+        (updates.event_type, updates.decision),
         ("EnvelopeRejected", None)
     );
 }
@@ -1477,10 +1610,9 @@ async fn a_settlement_is_stored_with_its_event_and_only_with_it() {
 struct MarkingSigner;
 
 impl CheckpointSigner for MarkingSigner {
-    fn checkpoint(&self, head: &ChainHead) -> Result<serde_json::Map<String, Value>, String> {
-        AuditEvent::new(EventType::AuditCheckpoint)
-            .checkpoint(json!({"seq": head.seq, "hash": head.hash, "kid": "test", "sig": "-"}))
-            .into_object(false)
+    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String> {
+        Ok(AuditEvent::new(EventType::AuditCheckpoint)
+            .checkpoint(json!({"seq": head.seq, "hash": head.hash, "kid": "test", "sig": "-"})))
     }
 }
 

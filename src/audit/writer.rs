@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
-use super::chain::{format_at, seal};
-use super::event::{AuditEvent, Decision, EventType};
+use super::chain::{format_at, seal, Link, Sealed};
+use super::event::{AuditEvent, EventType, Facts, Unsealed};
 use super::sink::Copies;
 use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
 use crate::store::StoreError;
@@ -24,7 +24,7 @@ use crate::store::StoreError;
 pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
 
 pub(crate) struct Job {
-    pub(crate) event: Map<String, Value>,
+    pub(crate) event: Unsealed,
     /// `None` for fire-and-forget events (unreadable bodies).
     pub(crate) reply: Option<Reply>,
     /// False when the decision was already counted where it was made (unreadable bodies are counted
@@ -65,7 +65,7 @@ pub struct WriterOptions {
 /// `evidence`, which implements this; the writer only says which head and when.
 pub trait CheckpointSigner: Send + Sync {
     /// The unchained `AuditCheckpoint` event that covers `head`, the event it is chained after.
-    fn checkpoint(&self, head: &ChainHead) -> Result<Map<String, Value>, String>;
+    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String>;
 }
 
 /// When the writer appends checkpoints, and who signs them.
@@ -125,8 +125,8 @@ pub(crate) struct Writer {
     pub(crate) checkpoint_cover: Option<ChainHead>,
     /// Who asked for a checkpoint at the head ([`Command::SignHead`]), answered after the batch at hand.
     pub(crate) head_waiters: Vec<oneshot::Sender<Option<u64>>>,
-    /// Events appended but not yet synced (nobody waited for them), with their metric flag.
-    pub(crate) unsynced: Vec<(Value, bool)>,
+    /// Events appended but not yet synced (nobody waited for them), with what the metrics count of them.
+    pub(crate) unsynced: Vec<(Sealed, Tally)>,
     /// When the oldest of them was appended.
     pub(crate) unsynced_since: Option<Instant>,
 }
@@ -260,7 +260,7 @@ impl Writer {
                 .code(code)
                 .suppressed(count)
                 .detail(format!("{count} {what}"));
-            match event.into_object(false) {
+            match event.into_unsealed(false) {
                 Ok(event) => jobs.push(Job {
                     event,
                     reply: None,
@@ -346,20 +346,21 @@ impl Writer {
         &mut self,
         batch: &mut Vec<Job>,
         settlements: &[ClaimSettlement],
-    ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
+    ) -> Result<Option<Chained>, StoreError> {
         let believed = self.head.clone();
         let mut chained_after = None;
         let plan = self.plan();
+        let replica = self.replica.as_deref();
         let mut chainer = |head: &ChainHead| {
-            let (chained, recorded, new_head) = chain(batch, head, plan.as_ref());
-            chained_after = Some((head.clone(), recorded, new_head));
-            chained
+            let mut chained = chain(batch, head, plan.as_ref(), replica);
+            let stored = std::mem::take(&mut chained.stored);
+            chained_after = Some((head.clone(), chained));
+            stored
         };
-        let chained = self
-            .backend
+        self.backend
             .append_in_turn(&mut chainer, settlements)
             .await?;
-        let Some((after, recorded, new_head)) = chained_after else {
+        let Some((after, chained)) = chained_after else {
             return Err(StoreError::Corrupt(
                 "the store wrote a batch without chaining it".into(),
             ));
@@ -368,11 +369,11 @@ impl Writer {
             metrics::counter!("sealgate_audit_head_conflicts_total").increment(1);
             self.contended_until = Some(Instant::now() + CONTENDED_FOR);
         }
-        if chained.is_empty() {
+        if chained.events.is_empty() {
             return Ok(None);
         }
         metrics::counter!("sealgate_audit_batches_total").increment(1);
-        Ok(Some((chained, recorded, new_head)))
+        Ok(Some(chained))
     }
 
     /// Stores `batch` chained after the head this writer believes in, by compare-and-set: `HeadMoved` when
@@ -384,21 +385,22 @@ impl Writer {
         batch: &mut Vec<Job>,
         settlements: &[ClaimSettlement],
         durably: bool,
-    ) -> Result<Option<(Vec<Value>, Vec<Recorded>, ChainHead)>, StoreError> {
+    ) -> Result<Option<Chained>, StoreError> {
         let head = self.current_head().await?;
-        let (chained, recorded, new_head) = chain(batch, &head, self.plan().as_ref());
-        if chained.is_empty() {
+        let mut chained = chain(batch, &head, self.plan().as_ref(), self.replica.as_deref());
+        let stored = std::mem::take(&mut chained.stored);
+        if stored.is_empty() {
             return Ok(None);
         }
         if durably {
             self.backend
-                .append_durably(&head, &chained, settlements)
+                .append_durably(&head, &stored, settlements)
                 .await?;
         } else {
-            self.backend.append(&head, &chained, settlements).await?;
+            self.backend.append(&head, &stored, settlements).await?;
         }
         metrics::counter!("sealgate_audit_batches_total").increment(1);
-        Ok(Some((chained, recorded, new_head)))
+        Ok(Some(chained))
     }
 
     /// What the next append adds to its events: checkpoints, when this writer signs them.
@@ -407,18 +409,11 @@ impl Writer {
             options,
             after_batch: self.checkpoint_owed,
             cover: self.checkpoint_cover.as_ref(),
-            replica: self.replica.as_deref(),
         })
     }
 
     /// Chains one batch, makes it durable, and answers its callers.
     async fn commit(&mut self, mut batch: Vec<Job>) {
-        if let Some(replica) = &self.replica {
-            for job in &mut batch {
-                job.event
-                    .insert("replica".to_owned(), Value::from(replica.as_str()));
-            }
-        }
         let settlements: Vec<ClaimSettlement> = batch
             .iter_mut()
             .filter_map(|job| job.settlement.take().map(|settlement| *settlement))
@@ -426,7 +421,7 @@ impl Writer {
         // A batch that callers wait for is synced with its append where the store can (one round trip).
         let waited_on = batch.iter().any(|job| job.reply.is_some());
         let mut attempts = 0;
-        let (chained, recorded, new_head, synced) = loop {
+        let (chained, synced) = loop {
             let contended = self
                 .contended_until
                 .is_some_and(|until| Instant::now() < until);
@@ -437,9 +432,7 @@ impl Writer {
                     .await
             };
             match written {
-                Ok(Some((chained, recorded, new_head))) => {
-                    break (chained, recorded, new_head, waited_on && !contended)
-                }
+                Ok(Some(chained)) => break (chained, waited_on && !contended),
                 Ok(None) => return,
                 // Another writer appended since this one read the head (a store whose turns are not
                 // exclusive can say so in either mode): chain the batch again after the events it wrote.
@@ -459,16 +452,22 @@ impl Writer {
             }
         };
         let waited_on = batch.iter().any(|job| job.reply.is_some());
-        let pending: Vec<(Option<Reply>, Recorded, bool)> = batch
-            .into_iter()
-            .zip(recorded)
-            .map(|(job, recorded)| (job.reply, recorded, job.count_decision))
-            .collect();
-        self.head = Some(new_head);
-        if chained.last().is_some_and(is_checkpoint) {
+        if chained.ends_with_checkpoint() {
             self.checkpoint_owed = false;
         }
-        self.unsynced.extend(Self::metric_flags(&chained, &pending));
+        let Chained {
+            events,
+            receipts,
+            head,
+            ..
+        } = chained;
+        let pending: Vec<(Option<Reply>, Recorded, bool)> = batch
+            .into_iter()
+            .zip(receipts)
+            .map(|(job, recorded)| (job.reply, recorded, job.count_decision))
+            .collect();
+        self.head = Some(head);
+        self.unsynced.extend(tallies(events, &pending));
         if !waited_on {
             // Nobody waits for these events (a call's authorisation without a claim, counts): the next
             // waited-on batch's commit makes them durable too, so a call costs one commit, not two.
@@ -490,22 +489,6 @@ impl Writer {
         }
     }
 
-    /// Each chained event with whether it counts as a decision in the metrics (checkpoints, which this
-    /// writer adds, answer nobody and decide nothing).
-    fn metric_flags(
-        chained: &[Value],
-        pending: &[(Option<Reply>, Recorded, bool)],
-    ) -> Vec<(Value, bool)> {
-        let mut flags = pending.iter().map(|(_, _, count)| *count);
-        chained
-            .iter()
-            .map(|event| {
-                let count = !is_checkpoint(event) && flags.next().unwrap_or(false);
-                (event.clone(), count)
-            })
-            .collect()
-    }
-
     /// Makes every appended event durable, then counts them and hands them to the copies.
     async fn sync(&mut self) -> Result<(), AuditError> {
         let events = self.take_unsynced();
@@ -519,16 +502,16 @@ impl Writer {
     }
 
     /// The events appended since the last sync, for the commit about to hold them (dropped if it fails).
-    fn take_unsynced(&mut self) -> Vec<(Value, bool)> {
+    fn take_unsynced(&mut self) -> Vec<(Sealed, Tally)> {
         self.unsynced_since = None;
         std::mem::take(&mut self.unsynced)
     }
 
     /// Counts durable events and hands them to the copies.
-    fn committed(&self, events: Vec<(Value, bool)>) {
+    fn committed(&self, events: Vec<(Sealed, Tally)>) {
         let mut committed = Vec::with_capacity(events.len());
-        for (event, count_decision) in events {
-            count_metrics(&event, count_decision);
+        for (event, tally) in events {
+            count_metrics(&tally);
             committed.push(event);
         }
         if let Some(copies) = &self.copies {
@@ -558,91 +541,141 @@ struct CheckpointPlan<'a> {
     options: &'a CheckpointOptions,
     after_batch: bool,
     cover: Option<&'a ChainHead>,
-    /// Named in checkpoints as in every event of this writer (SPEC 12).
-    replica: Option<&'a str>,
+}
+
+/// A batch chained after a head.
+struct Chained {
+    /// Every event chained (checkpoints too) as the store takes it, taken for the append.
+    stored: Vec<Value>,
+    /// The same events as the copies take them, with what the metrics count of them.
+    events: Vec<(Sealed, Facts)>,
+    /// One per job left in the batch: checkpoints answer nobody.
+    receipts: Vec<Recorded>,
+    head: ChainHead,
+}
+
+impl Chained {
+    fn push(&mut self, event: Sealed, stored: Value, facts: Facts) {
+        self.head = ChainHead {
+            seq: event.seq,
+            hash: event.hash.clone(),
+        };
+        self.events.push((event, facts));
+        self.stored.push(stored);
+    }
+
+    fn ends_with_checkpoint(&self) -> bool {
+        self.events
+            .last()
+            .is_some_and(|(_, facts)| is_checkpoint_type(facts))
+    }
 }
 
 /// Seals the batch after `head`, with the checkpoints `plan` asks for. Jobs whose event cannot be sealed
-/// are answered with the error and removed, so `batch` and the receipts stay in step (the events also
-/// hold the checkpoints, which answer nobody).
+/// are answered with the error and removed, so `batch` and the receipts stay in step.
 fn chain(
     batch: &mut Vec<Job>,
     head: &ChainHead,
     plan: Option<&CheckpointPlan<'_>>,
-) -> (Vec<Value>, Vec<Recorded>, ChainHead) {
-    let mut chained = Vec::with_capacity(batch.len());
-    let mut receipts = Vec::with_capacity(batch.len());
-    let mut head = head.clone();
+    replica: Option<&str>,
+) -> Chained {
+    let mut chained = Chained {
+        stored: Vec::with_capacity(batch.len()),
+        events: Vec::with_capacity(batch.len()),
+        receipts: Vec::with_capacity(batch.len()),
+        head: head.clone(),
+    };
     let mut kept = Vec::with_capacity(batch.len());
-    if plan.is_some_and(|plan| plan.cover == Some(&head)) {
-        append_checkpoint(&mut chained, &mut head, plan);
+    if plan.is_some_and(|plan| plan.cover == Some(&chained.head)) {
+        append_checkpoint(&mut chained, plan, replica);
     }
     for job in batch.drain(..) {
-        match seal_next(job.event.clone(), &head) {
-            Ok((event, recorded)) => {
-                head = ChainHead {
-                    seq: recorded.seq,
-                    hash: recorded.hash.clone(),
-                };
-                chained.push(event);
-                receipts.push(recorded);
+        match seal_next(&job.event, &chained.head, replica) {
+            Ok((event, stored, recorded)) => {
+                chained.push(event, stored, job.event.facts);
+                chained.receipts.push(recorded);
                 kept.push(job);
-                if plan.is_some_and(|plan| head.seq.is_multiple_of(plan.options.every)) {
-                    append_checkpoint(&mut chained, &mut head, plan);
+                if plan.is_some_and(|plan| chained.head.seq.is_multiple_of(plan.options.every)) {
+                    append_checkpoint(&mut chained, plan, replica);
                 }
             }
             Err(e) => answer(job.reply, Err(e)),
         }
     }
-    let ends_unsigned = !kept.is_empty() && !chained.last().is_some_and(is_checkpoint);
+    let ends_unsigned = !kept.is_empty() && !chained.ends_with_checkpoint();
     if ends_unsigned && plan.is_some_and(|plan| plan.after_batch) {
-        append_checkpoint(&mut chained, &mut head, plan);
+        append_checkpoint(&mut chained, plan, replica);
     }
     *batch = kept;
-    (chained, receipts, head)
+    chained
 }
 
-/// Seals one event after `head`.
-fn seal_next(event: Map<String, Value>, head: &ChainHead) -> Result<(Value, Recorded), AuditError> {
-    let next_seq = head
+/// Seals one event after `head`: the event as the copies and as the store take it, and the receipt.
+fn seal_next(
+    event: &Unsealed,
+    head: &ChainHead,
+    replica: Option<&str>,
+) -> Result<(Sealed, Value, Recorded), AuditError> {
+    let seq = head
         .seq
         .checked_add(1)
         .ok_or_else(|| AuditError::InvalidEvent("audit seq overflow".to_owned()))?;
     let at = format_at(chrono::Utc::now());
-    seal(event, next_seq, &head.hash, &at).map_err(AuditError::InvalidEvent)
+    let link = Link {
+        seq,
+        prev_hash: &head.hash,
+        at: &at,
+        replica,
+    };
+    seal(event, &link).map_err(AuditError::InvalidEvent)
 }
 
-/// Chains a signed checkpoint of `head` after it. A checkpoint that cannot be made is left out (the
-/// chain stays valid, its tail unsigned until the next one) and said in the log.
+/// Chains a signed checkpoint of the batch's head after it. A checkpoint that cannot be made is left
+/// out (the chain stays valid, its tail unsigned until the next one) and said in the log.
 fn append_checkpoint(
-    chained: &mut Vec<Value>,
-    head: &mut ChainHead,
+    chained: &mut Chained,
     plan: Option<&CheckpointPlan<'_>>,
+    replica: Option<&str>,
 ) {
     let Some(plan) = plan else { return };
     let sealed = plan
         .options
         .signer
-        .checkpoint(head)
+        .checkpoint(&chained.head)
+        .and_then(|event| event.into_unsealed(false))
         .map_err(AuditError::InvalidEvent)
-        .and_then(|mut event| {
-            if let Some(replica) = plan.replica {
-                event.insert("replica".to_owned(), Value::from(replica));
-            }
-            seal_next(event, head)
+        .and_then(|event| {
+            seal_next(&event, &chained.head, replica).map(|sealed| (sealed, event.facts))
         });
     match sealed {
-        Ok((event, recorded)) => {
-            *head = ChainHead {
-                seq: recorded.seq,
-                hash: recorded.hash,
-            };
-            chained.push(event);
-        }
+        Ok(((event, stored, _), facts)) => chained.push(event, stored, facts),
         Err(e) => {
             tracing::error!(target: "audit", error = %e, "audit checkpoint could not be made")
         }
     }
+}
+
+fn is_checkpoint_type(facts: &Facts) -> bool {
+    facts.event_type == EventType::AuditCheckpoint
+}
+
+/// Each chained event with what the metrics count of it: checkpoints, which this writer adds, answer
+/// nobody and decide nothing.
+fn tallies(
+    events: Vec<(Sealed, Facts)>,
+    pending: &[(Option<Reply>, Recorded, bool)],
+) -> impl Iterator<Item = (Sealed, Tally)> + '_ {
+    let mut flags = pending.iter().map(|(_, _, count)| *count);
+    events.into_iter().map(move |(event, facts)| {
+        let count_decision = !is_checkpoint_type(&facts) && flags.next().unwrap_or(false);
+        (
+            event,
+            Tally {
+                facts,
+                count_decision,
+            },
+        )
+    })
 }
 
 fn is_checkpoint(event: &Value) -> bool {
@@ -697,51 +730,46 @@ fn fail_pending(pending: Vec<(Option<Reply>, Recorded, bool)>, error: &AuditErro
     }
 }
 
+/// What the metrics count of one durable event.
+pub(crate) struct Tally {
+    pub(crate) facts: Facts,
+    /// False when the decision was counted where it was made, or is none (checkpoints).
+    pub(crate) count_decision: bool,
+}
+
 /// The metric updates one durable event implies.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct MetricUpdates {
-    pub(crate) event_type: String,
+    pub(crate) event_type: &'static str,
     /// (decision, code label) for `sealgate_decisions_total`; code is "none" for an allow.
-    pub(crate) decision: Option<(String, String)>,
+    pub(crate) decision: Option<(&'static str, String)>,
     /// outcome label for `sealgate_claims_total`.
     pub(crate) claim: Option<&'static str>,
 }
 
-pub(crate) fn metric_updates(event: &Value, count_decision: bool) -> MetricUpdates {
-    let text = |key: &str| event.get(key).and_then(Value::as_str);
-    let event_type = text("type").unwrap_or("unknown").to_owned();
-    let kind = event_type.parse::<EventType>();
+pub(crate) fn metric_updates(tally: &Tally) -> MetricUpdates {
+    let facts = &tally.facts;
     // An allowed call's ToolCallCompleted restates the decision its ToolCallAuthorized made: one call,
     // one decision (SPEC 20 r13).
-    let restated = matches!(kind, Ok(EventType::ToolCallCompleted));
-    let decision = if count_decision && !restated {
-        text("decision")
-            .and_then(|d| d.parse::<Decision>().ok())
-            .map(|d| {
-                let code = event
-                    .get("code")
-                    .and_then(Value::as_u64)
-                    .map_or_else(|| "none".to_owned(), |c| c.to_string());
-                (d.as_str().to_owned(), code)
-            })
-    } else {
-        None
-    };
-    let claim = match (kind, text("claim")) {
-        (Ok(EventType::ToolCallAuthorized), Some("PROCEED")) => Some("PROCEED"),
-        (Ok(EventType::ClaimSkipped), _) => Some("SKIP"),
-        (Ok(EventType::ClaimBlocked), _) => Some("PENDING"),
+    let restated = facts.event_type == EventType::ToolCallCompleted;
+    let decision = match facts.decision {
+        Some(decision) if tally.count_decision && !restated => {
+            let code = facts
+                .code
+                .map_or_else(|| "none".to_owned(), |code| code.to_string());
+            Some((decision.as_str(), code))
+        }
         _ => None,
     };
     MetricUpdates {
-        event_type,
+        event_type: facts.event_type.as_str(),
         decision,
-        claim,
+        claim: facts.claim,
     }
 }
 
-fn count_metrics(event: &Value, count_decision: bool) {
-    let updates = metric_updates(event, count_decision);
+fn count_metrics(tally: &Tally) {
+    let updates = metric_updates(tally);
     metrics::counter!("sealgate_audit_events_total", "type" => updates.event_type).increment(1);
     if let Some((decision, code)) = updates.decision {
         metrics::counter!("sealgate_decisions_total", "decision" => decision, "code" => code)

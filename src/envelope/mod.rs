@@ -24,6 +24,8 @@ pub use call::{
     json_kind, parse_call, Call, PayloadError, ToolName, IDEMPOTENCY_KEY_BYTES, MAX_TOOL_NAME_BYTES,
 };
 pub use jcs::{jcs, jcs_object};
+// The audit writer writes its events' JCS bytes member by member, without building a `Value` first.
+pub(crate) use jcs::{write_string, write_value};
 pub use keys::{
     decode_base64_flexible, decode_signature, generate_signing_key, public_key_b64, public_key_pem,
     read_signing_key_file, signing_key_from_text, signing_key_to_pkcs8_pem, Base64Error, KeyError,

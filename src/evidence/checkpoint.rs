@@ -1,7 +1,7 @@
 //! Signed audit checkpoints (SPEC 14): the `AuditCheckpoint` event that signs the chain's head, made for
 //! the audit writer, and its check by the verifiers.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::jwks::KeyRing;
 use super::key::Signer;
@@ -17,13 +17,11 @@ pub fn signed_bytes(seq: u64, hash: &str) -> Vec<u8> {
 }
 
 impl CheckpointSigner for Signer {
-    fn checkpoint(&self, head: &ChainHead) -> Result<Map<String, Value>, String> {
+    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String> {
         let sig = self.sign(&signed_bytes(head.seq, &head.hash));
-        AuditEvent::new(EventType::AuditCheckpoint)
-            .checkpoint(
-                json!({"seq": head.seq, "hash": head.hash, "kid": self.public().kid(), "sig": sig}),
-            )
-            .into_object(false)
+        Ok(AuditEvent::new(EventType::AuditCheckpoint).checkpoint(
+            json!({"seq": head.seq, "hash": head.hash, "kid": self.public().kid(), "sig": sig}),
+        ))
     }
 }
 
@@ -82,12 +80,11 @@ mod tests {
             seq: 41,
             hash: "ab".repeat(32),
         };
-        let mut event = Value::Object(signer.checkpoint(&head).unwrap());
+        // As the chain places it: right after the head.
+        let checkpoint = signer.checkpoint(&head).unwrap();
+        let event = crate::audit::testing::chained_after(checkpoint, &head).unwrap();
         assert_eq!(event["type"], "AuditCheckpoint");
         assert_eq!(event["checkpoint"]["seq"], 41);
-        // As the chain places it: right after the head.
-        event["seq"] = json!(42);
-        event["prev_hash"] = json!(head.hash);
         assert_eq!(check(&event, &keys).unwrap(), signer.public().kid());
         let refusal = |event: &Value, keys: &KeyRing| check(event, keys).unwrap_err().to_string();
 
