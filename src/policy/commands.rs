@@ -17,10 +17,10 @@ use serde_json::{Map, Value};
 
 use super::arguments::single;
 use super::error::{
-    ArgumentAt, ArgvProblem, EntryProblem, PathProblem, RuleError, ShellProblem, Violation,
-    WordProblem,
+    excerpt, ArgumentAt, ArgvProblem, EntryProblem, PathProblem, RuleError, ShellProblem,
+    Violation, WordAt, WordProblem,
 };
-use super::paths::{excerpt, PathRule};
+use super::paths::PathRule;
 use crate::envelope::json_kind;
 
 /// Characters that end or chain a command, redirect, or open a subshell: refused outside quotes.
@@ -412,32 +412,6 @@ pub fn unlisted_option<'w>(word: &'w str, listed: &BTreeSet<String>) -> Option<C
         }
     }
     None
-}
-
-/// Where a command word came from: refusals name the place, never the word (SPEC 9.1 r2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WordAt {
-    /// Word `n` (counted from 1) of a string `command`.
-    CommandText(usize),
-    /// Element `i` of an array `command`.
-    CommandItem(usize),
-    /// Element `i` of `args`.
-    Args(usize),
-    /// Word `n` (from 1) of element `i` of `args`, read as shell text.
-    ArgsText(usize, usize),
-}
-
-impl fmt::Display for WordAt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WordAt::CommandText(number) => write!(f, "argument \"command\": word {number}"),
-            WordAt::CommandItem(index) => write!(f, "argument \"command\"[{index}]"),
-            WordAt::Args(index) => write!(f, "argument \"args\"[{index}]"),
-            WordAt::ArgsText(index, number) => {
-                write!(f, "argument \"args\"[{index}]: word {number}")
-            }
-        }
-    }
 }
 
 /// The words of a call that passed the command check.

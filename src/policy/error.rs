@@ -9,10 +9,45 @@
 use std::fmt;
 
 use super::arguments::TwoNamed;
-use super::commands::WordAt;
-use super::model::{MAX_CAPABILITY_ID_BYTES, MAX_CONTEXT_NAME_BYTES};
-use super::paths::excerpt;
-use super::pattern::MAX_TOOL_NAME_BYTES;
+use super::limits::{MAX_CAPABILITY_ID_BYTES, MAX_CONTEXT_NAME_BYTES, MAX_TOOL_NAME_BYTES};
+
+/// Longest excerpt of a policy file's entry quoted in a load error; keeps messages bounded.
+const EXCERPT_CHARS: usize = 80;
+
+/// Quotes an entry of the operator's policy file for a load error: escaped (no raw control
+/// characters reach a log line) and cut to a bounded length. Never used on call arguments.
+pub(crate) fn excerpt(value: &str) -> String {
+    match value.char_indices().nth(EXCERPT_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}…", &value[..cut]),
+    }
+}
+
+/// Where a command word came from: refusals name the place, never the word (SPEC 9.1 r2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordAt {
+    /// Word `n` (counted from 1) of a string `command`.
+    CommandText(usize),
+    /// Element `i` of an array `command`.
+    CommandItem(usize),
+    /// Element `i` of `args`.
+    Args(usize),
+    /// Word `n` (from 1) of element `i` of `args`, read as shell text.
+    ArgsText(usize, usize),
+}
+
+impl fmt::Display for WordAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WordAt::CommandText(number) => write!(f, "argument \"command\": word {number}"),
+            WordAt::CommandItem(index) => write!(f, "argument \"command\"[{index}]"),
+            WordAt::Args(index) => write!(f, "argument \"args\"[{index}]"),
+            WordAt::ArgsText(index, number) => {
+                write!(f, "argument \"args\"[{index}]: word {number}")
+            }
+        }
+    }
+}
 
 /// What is wrong with a path, said after the name of what held it (`… is outside path_allowlist`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -292,4 +327,16 @@ pub enum DomainProblem {
     NotHost(url::ParseError),
     #[error("has an empty label or a character other than letters, digits, '-' and '_'")]
     UnusualHost,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpt_escapes_and_cuts_on_char_boundaries() {
+        assert_eq!(excerpt("a\nb"), "\"a\\nb\"");
+        let wide = "é".repeat(100);
+        assert_eq!(excerpt(&wide), format!("{:?}…", "é".repeat(80)));
+    }
 }

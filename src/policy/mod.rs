@@ -11,6 +11,7 @@ pub mod domains;
 pub mod error;
 pub mod explain;
 pub mod flows;
+pub mod limits;
 pub mod load;
 pub mod model;
 pub mod paths;

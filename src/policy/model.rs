@@ -22,8 +22,7 @@ use super::paths::PathRule;
 use super::pattern::Pattern;
 use crate::identity::{is_team_name, DEFAULT_TEAM, MAX_TEAM_NAME_BYTES};
 
-/// Longest context name, in bytes.
-pub const MAX_CONTEXT_NAME_BYTES: usize = 128;
+pub use super::limits::{MAX_CAPABILITY_ID_BYTES, MAX_CONTEXT_NAME_BYTES};
 
 /// One security context as written in a policy file (and as returned by the API).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -456,9 +455,6 @@ fn spec_error(path: FieldPath, message: impl fmt::Display) -> SpecError {
         message: message.to_string(),
     }
 }
-
-/// Longest capability id, in bytes.
-pub const MAX_CAPABILITY_ID_BYTES: usize = 64;
 
 /// A compiled capability: the parsed pattern and the argument checks, ready for `decide`.
 pub struct Capability {

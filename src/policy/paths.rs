@@ -27,9 +27,6 @@ pub const DEFAULT_PATH_ARGUMENTS: &[&str] = &[
     "cwd",
 ];
 
-/// Longest excerpt of a policy file's entry quoted in a load error; keeps messages bounded.
-const EXCERPT_CHARS: usize = 80;
-
 /// A compiled `path_allowlist`: normalised directories and the argument keys to inspect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathRule {
@@ -196,15 +193,6 @@ fn is_at_or_below(path: &str, directory: &str) -> bool {
         Some("") => true,
         Some(rest) => rest.starts_with('/'),
         None => false,
-    }
-}
-
-/// Quotes an entry of the operator's policy file for a load error: escaped (no raw control
-/// characters reach a log line) and cut to a bounded length. Never used on call arguments.
-pub(crate) fn excerpt(value: &str) -> String {
-    match value.char_indices().nth(EXCERPT_CHARS) {
-        None => format!("{value:?}"),
-        Some((cut, _)) => format!("{:?}…", &value[..cut]),
     }
 }
 
@@ -484,12 +472,5 @@ mod tests {
                 "{call}"
             );
         }
-    }
-
-    #[test]
-    fn excerpt_escapes_and_cuts_on_char_boundaries() {
-        assert_eq!(excerpt("a\nb"), "\"a\\nb\"");
-        let wide = "é".repeat(100);
-        assert_eq!(excerpt(&wide), format!("{:?}…", "é".repeat(80)));
     }
 }

@@ -11,8 +11,7 @@ use std::fmt;
 
 use super::error::{PatternProblem, RuleError};
 
-/// Longest tool name (and pattern) accepted, in bytes (SPEC 2).
-pub const MAX_TOOL_NAME_BYTES: usize = 128;
+pub use super::limits::MAX_TOOL_NAME_BYTES;
 
 /// True when `name` is a valid tool name: `^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`, at most 128 bytes.
 pub fn is_valid_tool_name(name: &str) -> bool {
