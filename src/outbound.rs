@@ -73,6 +73,37 @@ fn shown_location(location: &str) -> String {
     crate::redact::url(&location[..end])
 }
 
+/// Why a capped body read stopped.
+#[derive(Debug)]
+pub(crate) enum CappedReadError {
+    /// More than the cap arrived (or was announced by Content-Length).
+    TooLarge,
+    /// The connection failed before the body was complete.
+    Body(reqwest::Error),
+}
+
+/// Reads a response body, never holding more than `cap` bytes plus the chunk in hand.
+pub(crate) async fn read_capped(
+    mut response: reqwest::Response,
+    cap: u64,
+) -> Result<Vec<u8>, CappedReadError> {
+    if response
+        .content_length()
+        .is_some_and(|announced| announced > cap)
+    {
+        return Err(CappedReadError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(CappedReadError::Body)? {
+        let total = body.len() as u64 + chunk.len() as u64;
+        if total > cap {
+            return Err(CappedReadError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

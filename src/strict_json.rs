@@ -899,6 +899,21 @@ fn unpaired_surrogate(code_unit: u16, offset: usize) -> ParseError {
     )
 }
 
+/// Whether JCS writes every number in `value` as exactly the integer it is.
+pub fn exact_in_jcs(value: &Value) -> bool {
+    const SAFE: u64 = MAX_SAFE_INTEGER;
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(|i| i.unsigned_abs() <= SAFE)
+            .or_else(|| n.as_u64().map(|u| u <= SAFE))
+            .unwrap_or(false),
+        Value::Array(items) => items.iter().all(exact_in_jcs),
+        Value::Object(map) => map.values().all(exact_in_jcs),
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use super::event::{is_sha256_hex, EventType, Unsealed, CHAIN_KEYS};
 use super::{AuditBackend, Recorded};
 use crate::envelope::{write_string, write_value};
-use crate::strict_json;
+use crate::strict_json::{self, exact_in_jcs};
 
 pub use crate::store::GENESIS_HASH;
 
@@ -49,21 +49,6 @@ fn canonical_hash(event: Map<String, Value>) -> Result<(String, Value), String> 
     let normalised = strict_json::parse_strict_json_with(&canonical, strict_json::AUDIT_LINES)
         .map_err(|e| format!("canonical event does not read back: {e}"))?;
     Ok((hash, normalised))
-}
-
-/// Whether JCS writes every number in `value` as exactly the integer it is.
-pub(crate) fn exact_in_jcs(value: &Value) -> bool {
-    const SAFE: u64 = strict_json::MAX_SAFE_INTEGER;
-    match value {
-        Value::Number(n) => n
-            .as_i64()
-            .map(|i| i.unsigned_abs() <= SAFE)
-            .or_else(|| n.as_u64().map(|u| u <= SAFE))
-            .unwrap_or(false),
-        Value::Array(items) => items.iter().all(exact_in_jcs),
-        Value::Object(map) => map.values().all(exact_in_jcs),
-        _ => true,
-    }
 }
 
 /// Where an event is chained: the chain fields that [`seal`] adds to it.

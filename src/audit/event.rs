@@ -882,7 +882,7 @@ fn plain_in_jcs(value: &Value) -> bool {
         Value::Object(map) => map
             .iter()
             .all(|(key, value)| key.is_ascii() && plain_in_jcs(value)),
-        other => super::chain::exact_in_jcs(other),
+        other => crate::strict_json::exact_in_jcs(other),
     }
 }
 

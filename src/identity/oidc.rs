@@ -18,7 +18,7 @@ use super::console_session::{ConsoleSessions, Person};
 use super::roles::{RoleConfig, Roles};
 use super::start_budget::StartBudget;
 use crate::envelope::{random_secret, sha256_base64url};
-use crate::upstream::{read_capped, CappedReadError};
+use crate::outbound::{read_capped, CappedReadError};
 
 /// A sign-in must come back within this long (SPEC 16 leaves it open; ten minutes is what providers
 /// give a login page).

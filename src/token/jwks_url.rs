@@ -16,7 +16,7 @@ use url::Url;
 
 use super::key_material::{keys_from_fetched_jwks, JwkError, PinnedKey, TokenAlg};
 use super::ConfigError;
-use crate::upstream::{read_capped, CappedReadError};
+use crate::outbound::{read_capped, CappedReadError};
 
 const DEFAULT_REFRESH_SECS: u64 = 300;
 pub(super) const MAX_REFRESH_SECS: u64 = 86_400;

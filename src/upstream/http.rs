@@ -10,38 +10,8 @@ use url::Url;
 
 use super::jsonrpc::{parse_http_answer, ToolAnswer};
 use super::UpstreamError;
+use crate::outbound::{read_capped, CappedReadError};
 use crate::redact;
-
-/// Why a capped body read stopped.
-#[derive(Debug)]
-pub(crate) enum CappedReadError {
-    /// More than the cap arrived (or was announced by Content-Length).
-    TooLarge,
-    /// The connection failed before the body was complete.
-    Body(reqwest::Error),
-}
-
-/// Reads a response body, never holding more than `cap` bytes plus the chunk in hand.
-pub(crate) async fn read_capped(
-    mut response: reqwest::Response,
-    cap: u64,
-) -> Result<Vec<u8>, CappedReadError> {
-    if response
-        .content_length()
-        .is_some_and(|announced| announced > cap)
-    {
-        return Err(CappedReadError::TooLarge);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(CappedReadError::Body)? {
-        let total = body.len() as u64 + chunk.len() as u64;
-        if total > cap {
-            return Err(CappedReadError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
 
 /// Builds the HTTP client used for one upstream: no redirects (a redirect would carry the
 /// credential headers to another place), no proxy from the environment (upstreams are contacted

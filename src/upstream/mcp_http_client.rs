@@ -25,8 +25,8 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Sse, SseStream};
 
-use super::http::{read_capped, CappedReadError};
 use super::mcp_numbers::{check_message, InexactNumbers};
+use crate::outbound::{read_capped, CappedReadError};
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 

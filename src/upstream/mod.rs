@@ -30,7 +30,6 @@ use health::UpstreamState;
 
 use config::Target;
 use http::HttpUpstream;
-pub(crate) use http::{read_capped, CappedReadError};
 use jsonrpc::ToolAnswer;
 use mcp::{McpTarget, McpUpstream};
 
