@@ -65,14 +65,15 @@ async fn answer(gw: &Arc<Gateway>, client: SocketAddr, body: Body) -> Response {
         return shed(gw);
     };
     // The call runs on a task of its own, holding its slot to the end (SPEC 3 r3): a client that hangs
-    // up drops this handler, never the call's claim, grant, answer or events.
+    // up drops this handler, never the call's claim, grant, answer or events. Boxed: the pipeline's
+    // future is kilobytes, and each wrapper on its way into the task would copy it again.
     let call = {
         let gw = gw.clone();
-        tokio::spawn(crate::trace::carry(async move {
+        tokio::spawn(crate::trace::carry(Box::pin(async move {
             let outcome = crate::pipeline::invoke(&gw, &bytes, Some(client)).await;
             drop(slot);
             outcome
-        }))
+        })))
     };
     match call.await {
         Ok(outcome) => respond(outcome),

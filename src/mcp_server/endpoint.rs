@@ -389,14 +389,15 @@ async fn run(
         );
         return answer(method, Answer::Refused(error_object(&error)));
     };
+    // Boxed, as `/v1/invoke`'s: each wrapper on the way into the task would copy the pipeline's future.
     let call = {
         let gw = gw.clone();
-        tokio::spawn(crate::trace::carry(async move {
+        tokio::spawn(crate::trace::carry(Box::pin(async move {
             let outcome =
                 crate::pipeline::call_as_person(&gw, admitted.person, session, &payload).await;
             drop(slot);
             outcome
-        }))
+        })))
     };
     let outcome = match call.await {
         Ok(outcome) => outcome,
