@@ -21,6 +21,25 @@ pub fn named<'a, 'n, N: AsRef<str>>(
         .map(|(key, value)| (key.as_str(), value))
 }
 
+/// Each value a check reads in the arguments named `names`: with its argument's name and, inside an array,
+/// its index. A lone value is read as an array of one.
+pub fn each_value<'a, 'n, N: AsRef<str>>(
+    arguments: &'a Map<String, Value>,
+    names: &'n [N],
+) -> impl Iterator<Item = (&'a str, Option<usize>, &'a Value)> + use<'a, 'n, N> {
+    named(arguments, names).flat_map(|(key, value)| {
+        let (values, in_array): (&[Value], bool) = match value {
+            Value::Array(items) => (items, true),
+            single => (std::slice::from_ref(single), false),
+        };
+        let index = move |index| in_array.then_some(index);
+        values
+            .iter()
+            .enumerate()
+            .map(move |(at, item)| (key, index(at), item))
+    })
+}
+
 /// Two arguments whose names are equal under ASCII case folding, where a check reads one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("two arguments are named {0:?} under ASCII case folding")]

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use serde_json::{Map, Value};
 use url::{Host, Url};
 
-use super::arguments::named;
+use super::arguments::each_value;
 use super::error::{ArgumentAt, DomainProblem, RuleError, UrlProblem, Violation};
 use crate::envelope::json_kind;
 
@@ -81,26 +81,20 @@ impl DomainRule {
     /// index) and the rule it broke, never the URL nor any part of it (SPEC 9.1 r2): userinfo and
     /// query strings carry secrets.
     pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), Violation> {
-        for (key, value) in named(arguments, URL_ARGUMENTS) {
-            let values: &[Value] = match value {
-                Value::Array(items) => items,
-                single => std::slice::from_ref(single),
+        for (key, index, item) in each_value(arguments, URL_ARGUMENTS) {
+            let at = ArgumentAt {
+                key: key.to_owned(),
+                index,
             };
-            for (index, item) in values.iter().enumerate() {
-                let at = ArgumentAt {
-                    key: key.to_owned(),
-                    index: value.is_array().then_some(index),
-                };
-                match item {
-                    Value::String(url) => self
-                        .check_one(url)
-                        .map_err(|problem| Violation::Url { at, problem })?,
-                    other => {
-                        return Err(Violation::NotUrl {
-                            at,
-                            got: json_kind(other),
-                        })
-                    }
+            match item {
+                Value::String(url) => self
+                    .check_one(url)
+                    .map_err(|problem| Violation::Url { at, problem })?,
+                other => {
+                    return Err(Violation::NotUrl {
+                        at,
+                        got: json_kind(other),
+                    })
                 }
             }
         }

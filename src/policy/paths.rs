@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
-use super::arguments::named;
+use super::arguments::each_value;
 use super::error::{ArgumentAt, PathProblem, RuleError, Violation};
 use crate::envelope::json_kind;
 
@@ -88,26 +88,20 @@ impl PathRule {
     /// Checks every path-valued argument of one call. The error names the argument (and the array
     /// index) and the rule it broke, never the value (SPEC 9.1 r2).
     pub fn check(&self, arguments: &Map<String, Value>) -> Result<(), Violation> {
-        for (key, value) in named(arguments, &self.path_arguments) {
-            let values: &[Value] = match value {
-                Value::Array(items) => items,
-                single => std::slice::from_ref(single),
+        for (key, index, item) in each_value(arguments, &self.path_arguments) {
+            let at = ArgumentAt {
+                key: key.to_owned(),
+                index,
             };
-            for (index, item) in values.iter().enumerate() {
-                let at = ArgumentAt {
-                    key: key.to_owned(),
-                    index: value.is_array().then_some(index),
-                };
-                match item {
-                    Value::String(path) => self
-                        .check_value(path)
-                        .map_err(|problem| Violation::Path { at, problem })?,
-                    other => {
-                        return Err(Violation::NotPath {
-                            at,
-                            got: json_kind(other),
-                        })
-                    }
+            match item {
+                Value::String(path) => self
+                    .check_value(path)
+                    .map_err(|problem| Violation::Path { at, problem })?,
+                other => {
+                    return Err(Violation::NotPath {
+                        at,
+                        got: json_kind(other),
+                    })
                 }
             }
         }
