@@ -529,7 +529,7 @@ impl Allowed {
     }
 }
 
-/// 2006 (SPEC 4): an allowed tool that no upstream serves.
+/// 5004 (SPEC 8): an allowed tool that no upstream serves.
 fn require_route(upstreams: &Upstreams, tool: &str) -> Result<(), Refused> {
     if upstreams.has_route(tool) {
         return Ok(());
