@@ -553,9 +553,14 @@ fn the_image_runs_the_compose_configuration_as_its_service_user() {
     );
 
     let launch = || common::launch_command(image.command(&image.command, &env));
-    let (child, base) = launch();
+    let common::Launched {
+        child,
+        base,
+        stderr,
+    } = launch();
     let mut gateway = common::Gateway {
         child,
+        stderr,
         binary: image
             .root
             .path()
@@ -642,8 +647,8 @@ fn the_image_runs_the_compose_configuration_as_its_service_user() {
         !dead.status.success(),
         "the HEALTHCHECK passes with the gateway stopped"
     );
-    let (child, base) = launch();
-    (gateway.child, gateway.base) = (child, base);
+    let relaunched = launch();
+    (gateway.child, gateway.base) = (relaunched.child, relaunched.base);
     let (status, body) = runtime.block_on(gateway.admin(
         reqwest::Method::GET,
         &format!("/v1/seal/sessions/{session}"),

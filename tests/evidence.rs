@@ -943,10 +943,10 @@ async fn a_key_planted_in_the_store_is_neither_published_nor_trusted() {
         "checkpoint_secs: 60",
         &format!("store: {:?}\nreplica_id: r1\n", db.url),
     );
-    let mut second = Gateway::spawn_with(Vec::new(), &folder, &config, keys, |command| {
+    let second = Gateway::spawn_with(Vec::new(), &folder, &config, keys, |command| {
         command.stderr(std::process::Stdio::piped());
     });
-    let log = common::Lines::capture(second.child.stderr.take().unwrap());
+    let log = second.stderr();
     log.wait_for("warning about the planted key", |line| {
         line.contains(&kid) && line.contains("signing.replica_public_keys does not name")
     });

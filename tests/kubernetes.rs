@@ -863,7 +863,11 @@ impl<'a> Pod<'a> {
         // Only the port changes, so that tests can run side by side.
         env.insert("SEALGATE_LISTEN".into(), "127.0.0.1:0".into());
         env.insert("SEALGATE_LOG__LEVEL".into(), "warn".into());
-        let (child, base) = common::launch_command(self.command(gateway, &argv, &env));
+        let common::Launched {
+            child,
+            base,
+            stderr,
+        } = common::launch_command(self.command(gateway, &argv, &env));
         let mut client = reqwest::Client::builder().timeout(Duration::from_secs(10));
         if base.starts_with("https://") {
             let ca = reqwest::Certificate::from_pem(self.secrets.tls_ca.as_bytes()).unwrap();
@@ -872,6 +876,7 @@ impl<'a> Pod<'a> {
         let running = Running {
             gateway: Gateway {
                 child,
+                stderr,
                 binary: in_image(self.root.path(), Path::new(&self.image.binary)),
                 wrapper: Vec::new(),
                 base,

@@ -472,6 +472,7 @@ async fn in_json_mode_every_line_on_stdout_and_stderr_is_one_json_object() {
     assert!(base.starts_with("http://127.0.0.1:"), "{ready}");
     let gw = Gateway {
         child,
+        stderr: Some(stderr.clone()),
         binary: env!("CARGO_BIN_EXE_sealgate").into(),
         wrapper: Vec::new(),
         base,

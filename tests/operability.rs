@@ -101,7 +101,9 @@ async fn bare_serve_starts_in_an_empty_folder_and_makes_its_policy_folder() {
         .env("SEALGATE_LISTEN", "127.0.0.1:0")
         .env("SEALGATE_LOG__LEVEL", "warn")
         .stderr(std::process::Stdio::inherit());
-    let (mut child, base) = common::launch_command(command);
+    let common::Launched {
+        mut child, base, ..
+    } = common::launch_command(command);
     let health = reqwest::get(format!("{base}/healthz"))
         .await
         .map(|r| r.status());

@@ -77,10 +77,10 @@ async fn a_jwks_url_that_redirects_is_a_failed_fetch_never_followed() {
         "",
         "",
     );
-    let mut gw = Gateway::spawn_with(Vec::new(), dir.path(), &config, keys, |command| {
+    let gw = Gateway::spawn_with(Vec::new(), dir.path(), &config, keys, |command| {
         command.stderr(Stdio::piped());
     });
-    let stderr = Lines::capture(gw.child.stderr.take().expect("stderr is piped"));
+    let stderr = gw.stderr();
     stderr.wait_for("naming the redirect of the key set", |line| {
         line.contains("could not fetch token keys") && line.contains(&redirector.named())
     });

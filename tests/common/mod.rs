@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use axum::routing::post;
@@ -231,6 +231,8 @@ impl Keys {
 /// The running binary; killed when dropped.
 pub struct Gateway {
     pub child: Child,
+    /// Its standard error, when the start piped it (captured from the start: see [`Launched`]).
+    pub stderr: Option<Lines>,
     /// The executable: this test build's, or the release build's ([`release_binary`]).
     pub binary: PathBuf,
     /// A command the binary runs under (strace), kept for restarts; empty for none.
@@ -398,30 +400,6 @@ fn store_line(extra: &str) -> String {
     line
 }
 
-/// Starts the binary on `config_path` and waits for its ready line; returns the child and its base URL.
-pub fn launch(config_path: &Path) -> (Child, String) {
-    launch_under(&[], config_path)
-}
-
-/// Like [`launch`], with the binary run under `wrapper` (e.g. `strace -f -o FILE`).
-pub fn launch_under(wrapper: &[String], config_path: &Path) -> (Child, String) {
-    launch_with(wrapper, config_path, |_| {})
-}
-
-/// Like [`launch_under`], with the command adjusted before it starts (its environment, where stderr goes).
-pub fn launch_with(
-    wrapper: &[String],
-    config_path: &Path,
-    adjust: impl FnOnce(&mut Command),
-) -> (Child, String) {
-    launch_binary(
-        Path::new(env!("CARGO_BIN_EXE_sealgate")),
-        wrapper,
-        config_path,
-        adjust,
-    )
-}
-
 /// The release build of this checkout, built once per test process (into the crate's own target folder,
 /// where `tests/dockerfile.rs` builds it too), for the tests that must run what users run.
 pub fn release_binary() -> PathBuf {
@@ -445,13 +423,14 @@ pub fn release_binary() -> PathBuf {
         .clone()
 }
 
-/// Like [`launch_with`], for another executable of sealgate (the release build).
+/// Starts `sealgate serve` (`binary`, under `wrapper` when there is one) on `config_path`, the command
+/// adjusted by `adjust` first (its environment, where stderr goes), and waits for its ready line.
 pub fn launch_binary(
     binary: &Path,
     wrapper: &[String],
     config_path: &Path,
     adjust: impl FnOnce(&mut Command),
-) -> (Child, String) {
+) -> Launched {
     launch_command(serve_command(binary, wrapper, config_path, adjust))
 }
 
@@ -480,35 +459,93 @@ pub fn serve_command(
     command
 }
 
-/// Starts a prepared `sealgate serve` command and waits for its ready line; returns the child and its base URL.
-pub fn launch_command(command: Command) -> (Child, String) {
+/// A started `sealgate serve`: the process, its base URL, and its standard error when the command piped it.
+pub struct Launched {
+    pub child: Child,
+    pub base: String,
+    /// Read from the moment the process starts: a start that logs more than a pipe holds (at `trace`) would
+    /// otherwise block on its own standard error before its ready line.
+    pub stderr: Option<Lines>,
+}
+
+/// How long a start may take before its ready line: far beyond any start seen, so reaching it means the
+/// process is stuck, and the test fails with where its threads were instead of waiting for ever.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// Starts a prepared `sealgate serve` command and waits for its ready line.
+pub fn launch_command(command: Command) -> Launched {
     try_launch_command(command).unwrap_or_else(|failure| panic!("{failure}"))
 }
 
-/// Like [`launch_command`], with a start that ends before the ready line as an error.
-pub fn try_launch_command(mut command: Command) -> Result<(Child, String), String> {
+/// Like [`launch_command`], with a start that ends before the ready line, or that prints none within
+/// [`READY_WITHIN`], as an error.
+pub fn try_launch_command(mut command: Command) -> Result<Launched, String> {
     let mut child = command
         .stdout(Stdio::piped())
         .spawn()
         .expect("start sealgate");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let base = loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(url) = ready_url(&line) {
-                    break url;
-                }
-            }
-            other => {
-                let _ = child.wait();
-                return Err(format!("sealgate exited before it was ready: {other:?}"));
-            }
+    let stderr = child.stderr.take().map(Lines::capture);
+    let ready = ready_line(child.stdout.take().unwrap());
+    match ready.recv_timeout(READY_WITHIN) {
+        Ok(Ok(base)) => Ok(Launched {
+            child,
+            base,
+            stderr,
+        }),
+        Ok(Err(printed)) => {
+            let status = child.wait();
+            Err(format!(
+                "sealgate exited before it was ready ({status:?}); its standard output: {printed:#?}"
+            ))
         }
-    };
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Ok((child, base))
+        Err(_) => {
+            let threads = thread_stacks(child.id());
+            let _ = child.kill();
+            let _ = child.wait();
+            let logged = stderr.map(|lines| lines.lines()).unwrap_or_default();
+            Err(format!(
+                "sealgate printed no ready line within {READY_WITHIN:?}; its threads:\n{threads}\nits standard error: {logged:#?}"
+            ))
+        }
+    }
+}
+
+/// Reads `stdout` on a thread of its own: sends the ready line's base URL, or every line printed when the
+/// stream ends without one, and keeps draining so that the child never blocks on a full pipe.
+fn ready_line(stdout: std::process::ChildStdout) -> mpsc::Receiver<Result<String, Vec<String>>> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+        let mut printed = Vec::new();
+        for line in lines.by_ref() {
+            if let Some(url) = ready_url(&line) {
+                let _ = sender.send(Ok(url));
+                lines.for_each(drop);
+                return;
+            }
+            printed.push(line);
+        }
+        let _ = sender.send(Err(printed));
+    });
+    receiver
+}
+
+/// Every thread's stack of a stuck process, by gdb (on the machine image); what went wrong otherwise.
+fn thread_stacks(pid: u32) -> String {
+    match Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
+        Err(e) => format!("(gdb could not run: {e})"),
+    }
 }
 
 /// The base URL of a ready line: `sealgate ready on URL`, or with `log.format: json`
@@ -535,7 +572,7 @@ impl Gateway {
         Gateway::spawn_with(wrapper, dir, config_path, keys, |_| {})
     }
 
-    /// Like [`Gateway::spawn_under`], with the command adjusted first (see [`launch_with`]); a restart
+    /// Like [`Gateway::spawn_under`], with the command adjusted first (see [`launch_binary`]); a restart
     /// does not repeat the adjustment.
     pub fn spawn_with(
         wrapper: Vec<String>,
@@ -557,9 +594,14 @@ impl Gateway {
         keys: Arc<Keys>,
         adjust: impl FnOnce(&mut Command),
     ) -> Gateway {
-        let (child, base) = launch_binary(&binary, &wrapper, config_path, adjust);
+        let Launched {
+            child,
+            base,
+            stderr,
+        } = launch_binary(&binary, &wrapper, config_path, adjust);
         Gateway {
             child,
+            stderr,
             binary,
             wrapper,
             base,
@@ -611,10 +653,15 @@ impl Gateway {
             );
             std::fs::write(&config, text).unwrap();
             match try_launch_command(serve_command(&binary, &[], &config, |_| {})) {
-                Ok((child, base)) => {
+                Ok(Launched {
+                    child,
+                    base,
+                    stderr,
+                }) => {
                     assert_eq!(base, format!("http://127.0.0.1:{port}"));
                     let gateway = Gateway {
                         child,
+                        stderr,
                         binary,
                         wrapper: Vec::new(),
                         base,
@@ -646,7 +693,7 @@ impl Gateway {
     }
 
     /// Like [`Gateway::start_with`] (`extra_upstreams` gets the test tool's base URL), with the command
-    /// adjusted by `adjust` (see [`launch_with`]) and its standard error piped to the test (so not a
+    /// adjusted by `adjust` (see [`launch_binary`]) and its standard error piped to the test (so not a
     /// terminal) and captured.
     pub async fn start_capturing(
         dir: &Path,
@@ -658,11 +705,11 @@ impl Gateway {
         let keys = Arc::new(Keys::new());
         let upstreams = extra_upstreams(&tool_base);
         let config = write_config(dir, &keys, &tool_base, &upstreams, extra_config);
-        let mut gateway = Gateway::spawn_with(Vec::new(), dir, &config, keys, |command| {
+        let gateway = Gateway::spawn_with(Vec::new(), dir, &config, keys, |command| {
             adjust(command);
             command.stderr(Stdio::piped());
         });
-        let stderr = Lines::capture(gateway.child.stderr.take().expect("stderr is piped"));
+        let stderr = gateway.stderr();
         (gateway, stderr)
     }
 
@@ -691,9 +738,15 @@ impl Gateway {
     /// Stops the process with SIGKILL and starts it again on the same data.
     pub fn restart(&mut self) {
         self.kill();
-        let (child, base) = launch_binary(&self.binary, &self.wrapper, &self.config_path, |_| {});
-        self.child = child;
-        self.base = base;
+        let launched = launch_binary(&self.binary, &self.wrapper, &self.config_path, |_| {});
+        self.child = launched.child;
+        self.base = launched.base;
+        self.stderr = launched.stderr;
+    }
+
+    /// What the gateway writes on its standard error, as it comes; for a start that piped it.
+    pub fn stderr(&self) -> Lines {
+        self.stderr.clone().expect("the gateway's stderr is piped")
     }
 
     pub async fn operator(
@@ -937,13 +990,24 @@ impl Gateway {
 pub struct Lines(Arc<std::sync::Mutex<Vec<String>>>);
 
 impl Lines {
-    /// Collects the lines of `stream` on a thread of its own until it closes.
+    /// Collects the lines of `stream` on a thread of its own until it closes. A line that is not UTF-8 is
+    /// kept with U+FFFD in its place, and reading goes on: a reader that stopped would leave the writer
+    /// blocked on a full pipe.
     pub fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
         let lines = Lines::default();
         let sink = lines.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                sink.0.lock().unwrap().push(line);
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::new();
+            while reader
+                .read_until(b'\n', &mut line)
+                .is_ok_and(|read| read > 0)
+            {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                let text = text.strip_suffix('\r').unwrap_or(text);
+                sink.0.lock().unwrap().push(text.to_owned());
+                line.clear();
             }
         });
         lines
@@ -1034,35 +1098,35 @@ pub fn assert_refused_at_start_up(config: &Path, expected: &str, secret: &str) {
 }
 
 /// Runs a `sealgate` command that must fail to start (`serve` with a configuration it refuses); returns
-/// everything it printed. One still running after 30 s is killed and the test fails: it serves.
+/// everything it printed. One still running after 30 s is killed and the test fails: it serves. Its output
+/// is read while it runs, so a command that prints much (at `trace`) cannot block on a full pipe.
 pub fn run_refused(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
+    let child = Command::new(env!("CARGO_BIN_EXE_sealgate"))
         .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{args:?} still runs after 30 s:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+    let pid = child.id().to_string();
+    let (sender, finished) = mpsc::channel();
+    std::thread::spawn(move || sender.send(child.wait_with_output()));
+    let (out, in_time) = match finished.recv_timeout(Duration::from_secs(30)) {
+        Ok(out) => (out, true),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            (finished.recv().unwrap(), false)
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success(), "{args:?} succeeded");
-    format!(
+    };
+    let out = out.unwrap();
+    let printed = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    )
+    );
+    assert!(in_time, "{args:?} still runs after 30 s:\n{printed}");
+    assert!(!out.status.success(), "{args:?} succeeded");
+    printed
 }
 
 /// `count` gateway processes on one PostgreSQL store: each has a folder of its own (data, audit file,
