@@ -211,10 +211,11 @@ impl Gateway {
     ) -> Result<(Arc<Gateway>, StoredContexts), String> {
         // Before anything registers a metric handle (the upstreams do).
         let metrics = crate::telemetry::install();
+        // Their errors name their own keys (`agent_tokens.keys[0]: …`), as `serve --check` prints them.
         let agent_tokens = AgentTokenVerifier::new(&config.agent_tokens, &config.base_dir)
-            .map_err(|e| format!("agent_tokens: {e}"))?;
+            .map_err(|e| e.to_string())?;
         let operators = OperatorVerifier::new(&config.operator_auth, &config.base_dir)
-            .map_err(|e| format!("operator_auth: {e}"))?;
+            .map_err(|e| e.to_string())?;
         // Key sets at JWKS URLs: fetched once now (a failure is retried, and /readyz waits for it).
         tokio::join!(
             agent_tokens.key_set().start_fetching(),
@@ -230,7 +231,7 @@ impl Gateway {
             &config.mcp_server_surroundings(),
         )?;
         let minter = TokenMinter::from_config(&config.agent_tokens, &config.base_dir)
-            .map_err(|e| format!("agent_tokens.issuer_key: {e}"))?;
+            .map_err(|e| e.to_string())?;
         let upstreams = Upstreams::new(&config.upstreams).map_err(|e| format!("upstreams: {e}"))?;
         let answer_guard = crate::guard::Guard::new(&config.answer_guard).map_err(|refused| {
             format!(

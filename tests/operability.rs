@@ -180,6 +180,23 @@ async fn serve_check_lists_every_problem_and_passes_a_good_configuration() {
         );
     }
     assert_eq!(errors.len(), 7, "{output}");
+    // `serve` names a key the way `serve --check` does, once.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let unreadable_key = elsewhere.path().join("unreadable-key.yaml");
+    std::fs::write(
+        &unreadable_key,
+        "agent_tokens: { issuer_key: keys/issuer.pem }\n",
+    )
+    .unwrap();
+    let refused = common::run_refused(
+        &["serve", "--config", unreadable_key.to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        refused.contains("sealgate: agent_tokens.issuer_key: ")
+            && refused.matches("agent_tokens").count() == 1,
+        "{refused}"
+    );
     assert!(
         output.contains("bad-capabilities.yaml:2: capabilities"),
         "the policy file, line and field are named:\n{output}"
