@@ -80,7 +80,9 @@ impl ChainHead {
 /// so that no store parses or re-serialises an event it appends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEvent {
-    /// The event's JSON line, byte for byte the JCS text that was hashed (with its `hash`): stored as is.
+    /// The event's line, stored as it is: the JCS text that was hashed, with its `hash` member (for an
+    /// event holding numbers that JCS rounds, serde_json's text of what JCS reads back: the audit chain's
+    /// `seal`).
     pub line: String,
     /// Its `seq` and `hash`: the head it makes.
     pub head: ChainHead,
@@ -107,6 +109,7 @@ impl StoredEvent {
 }
 
 impl LabelsAdded {
+    /// The labels an event in JSON names, when it names its session too (none are kept without one).
     fn of_event(event: &Value) -> Option<LabelsAdded> {
         let labels = event.get(LABELS_ADDED).and_then(Value::as_array)?;
         Some(LabelsAdded {
