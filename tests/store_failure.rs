@@ -14,7 +14,8 @@ use sealgate::pipeline::Outcome;
 use sealgate::store::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ClaimCursor, ClaimKind, ClaimRecord,
     ConsoleSessionRecord, LiveCounts, SessionLabel, SessionRecord, ShadowTally, Shelf,
-    SignInAttempt, SqliteStore, Store, StoreError, StoreResult, StoredContext, ToolPin,
+    SignInAttempt, SqliteStore, Store, StoreError, StoreResult, StoredContext, StoredEvent,
+    ToolPin,
 };
 use serde_json::{json, Value};
 
@@ -43,7 +44,7 @@ impl AuditBackend for SwitchableStore {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         self.check()?;

@@ -12,8 +12,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::event::{is_sha256_hex, EventType, Unsealed, CHAIN_KEYS};
-use super::{AuditBackend, Recorded};
+use super::{AuditBackend, ChainHead, Recorded};
 use crate::envelope::{write_string, write_value};
+use crate::store::StoredEvent;
 use crate::strict_json::{self, exact_in_jcs};
 
 pub use crate::store::GENESIS_HASH;
@@ -102,7 +103,10 @@ enum ChainField<'a> {
 /// Adds the chain fields to an event and hashes it: the event's members are already in JCS order, so its
 /// JCS bytes are written once, and hashed without the `hash` member. Returns the event as the copies
 /// and as the store take it, and the caller's receipt.
-pub(crate) fn seal(event: &Unsealed, link: &Link<'_>) -> Result<(Sealed, Value, Recorded), String> {
+pub(crate) fn seal(
+    event: &Unsealed,
+    link: &Link<'_>,
+) -> Result<(Sealed, StoredEvent, Recorded), String> {
     let event_id = uuid::Uuid::new_v4().to_string();
     let fields = [
         ChainField::Text(link.at),
@@ -144,10 +148,18 @@ pub(crate) fn seal(event: &Unsealed, link: &Link<'_>) -> Result<(Sealed, Value, 
     let hash_member = format!("\"hash\":\"{hash}\",");
     out.splice(hash_at..hash_at, hash_member.into_bytes());
     let line = String::from_utf8(out).map_err(|_| "a sealed event is not UTF-8".to_owned())?;
-    let (line, stored) = read_back(
+    let line = read_back(
         line,
         event.plain && link.seq <= strict_json::MAX_SAFE_INTEGER,
     )?;
+    let stored = StoredEvent {
+        line: line.clone(),
+        head: ChainHead {
+            seq: link.seq,
+            hash: hash.clone(),
+        },
+        labels: event.labels.clone(),
+    };
     let sealed = Sealed {
         line,
         seq: link.seq,
@@ -163,19 +175,18 @@ pub(crate) fn seal(event: &Unsealed, link: &Link<'_>) -> Result<(Sealed, Value, 
     Ok((sealed, stored, recorded))
 }
 
-/// The sealed event as JCS reads it back, so that what is stored is what was hashed even for numbers
-/// that JCS rounds (integers beyond 2^53), and its text. A `plain` event's line reads back exactly, and
-/// is the text serde_json writes of it; any other is read by the strict reader of `verify`, so that
-/// sealing and verifying cannot disagree on a number, and its text is serde_json's, as the store's is.
-fn read_back(line: String, plain: bool) -> Result<(String, Value), String> {
-    let unreadable = |e: String| format!("sealed event does not read back: {e}");
+/// The sealed event's text as the store keeps it: what JCS reads back, so that what is stored is what
+/// was hashed even for numbers that JCS rounds (integers beyond 2^53). A `plain` event's line reads back
+/// exactly and is already the text serde_json writes of it (the store's text before it took lines);
+/// any other is read by the strict reader of `verify`, so that sealing and verifying cannot disagree on
+/// a number, and written as serde_json writes it.
+fn read_back(line: String, plain: bool) -> Result<String, String> {
     if plain {
-        let stored = serde_json::from_str(&line).map_err(|e| unreadable(e.to_string()))?;
-        return Ok((line, stored));
+        return Ok(line);
     }
-    let stored = strict_json::parse_strict_json_with(line.as_bytes(), strict_json::AUDIT_LINES)
-        .map_err(unreadable)?;
-    Ok((stored.to_string(), stored))
+    strict_json::parse_strict_json_with(line.as_bytes(), strict_json::AUDIT_LINES)
+        .map(|stored| stored.to_string())
+        .map_err(|e| format!("sealed event does not read back: {e}"))
 }
 
 fn chain_key(out: &mut Vec<u8>, key: &str) {

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use crate::envelope::{write_string, write_value};
 use crate::error::Code;
 use crate::identity::Identity;
+use crate::store::LabelsAdded;
 
 /// The event types of SPEC 9.1, serialized as exactly these names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -610,7 +611,17 @@ impl AuditEvent {
             code: self.code,
             claim: self.claim_outcome(),
         };
-        Ok(self.members(include_payloads).finish(facts))
+        let labels = self.labels_for_store();
+        Ok(self.members(include_payloads).finish(facts, labels))
+    }
+
+    /// The labels this event gives its session, with the session id as its member writes it (bounded):
+    /// the store keeps them beside the event (SPEC 19).
+    fn labels_for_store(&self) -> Option<LabelsAdded> {
+        Some(LabelsAdded {
+            session_id: bounded(self.session_id.as_deref()?).into_owned(),
+            labels: self.labels_added.clone()?,
+        })
     }
 
     /// The outcome that `sealgate_claims_total` counts for this event, if any.
@@ -778,6 +789,8 @@ pub(crate) struct Unsealed {
     /// Whether serde_json writes the event's values as JCS does (see `chain::seal`).
     pub(crate) plain: bool,
     pub(crate) facts: Facts,
+    /// What the store keeps of its `session_id` and `labels_added`, which it does not read from the text.
+    pub(crate) labels: Option<LabelsAdded>,
 }
 
 /// What the metrics count of an event once it is durable.
@@ -860,7 +873,7 @@ impl Members {
     }
 
     /// Places the chain fields that sort after every member.
-    fn finish(mut self, facts: Facts) -> Unsealed {
+    fn finish(mut self, facts: Facts, labels: Option<LabelsAdded>) -> Unsealed {
         let end = self.out.len();
         for gap in &mut self.gaps[self.placed..] {
             *gap = end;
@@ -870,6 +883,7 @@ impl Members {
             gaps: self.gaps,
             plain: self.plain,
             facts,
+            labels,
         }
     }
 }

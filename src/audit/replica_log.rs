@@ -129,9 +129,9 @@ mod tests {
                     at: "2026-01-01T00:00:00.000Z",
                     replica: Some(&replica),
                 };
-                let (_, stored, recorded) = seal(&event, &link).unwrap();
+                let (sealed, _, recorded) = seal(&event, &link).unwrap();
                 prev = recorded.hash;
-                stored
+                serde_json::from_str(&sealed.line).unwrap()
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::chain::{seal, Link};
 use super::{AuditBackend, AuditEvent, ChainHead};
-use crate::store::{ClaimSettlement, StoreError, StoreResult};
+use crate::store::{decode_record, ClaimSettlement, StoreError, StoreResult, StoredEvent};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -41,7 +41,7 @@ pub fn chained_after(event: AuditEvent, head: &ChainHead) -> Result<Value, Strin
         replica: None,
     };
     let (_, stored, _) = seal(&event, &link)?;
-    Ok(stored)
+    serde_json::from_str(&stored.line).map_err(|e| e.to_string())
 }
 
 /// Keeps events in memory; counts `append` calls and can be told to fail; `sync` costs a set delay.
@@ -157,10 +157,15 @@ impl AuditBackend for MemoryBackend {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         self.append_calls.fetch_add(1, Ordering::SeqCst);
+        // Kept as read back, so that tests can look into (and tamper with) what was stored.
+        let events = events
+            .iter()
+            .map(|event| decode_record(&event.line))
+            .collect::<StoreResult<Vec<Value>>>()?;
         let mut stored = lock(&self.events);
         if !is_head(stored.last(), after)? {
             return Err(StoreError::HeadMoved);
@@ -170,12 +175,12 @@ impl AuditBackend for MemoryBackend {
                 .keep_on_failure
                 .load(Ordering::SeqCst)
                 .min(events.len());
-            stored.extend(events.iter().take(keep).cloned());
+            stored.extend(events.into_iter().take(keep));
             return Err(StoreError::unavailable(
                 "memory backend: append failed on purpose",
             ));
         }
-        stored.extend(events.iter().cloned());
+        stored.extend(events);
         lock(&self.settlements).extend(settlements.iter().cloned());
         Ok(())
     }
@@ -260,7 +265,7 @@ impl AuditBackend for JsonlFileBackend {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         // A file of events only: a settlement would be lost here, so refuse it.
@@ -273,7 +278,7 @@ impl AuditBackend for JsonlFileBackend {
         let Some(last) = events.last() else {
             return Ok(());
         };
-        let new_head = head_of(last)?;
+        let new_head = last.head.clone();
         let mut head = lock(&self.head);
         let unmoved = match head.as_ref() {
             None => after.seq == 0,
@@ -284,7 +289,7 @@ impl AuditBackend for JsonlFileBackend {
         }
         let mut buffer = Vec::new();
         for event in events {
-            buffer.extend_from_slice(event.to_string().as_bytes());
+            buffer.extend_from_slice(event.line.as_bytes());
             buffer.push(b'\n');
         }
         lock(&self.file)

@@ -14,7 +14,7 @@ use super::chain::parse_strict;
 use super::testing::{JsonlFileBackend, MemoryBackend};
 use super::writer::{metric_updates, Tally};
 use super::*;
-use crate::store::StoreResult;
+use crate::store::{StoreResult, StoredEvent};
 
 fn authorized(n: usize) -> AuditEvent {
     AuditEvent::new(EventType::ToolCallAuthorized)
@@ -46,7 +46,7 @@ impl Unchained for AuditEvent {
             replica: None,
         };
         let (_, stored, _) = chain::seal(&event, &link)?;
-        let Value::Object(mut object) = stored else {
+        let Ok(Value::Object(mut object)) = serde_json::from_str(&stored.line) else {
             return Err("a sealed event is not an object".to_owned());
         };
         for key in event::CHAIN_KEYS {
@@ -219,9 +219,13 @@ fn sealed_line_is_canonical(event: AuditEvent, include_payloads: bool) -> Value 
         at: "2026-11-30T10:00:00.000Z",
         replica: Some("replica-\"1\""),
     };
-    let (sealed, stored, recorded) = chain::seal(&event, &link).unwrap();
+    let (sealed, for_store, recorded) = chain::seal(&event, &link).unwrap();
+    let stored: Value = serde_json::from_str(&sealed.line).unwrap();
     let text = stored.to_string();
     assert_eq!(sealed.line, text);
+    // The store takes what it took from the event read back before it took lines: its text, head and
+    // labels.
+    assert_eq!(StoredEvent::of_value(&stored), Ok(for_store));
     // serde_json writes doubles, and orders keys beyond ASCII, its own way: only then is the text
     // not the event's JCS (as it was before the writer wrote JCS itself).
     if event.plain {
@@ -308,6 +312,14 @@ fn a_sealed_event_keeps_bounded_strings_and_numbers_as_jcs_reads_them() {
     let detail = stored["detail"].as_str().unwrap_or_default();
     assert_eq!(detail.chars().count(), 256);
     assert!(detail.ends_with('…'));
+    // The labels are kept under the session id as the event holds it: bounded too.
+    let labelled = AuditEvent::new(EventType::ToolCallCompleted)
+        .session_id("s".repeat(300))
+        .labels_added(&["pii".to_owned()]);
+    let stored = sealed_line_is_canonical(labelled, false);
+    assert!(stored["session_id"]
+        .as_str()
+        .is_some_and(|id| id.ends_with('…')));
     // JCS writes these numbers as doubles: the store gets them as they read back.
     let inexact = AuditEvent::new(EventType::ToolCallCompleted)
         .duration_ms(u64::MAX)
@@ -830,7 +842,7 @@ impl AuditBackend for GatedBackend {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         self.inner.append(after, events, settlements).await

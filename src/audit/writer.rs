@@ -19,7 +19,7 @@ use super::chain::{format_at, seal, Link, Sealed};
 use super::event::{AuditEvent, EventType, Facts, Unsealed};
 use super::sink::Copies;
 use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoredEvent};
 
 pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
 
@@ -546,7 +546,7 @@ struct CheckpointPlan<'a> {
 /// A batch chained after a head.
 struct Chained {
     /// Every event chained (checkpoints too) as the store takes it, taken for the append.
-    stored: Vec<Value>,
+    stored: Vec<StoredEvent>,
     /// The same events as the copies take them, with what the metrics count of them.
     events: Vec<(Sealed, Facts)>,
     /// One per job left in the batch: checkpoints answer nobody.
@@ -555,11 +555,8 @@ struct Chained {
 }
 
 impl Chained {
-    fn push(&mut self, event: Sealed, stored: Value, facts: Facts) {
-        self.head = ChainHead {
-            seq: event.seq,
-            hash: event.hash.clone(),
-        };
+    fn push(&mut self, event: Sealed, stored: StoredEvent, facts: Facts) {
+        self.head = stored.head.clone();
         self.events.push((event, facts));
         self.stored.push(stored);
     }
@@ -615,7 +612,7 @@ fn seal_next(
     event: &Unsealed,
     head: &ChainHead,
     replica: Option<&str>,
-) -> Result<(Sealed, Value, Recorded), AuditError> {
+) -> Result<(Sealed, StoredEvent, Recorded), AuditError> {
     let seq = head
         .seq
         .checked_add(1)

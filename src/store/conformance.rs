@@ -7,9 +7,14 @@ use super::{
     Admission, Admitted, ApprovalCursor, ApprovalRecord, ApprovalStatus, ChainHead, ClaimCursor,
     ClaimKind, ClaimOutcome, ClaimRecord, ClaimSettlement, ClaimStatus, ConsoleSessionRecord,
     LiveCounts, RecordedIdentity, SeenSignature, SessionLabel, SessionRecord, ShadowTally, Shelf,
-    SignInAttempt, Store, StoreError, StoredContext, ToolPin,
+    SignInAttempt, Store, StoreError, StoredContext, StoredEvent, ToolPin,
 };
 use crate::window::SlidingWindow;
+
+/// An event written as JSON, as the stores take it.
+pub(crate) fn stored(event: serde_json::Value) -> StoredEvent {
+    StoredEvent::of_value(&event).unwrap()
+}
 
 /// A PENDING claim fixed by its kind, id and claim time.
 pub(crate) fn claim(kind: ClaimKind, id: &str, ms: i64) -> ClaimRecord {
@@ -439,7 +444,7 @@ pub(crate) async fn admit_writes_the_replay_record_first_and_keeps_it_on_refusal
 /// meanwhile as it is.
 pub(crate) async fn a_settlement_is_written_with_its_batch_and_only_then(store: &dyn Store) {
     let genesis = ChainHead::genesis();
-    let event = |seq: u64| json!({"seq": seq, "hash": format!("h{seq}")});
+    let event = |seq: u64| stored(json!({"seq": seq, "hash": format!("h{seq}")}));
     let pending = claim(ClaimKind::Invoke, "settled", 1);
     assert_eq!(store.claim_insert(&pending).await.unwrap(), None);
     let mut committed = pending.clone();
@@ -483,8 +488,12 @@ pub(crate) async fn a_settlement_is_written_with_its_batch_and_only_then(store: 
 /// never without it; a label held keeps the seq that first brought it; other sessions hold none.
 pub(crate) async fn labels_are_written_with_their_batch_and_only_then(store: &dyn Store) {
     let genesis = ChainHead::genesis();
-    let event = |seq: u64, session: &str, labels: &[&str]| json!({"seq": seq, "hash": format!("h{seq}"), "session_id": session, "labels_added": labels});
-    let plain = json!({"seq": 1, "hash": "h1", "session_id": "s"});
+    let event = |seq: u64, session: &str, labels: &[&str]| {
+        stored(
+            json!({"seq": seq, "hash": format!("h{seq}"), "session_id": session, "labels_added": labels}),
+        )
+    };
+    let plain = stored(json!({"seq": 1, "hash": "h1", "session_id": "s"}));
     store.append(&genesis, &[plain], &[]).await.unwrap();
     assert_eq!(store.session_labels("s").await.unwrap(), []);
     // Chained after a head that is no longer the store's: no label either.

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{
     ApprovalRecord, AuditBackend, ChainHead, ClaimRecord, SessionRecord, Shelf, SqliteStore, Store,
-    StoredContext,
+    StoredContext, StoredEvent,
 };
 
 /// What was copied, for the closing line.
@@ -175,7 +175,7 @@ async fn copy_events(sled: &sled::Db, store: &SqliteStore) -> Result<u64, String
     for entry in audit.iter() {
         let (_, bytes) = entry.map_err(|e| e.to_string())?;
         let event: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        page.push(event);
+        page.push(StoredEvent::of_value(&event).map_err(|e| e.to_string())?);
         if page.len() == PAGE {
             head = append(store, &head, &mut page).await?;
         }
@@ -190,12 +190,11 @@ async fn copy_events(sled: &sled::Db, store: &SqliteStore) -> Result<u64, String
 async fn append(
     store: &SqliteStore,
     head: &ChainHead,
-    page: &mut Vec<Value>,
+    page: &mut Vec<StoredEvent>,
 ) -> Result<ChainHead, String> {
-    let last = page.last().map(ChainHead::of_event).transpose();
-    let last = last
-        .map_err(|e| e.to_string())?
-        .unwrap_or_else(|| head.clone());
+    let last = page
+        .last()
+        .map_or_else(|| head.clone(), |event| event.head.clone());
     store
         .append(head, page, &[])
         .await

@@ -76,9 +76,56 @@ impl ChainHead {
     }
 }
 
+/// One sealed audit event as the stores take it: the writer's text and what a store keeps beside it,
+/// so that no store parses or re-serialises an event it appends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// The event's line, stored as it is: the JCS text that was hashed, with its `hash` member (for an
+    /// event holding numbers that JCS rounds, serde_json's text of what JCS reads back: the audit chain's
+    /// `seal`).
+    pub line: String,
+    /// Its `seq` and `hash`: the head it makes.
+    pub head: ChainHead,
+    /// The labels it gives its session (SPEC 19), when it is a completion event that names any.
+    pub labels: Option<LabelsAdded>,
+}
+
+/// A completion event's `session_id` and `labels_added` (SPEC 19), which the stores keep per session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelsAdded {
+    pub session_id: String,
+    pub labels: Vec<String>,
+}
+
+impl StoredEvent {
+    /// An event already in JSON (one copied from an older store): its serde_json text is what is stored.
+    pub fn of_value(event: &Value) -> StoreResult<StoredEvent> {
+        Ok(StoredEvent {
+            line: event.to_string(),
+            head: ChainHead::of_event(event)?,
+            labels: LabelsAdded::of_event(event),
+        })
+    }
+}
+
+impl LabelsAdded {
+    /// The labels an event in JSON names, when it names its session too (none are kept without one).
+    fn of_event(event: &Value) -> Option<LabelsAdded> {
+        let labels = event.get(LABELS_ADDED).and_then(Value::as_array)?;
+        Some(LabelsAdded {
+            session_id: event.get("session_id").and_then(Value::as_str)?.to_owned(),
+            labels: labels
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+}
+
 /// Chains a batch after the head it is given and returns the chained events (see
 /// [`AuditBackend::append_in_turn`]).
-pub type Chainer<'a> = dyn FnMut(&ChainHead) -> Vec<Value> + Send + 'a;
+pub type Chainer<'a> = dyn FnMut(&ChainHead) -> Vec<StoredEvent> + Send + 'a;
 
 /// Where audit events are kept (SPEC 9): implemented by every store. The audit writer is its only writer
 /// in a process; several processes (replicas) may share one store, so `append` is a compare-and-set on the
@@ -96,7 +143,7 @@ pub trait AuditBackend: Send + Sync + 'static {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()>;
     /// Like `append`, but chained after whatever the head is when this writer's turn comes: other
@@ -107,7 +154,7 @@ pub trait AuditBackend: Send + Sync + 'static {
         &self,
         chain: &mut Chainer<'_>,
         settlements: &[ClaimSettlement],
-    ) -> StoreResult<Vec<Value>> {
+    ) -> StoreResult<Vec<StoredEvent>> {
         let head = self.head().await?.unwrap_or_else(ChainHead::genesis);
         let events = chain(&head);
         self.append(&head, &events, settlements).await?;
@@ -121,7 +168,7 @@ pub trait AuditBackend: Send + Sync + 'static {
     async fn append_durably(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         self.append(after, events, settlements).await?;
@@ -519,19 +566,12 @@ pub const LABELS_ADDED: &str = "labels_added";
 /// The labels that a chained batch gives sessions (SPEC 19): (session id, label, seq) for each label a
 /// completion event names. The stores write them with the batch, in its transaction, so that a session's
 /// labels are durable with the event that brought them and never without it.
-pub(crate) fn labels_of_batch(events: &[Value]) -> Vec<(String, String, u64)> {
+pub(crate) fn labels_of_batch(events: &[StoredEvent]) -> Vec<(String, String, u64)> {
     let mut rows = Vec::new();
     for event in events {
-        let Some(labels) = event.get(LABELS_ADDED).and_then(Value::as_array) else {
-            continue;
-        };
-        let session = event.get("session_id").and_then(Value::as_str);
-        let seq = event.get("seq").and_then(Value::as_u64);
-        let (Some(session), Some(seq)) = (session, seq) else {
-            continue;
-        };
-        for label in labels.iter().filter_map(Value::as_str) {
-            rows.push((session.to_owned(), label.to_owned(), seq));
+        let Some(added) = &event.labels else { continue };
+        for label in &added.labels {
+            rows.push((added.session_id.clone(), label.clone(), event.head.seq));
         }
     }
     rows

@@ -8,17 +8,8 @@ use super::sql::{db, Prepared};
 use super::PgStore;
 use crate::store::{
     decode_record, encode_record, sql_int, AuditBackend, ChainHead, Chainer, ClaimSettlement,
-    StoreError, StoreResult,
+    StoreError, StoreResult, StoredEvent,
 };
-
-/// An event's seq as its column holds it.
-fn seq_of(event: &Value) -> StoreResult<i64> {
-    event
-        .get("seq")
-        .and_then(Value::as_u64)
-        .map(sql_int)
-        .ok_or_else(|| StoreError::Corrupt("audit event without seq".into()))
-}
 
 /// One statement: the head moves only from where the batch was chained (a compare-and-set), and the events
 /// and the claims' settlements and the sessions' new labels (SPEC 19) are written only when it did. Outside a transaction it is one commit, and the
@@ -42,11 +33,12 @@ const WRITE_BATCH: &str = "WITH moved AS (\
 const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE";
 
 /// What [`WRITE_BATCH`] takes: a chained batch, where it was chained, and its claims' settlements.
-struct BatchColumns {
+struct BatchColumns<'a> {
     seqs: Vec<i64>,
-    texts: Vec<String>,
+    /// The events' lines, stored as the writer sealed them.
+    texts: Vec<&'a str>,
     last_seq: i64,
-    last_hash: String,
+    last_hash: &'a str,
     after_seq: i64,
     after_hash: String,
     /// Kind, request id, PENDING record and settled record of each settlement.
@@ -57,20 +49,16 @@ struct BatchColumns {
     label_seqs: Vec<i64>,
 }
 
-impl BatchColumns {
+impl<'a> BatchColumns<'a> {
     /// None for an empty batch, which writes nothing.
     fn of(
         after: &ChainHead,
-        events: &[Value],
+        events: &'a [StoredEvent],
         settlements: &[ClaimSettlement],
-    ) -> StoreResult<Option<BatchColumns>> {
+    ) -> StoreResult<Option<BatchColumns<'a>>> {
         let Some(last) = events.last() else {
             return Ok(None);
         };
-        let last_hash = last
-            .get("hash")
-            .and_then(Value::as_str)
-            .ok_or_else(|| StoreError::Corrupt("audit event without hash".into()))?;
         let mut columns: [Vec<String>; 4] = Default::default();
         for settlement in settlements {
             let pending = &settlement.pending;
@@ -86,10 +74,10 @@ impl BatchColumns {
             label_seqs.push(sql_int(seq));
         }
         Ok(Some(BatchColumns {
-            seqs: events.iter().map(seq_of).collect::<StoreResult<_>>()?,
-            texts: events.iter().map(Value::to_string).collect(),
-            last_seq: seq_of(last)?,
-            last_hash: last_hash.to_owned(),
+            seqs: events.iter().map(|event| sql_int(event.head.seq)).collect(),
+            texts: events.iter().map(|event| event.line.as_str()).collect(),
+            last_seq: sql_int(last.head.seq),
+            last_hash: &last.head.hash,
             after_seq: sql_int(after.seq),
             after_hash: after.hash.clone(),
             settlements: columns,
@@ -179,7 +167,7 @@ impl AuditBackend for PgStore {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         if events.is_empty() {
@@ -204,7 +192,7 @@ impl AuditBackend for PgStore {
         &self,
         chain: &mut Chainer<'_>,
         settlements: &[ClaimSettlement],
-    ) -> StoreResult<Vec<Value>> {
+    ) -> StoreResult<Vec<StoredEvent>> {
         let conn = self.conn().await?;
         // Prepared first, so that nothing waits between the statements queued together below: `BEGIN`
         // goes with the lock, the write with `COMMIT`, and the head is held for two round trips, not three.

@@ -1,11 +1,9 @@
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::*;
-use crate::store::conformance::{self, claim};
+use crate::store::conformance::{self, claim, stored};
 use crate::store::testing::TestDatabase;
-use crate::store::{AuditBackend, ChainHead, SeenSignature};
+use crate::store::{AuditBackend, ChainHead, SeenSignature, StoredEvent};
 use crate::window::SlidingWindow;
 
 #[tokio::test]
@@ -173,9 +171,11 @@ async fn admit_without_a_rate_window_charges_the_budget_and_the_claim_together()
 }
 
 /// One event chained after `head`, named by its seq (`h1`, `h2`, …).
-fn next_event(head: &ChainHead) -> Vec<Value> {
+fn next_event(head: &ChainHead) -> Vec<StoredEvent> {
     let seq = head.seq + 1;
-    vec![serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash})]
+    vec![stored(
+        serde_json::json!({"seq": seq, "hash": format!("h{seq}"), "prev": head.hash}),
+    )]
 }
 
 /// Two pools on one database stand for two replicas.
@@ -285,17 +285,18 @@ async fn appends_are_compare_and_set_on_the_head_across_pools() {
     assert_eq!(a.head().await.unwrap(), None);
     let genesis = ChainHead::genesis();
     let event = |seq: u64, hash: &str| serde_json::json!({"seq": seq, "hash": hash});
-    a.append(&genesis, &[event(1, "h1"), event(2, "h2")], &[])
-        .await
-        .unwrap();
+    let appended = [event(1, "h1"), event(2, "h2")].map(stored);
+    a.append(&genesis, &appended, &[]).await.unwrap();
     // The other replica still believes the store is empty: refused, nothing stored.
     assert_eq!(
-        b.append(&genesis, &[event(1, "other")], &[]).await,
+        b.append(&genesis, &[stored(event(1, "other"))], &[]).await,
         Err(StoreError::HeadMoved)
     );
     let head = b.head().await.unwrap().unwrap();
     assert_eq!((head.seq, head.hash.as_str()), (2, "h2"));
-    b.append(&head, &[event(3, "h3")], &[]).await.unwrap();
+    b.append(&head, &[stored(event(3, "h3"))], &[])
+        .await
+        .unwrap();
     let newest = a.events_newest_first(None, 2).await.unwrap();
     assert_eq!(newest, [event(3, "h3"), event(2, "h2")]);
     let oldest = a.events_oldest_first(2, 10).await.unwrap();
@@ -339,12 +340,12 @@ async fn writers_taking_turns_chain_after_each_other() {
 async fn a_turn_that_fails_holding_the_head_leaves_it_to_the_next_writer() {
     let db = TestDatabase::create().await;
     let stores = two_replicas(&db).await;
-    // Chained after the lock was taken, then refused before the write: the transaction must not go
-    // back to the pool still open and holding the head, or the other replica would wait for it.
-    let mut unhashed = |head: &ChainHead| vec![serde_json::json!({"seq": head.seq + 1})];
+    // Chained after the lock was taken, then refused by the write (one seq twice): the transaction must
+    // not go back to the pool still open and holding the head, or the other replica would wait for it.
+    let mut twice = |head: &ChainHead| [next_event(head), next_event(head)].concat();
     assert!(matches!(
-        stores[0].append_in_turn(&mut unhashed, &[]).await,
-        Err(StoreError::Corrupt(_))
+        stores[0].append_in_turn(&mut twice, &[]).await,
+        Err(StoreError::Unavailable(_))
     ));
     for store in [&stores[1], &stores[0]] {
         let appended = store.append_in_turn(&mut next_event, &[]).await.unwrap();

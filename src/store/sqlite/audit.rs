@@ -10,7 +10,7 @@ use super::sql::{claim_replace, db, ClaimRow};
 use super::SqliteStore;
 use crate::store::{
     decode_record, labels_of_batch, sql_int, AuditBackend, ChainHead, ClaimRecord, ClaimSettlement,
-    StoreError, StoreResult,
+    StoreError, StoreResult, StoredEvent,
 };
 
 #[async_trait::async_trait]
@@ -24,13 +24,13 @@ impl AuditBackend for SqliteStore {
     async fn append(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         let after = after.clone();
         let rows = events
             .iter()
-            .map(|event| Ok((ChainHead::of_event(event)?, pack(&event.to_string())?)))
+            .map(|event| Ok((event.head.clone(), pack(&event.line)?)))
             .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
         let settlements = settlements
             .iter()
@@ -84,7 +84,7 @@ impl AuditBackend for SqliteStore {
     async fn append_durably(
         &self,
         after: &ChainHead,
-        events: &[Value],
+        events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
         // `join!` polls the append first, and its first poll queues the write (nothing before it

@@ -295,7 +295,11 @@ async fn events_and_claims_are_packed_and_plain_rows_of_an_earlier_build_still_s
     let event =
         serde_json::json!({"seq": 1, "hash": "h1", "tool": "fs.read", "pad": "x".repeat(500)});
     store
-        .append(&ChainHead::genesis(), std::slice::from_ref(&event), &[])
+        .append(
+            &ChainHead::genesis(),
+            &[conformance::stored(event.clone())],
+            &[],
+        )
         .await
         .unwrap();
     let earlier = claim(ClaimKind::Invoke, "plain", 2);
@@ -362,7 +366,11 @@ async fn a_packed_event_is_read_by_the_sqlite3_and_zstd_tools() {
     let (dir, store) = open();
     let event = serde_json::json!({"seq": 1, "hash": "h1", "type": "ToolCallCompleted"});
     store
-        .append(&ChainHead::genesis(), std::slice::from_ref(&event), &[])
+        .append(
+            &ChainHead::genesis(),
+            &[conformance::stored(event.clone())],
+            &[],
+        )
         .await
         .unwrap();
     store.sync().await.unwrap();
