@@ -7,7 +7,8 @@
 #
 # GATEWAY_BINARY defaults to target/release/sealgate; CALLS to 2000; CONTEXT to bench-off (`claim: off`), or
 # bench-claim (durable claims). The load is `sealgate bench soak` from this checkout's release build: 200 calls
-# to warm up, uncounted, then CALLS calls over 20 sessions, one at a time. Prints
+# to warm up, uncounted, then CALLS calls over 20 sessions, one at a time (so no count depends on how calls
+# happened to share a batch). Prints
 # `instructions_per_call=N profile=FILE`; `callgrind_annotate --inclusive=yes FILE` shows where they went.
 # SHA-256 counts high here: valgrind does not run the SHA extensions that the real CPU uses.
 set -euo pipefail
@@ -47,7 +48,7 @@ gateway_pid=$!
 PIDS+=("$gateway_pid")
 gateway=$(wait_line "$WORK/gateway.out" 'sealgate ready on ')
 
-soak() { "$TOOLS" bench soak --dir "$WORK/gw" --gateway "$gateway" --context "$CONTEXT" --sessions "$SESSIONS" --calls "$1" >/dev/null; }
+soak() { "$TOOLS" bench soak --dir "$WORK/gw" --gateway "$gateway" --context "$CONTEXT" --sessions "$SESSIONS" --calls "$1" --concurrency 1 >/dev/null; }
 soak "$WARM_UP"
 callgrind_control --zero "$gateway_pid" >/dev/null 2>&1
 soak "$CALLS"

@@ -18,19 +18,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn head_of(event: &Value) -> StoreResult<ChainHead> {
-    match (
-        event.get("seq").and_then(Value::as_u64),
-        event.get("hash").and_then(Value::as_str),
-    ) {
-        (Some(seq), Some(hash)) => Ok(ChainHead {
-            seq,
-            hash: hash.to_owned(),
-        }),
-        _ => Err(StoreError::Corrupt("event lacks seq or hash".to_owned())),
-    }
-}
-
 /// `event` as the audit writer chains it right after `head`, for tests of what reads the chain.
 pub fn chained_after(event: AuditEvent, head: &ChainHead) -> Result<Value, String> {
     let event = event.into_unsealed(false)?;
@@ -135,7 +122,7 @@ fn page_before(events: &[Value], before_seq: Option<u64>, limit: usize) -> Vec<V
 fn is_head(events: Option<&Value>, after: &ChainHead) -> StoreResult<bool> {
     match events {
         None => Ok(after.seq == 0),
-        Some(last) => Ok(head_of(last)? == *after),
+        Some(last) => Ok(ChainHead::of_event(last)? == *after),
     }
 }
 
@@ -151,7 +138,10 @@ impl AuditBackend for MemoryBackend {
                 "memory backend: head failed on purpose",
             ));
         }
-        lock(&self.events).last().map(head_of).transpose()
+        lock(&self.events)
+            .last()
+            .map(ChainHead::of_event)
+            .transpose()
     }
 
     async fn append(
@@ -229,7 +219,7 @@ impl JsonlFileBackend {
         };
         let mut head = None;
         for event in backend.read_all()? {
-            head = Some(head_of(&event)?);
+            head = Some(ChainHead::of_event(&event)?);
         }
         *lock(&backend.head) = head;
         Ok(backend)

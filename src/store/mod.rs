@@ -41,10 +41,10 @@ pub(crate) fn sql_int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The last event of the audit chain.
 /// `prev_hash` of the first event of a store: the head of an empty chain.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
+/// The last event of the audit chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChainHead {
     pub seq: u64,

@@ -102,34 +102,38 @@ impl AuditBackend for SqliteStore {
         limit: usize,
     ) -> StoreResult<Vec<Value>> {
         let before = before_seq.map_or(i64::MAX, sql_int);
-        let limit = sql_int(limit as u64);
-        self.read(move |conn| {
-            let texts: Vec<Stored> = conn
-                .prepare_cached(
-                    "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
-                )
-                .and_then(|mut s| {
-                    s.query_map(params![before, limit], |row| row.get(0))?
-                        .collect()
-                })
-                .map_err(db)?;
-            texts
-                .iter()
-                .map(|Stored(text)| decode_record(text))
-                .collect()
-        })
+        self.events_where(
+            "SELECT event FROM audit_events WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
+            before,
+            limit,
+        )
         .await
     }
 
     async fn events_oldest_first(&self, from_seq: u64, limit: usize) -> StoreResult<Vec<Value>> {
-        let (from, limit) = (sql_int(from_seq), sql_int(limit as u64));
+        self.events_where(
+            "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+            sql_int(from_seq),
+            limit,
+        )
+        .await
+    }
+}
+
+impl SqliteStore {
+    /// The events that `query` selects with its bound `seq` (?1) and at most `limit` rows (?2), decoded.
+    async fn events_where(
+        &self,
+        query: &'static str,
+        seq: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Value>> {
+        let limit = sql_int(limit as u64);
         self.read(move |conn| {
             let texts: Vec<Stored> = conn
-                .prepare_cached(
-                    "SELECT event FROM audit_events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
-                )
+                .prepare_cached(query)
                 .and_then(|mut s| {
-                    s.query_map(params![from, limit], |row| row.get(0))?
+                    s.query_map(params![seq, limit], |row| row.get(0))?
                         .collect()
                 })
                 .map_err(db)?;
