@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::audit::{AuditEvent, AuditLog, EventType};
+use crate::audit::{AuditError, AuditEvent, AuditLog, EventType};
 use crate::clock;
 use crate::identity::Identity;
 use crate::policy::ApprovalRule;
@@ -56,6 +56,22 @@ pub const FLOW_APPROVAL: ApprovalRule = ApprovalRule {
     separate_from_registrant: false,
 };
 
+/// Why an approval step could not be taken; the caller answers 5003 (SPEC 10) with its text.
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    /// The record was there a moment ago and is gone: the store lost it.
+    #[error("approval {0} vanished")]
+    Vanished(String),
+    /// Other calls kept replacing the call's request between its reads (another replica's, or the
+    /// agent's own repeats).
+    #[error("the call's approval kept changing under concurrent calls; try again")]
+    KeptChanging,
+}
+
 /// What the approval step decided for a call.
 pub enum Gate {
     /// A grant was there and is now marked used; give it back with [`restore`] if nothing is sent.
@@ -90,7 +106,10 @@ fn is_due(record: &ApprovalRecord, now_ms: i64) -> bool {
 /// The record as it stands now: a request or grant whose time ran out becomes `expired`, and the first
 /// one to notice writes `ApprovalExpired` (SPEC 13). Another replica noticing first is fine: the record
 /// it left is returned.
-pub async fn refresh(desk: &Desk<'_>, record: ApprovalRecord) -> Result<ApprovalRecord, String> {
+pub async fn refresh(
+    desk: &Desk<'_>,
+    record: ApprovalRecord,
+) -> Result<ApprovalRecord, ApprovalError> {
     let mut record = record;
     loop {
         if !is_due(&record, clock::now_millis()) {
@@ -100,29 +119,22 @@ pub async fn refresh(desk: &Desk<'_>, record: ApprovalRecord) -> Result<Approval
             status: ApprovalStatus::Expired,
             ..record.clone()
         };
-        if desk
-            .store
-            .approval_replace(&record, &expired)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        if desk.store.approval_replace(&record, &expired).await? {
             desk.audit
                 .record(event(EventType::ApprovalExpired, &expired))
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             return Ok(expired);
         }
         record = desk
             .store
             .approval_get(&record.approval_id)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("approval {} vanished", record.approval_id))?;
+            .await?
+            .ok_or_else(|| ApprovalError::Vanished(record.approval_id.clone()))?;
     }
 }
 
 /// Expires every request and grant whose time ran out; returns how many it expired.
-pub async fn sweep(desk: &Desk<'_>) -> Result<usize, String> {
+pub async fn sweep(desk: &Desk<'_>) -> Result<usize, ApprovalError> {
     let now = clock::now_millis();
     let mut expired = 0;
     let mut cursor = None;
@@ -130,8 +142,7 @@ pub async fn sweep(desk: &Desk<'_>) -> Result<usize, String> {
         let (due, more) = desk
             .store
             .approval_page(cursor.as_ref(), 100, &|a| is_due(a, now))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         cursor = due.last().map(|a| crate::store::ApprovalCursor {
             requested_at_ms: a.requested_at_ms,
             approval_id: a.approval_id.clone(),
@@ -163,13 +174,12 @@ pub async fn still_pending(
 
 /// The approval step of one call (SPEC 13): use the call's grant, or say why the call must wait.
 /// A lost race with another replica is read again, a few times, before it is a store error.
-pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, String> {
+pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, ApprovalError> {
     for _ in 0..4 {
         let current = desk
             .store
             .approval_current(call.session_id, call.call_digest)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let current = match current {
             Some(record) => Some(refresh(desk, record).await?),
             None => None,
@@ -182,7 +192,7 @@ pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, String> {
                     ..grant.clone()
                 };
                 let taken = desk.store.approval_replace(&grant, &used).await;
-                if taken.map_err(|e| e.to_string())? {
+                if taken? {
                     return Ok(Gate::Granted(used));
                 }
             }
@@ -197,19 +207,14 @@ pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, String> {
             previous => {
                 let record = new_request(call, now);
                 let replacing = previous.as_ref().map(|p| p.approval_id.as_str());
-                if desk
-                    .store
-                    .approval_insert(&record, replacing)
-                    .await
-                    .map_err(|e| e.to_string())?
-                {
+                if desk.store.approval_insert(&record, replacing).await? {
                     desk.notifier.notify(&record);
                     return Ok(Gate::Requested(record));
                 }
             }
         }
     }
-    Err("the call's approval kept changing under concurrent calls; try again".into())
+    Err(ApprovalError::KeptChanging)
 }
 
 fn new_request(call: &Call<'_>, now_ms: i64) -> ApprovalRecord {
@@ -261,12 +266,12 @@ pub enum DecideError {
     /// Separation of duties: the decider registered the session (or, for a session registered before
     /// r4, who did cannot be known): the message says which.
     Registrant(String),
-    Store(String),
+    Store(ApprovalError),
 }
 
-impl From<StoreError> for DecideError {
-    fn from(e: StoreError) -> Self {
-        DecideError::Store(e.to_string())
+impl<E: Into<ApprovalError>> From<E> for DecideError {
+    fn from(e: E) -> Self {
+        DecideError::Store(e.into())
     }
 }
 
@@ -292,16 +297,13 @@ pub async fn decide(
             .approval_get(approval_id)
             .await?
             .ok_or(DecideError::NotFound)?;
-        let record = refresh(desk, record).await.map_err(DecideError::Store)?;
+        let record = refresh(desk, record).await?;
         let next = after(&record, decision, clock::now_millis())?;
         // Lost to another decision, grant or expiry made meanwhile: read again.
         if !desk.store.approval_replace(&record, &next).await? {
             continue;
         }
-        desk.audit
-            .record(decision_event(&next, decision))
-            .await
-            .map_err(|e| DecideError::Store(e.to_string()))?;
+        desk.audit.record(decision_event(&next, decision)).await?;
         return Ok(next);
     }
 }

@@ -147,7 +147,7 @@ async fn claim_after_approval(
     if let Some(found) = existing(desk.store, claim.as_ref()).await? {
         return Ok(admitted(found, None));
     }
-    let hold = match approval::gate(desk, call).await.map_err(Refusal::Store)? {
+    let hold = match approval::gate(desk, call).await.map_err(Refusal::store)? {
         Gate::Granted(grant) => return take_with_grant(desk.store, claim, grant).await,
         Gate::Requested(record) => Hold::Requested(record),
         Gate::Waiting(record) => Hold::Waiting(record),
