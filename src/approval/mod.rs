@@ -56,7 +56,7 @@ pub const FLOW_APPROVAL: ApprovalRule = ApprovalRule {
     separate_from_registrant: false,
 };
 
-/// Why an approval step could not be taken; the caller answers 5003 (SPEC 10) with its text.
+/// Why an approval step could not be taken; the caller answers 5005 (SPEC 10) with its text.
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
     #[error(transparent)]
