@@ -34,7 +34,7 @@ pub(crate) use chain::is_valid_at;
 pub use chain::ChainWalker;
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
 pub use event::{AuditEvent, Decision, EventType, LABELS_ADDED};
-pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
+pub use query::{AuditPage, AuditQuery, QueryError, DEFAULT_LIMIT, MAX_LIMIT};
 pub use replica_log::{verify_replica_log, ReplicaLogReport};
 pub use writer::{CheckpointOptions, CheckpointSigner, WriterOptions};
 
@@ -431,7 +431,7 @@ impl AuditLog {
     }
 
     /// One page of events, newest first.
-    pub async fn query(&self, query: &AuditQuery) -> Result<AuditPage, String> {
+    pub async fn query(&self, query: &AuditQuery) -> Result<AuditPage, QueryError> {
         query.run(self.inner.backend.as_ref()).await
     }
 

@@ -1277,6 +1277,45 @@ fn query_parameters_are_validated() {
     );
 }
 
+#[test]
+fn query_errors_keep_the_messages_clients_read() {
+    let message = |pairs: &[(&str, &str)]| {
+        AuditQuery::from_pairs(pairs.iter().copied())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    for (pairs, expected) in [
+        (vec![("colour", "blue")], r#"unknown query parameter "colour""#),
+        (
+            vec![("tool", "a"), ("tool", "b")],
+            r#"query parameter "tool" is given more than once"#,
+        ),
+        (vec![("tool", "")], r#"query parameter "tool" is empty"#),
+        (vec![("type", "X")], r#"unknown event type "X""#),
+        (
+            vec![("decision", "maybe")],
+            r#"decision must be "allow" or "deny", not "maybe""#,
+        ),
+        (vec![("code", "x")], r#"code "x" is not a code number"#),
+        (
+            vec![("trace_id", "ab")],
+            r#"trace_id "ab" is not 32 lower-case hex digits"#,
+        ),
+        (vec![("to", "999999999999999")], r#"to "999999999999999" is out of range"#),
+        (
+            vec![("from", "yesterday")],
+            r#"from "yesterday" is neither Unix seconds nor an RFC 3339 timestamp"#,
+        ),
+        (vec![("limit", "ten")], r#"limit "ten" is not a number from 1 to 1000"#),
+        (vec![("limit", "0")], "limit must be from 1 to 1000, not 0"),
+        (vec![("from", "2"), ("to", "1")], "from lies after to"),
+        (vec![("cursor", "+5")], r#"cursor "+5" is not one this API gave out"#),
+    ] {
+        assert_eq!(message(&pairs), expected);
+    }
+}
+
 #[tokio::test]
 async fn unreadable_bodies_are_rate_limited_and_counted() {
     let backend = Arc::new(MemoryBackend::new());
