@@ -11,6 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::InvalidEvent;
 use crate::envelope::{write_string, write_value};
 use crate::error::Code;
 use crate::identity::Identity;
@@ -602,9 +603,12 @@ impl AuditEvent {
 
     /// Checks the event against SPEC 9.1, fills in what its type implies, and serialises it for the
     /// writer to chain.
-    pub(crate) fn into_unsealed(mut self, include_payloads: bool) -> Result<Unsealed, String> {
+    pub(crate) fn into_unsealed(
+        mut self,
+        include_payloads: bool,
+    ) -> Result<Unsealed, InvalidEvent> {
         self.fill_implied();
-        self.check()?;
+        self.check().map_err(InvalidEvent::Table)?;
         let facts = Facts {
             event_type: self.event_type,
             decision: self.decision,
@@ -702,6 +706,7 @@ impl AuditEvent {
         }
     }
 
+    /// The rule the event breaks, in words: [`InvalidEvent::Table`]'s message.
     fn check(&self) -> Result<(), String> {
         let event_type = self.event_type;
         match (event_type.code_rule(), self.code) {

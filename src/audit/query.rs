@@ -222,9 +222,7 @@ impl AuditQuery {
         let mut stopped_early = false;
         'pages: loop {
             let page_size = (MAX_SCANNED_PER_PAGE - scanned).min(SCAN_PAGE);
-            let page = backend
-                .events_newest_first(before, page_size)
-                .await?;
+            let page = backend.events_newest_first(before, page_size).await?;
             let exhausted = page.len() < page_size;
             for event in page {
                 let seq = event.get("seq").and_then(Value::as_u64);
