@@ -208,6 +208,62 @@ fn builder_omits_absent_fields_and_applies_spec_table() {
     );
 }
 
+#[test]
+fn invalid_events_say_which_rule_they_break() {
+    let message = |event: AuditEvent| event.object().err().map(|e| e.to_string());
+    let blocked = || AuditEvent::new(EventType::PolicyViolationBlocked);
+    for (event, expected) in [
+        (
+            blocked(),
+            "PolicyViolationBlocked must carry the code of the refusal",
+        ),
+        (
+            blocked().code(1002),
+            "code 1002 is not one that PolicyViolationBlocked reports (SPEC 9.1)",
+        ),
+        (
+            blocked().code(2002),
+            "PolicyViolationBlocked must carry the rule that decided",
+        ),
+        (
+            blocked().code(2002).rule(json!({"kind": "x", "extra": 1})),
+            r#"rule has an unknown field "extra""#,
+        ),
+        (
+            AuditEvent::new(EventType::SessionCreated).code(2002),
+            "code 2002 is not one that SessionCreated reports (SPEC 9.1)",
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).code(2002),
+            "ToolCallCompleted reports no refusal, yet code 2002 was given",
+        ),
+        (
+            AuditEvent::new(EventType::EnvelopeRejected)
+                .code(1000)
+                .decision(Decision::Allow),
+            r#"EnvelopeRejected cannot have decision "allow""#,
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).decision(Decision::Deny),
+            r#"ToolCallCompleted cannot have decision "deny""#,
+        ),
+        (
+            AuditEvent::new(EventType::ClaimSkipped).claim("PROCEED"),
+            r#"ClaimSkipped cannot have claim "PROCEED""#,
+        ),
+        (
+            AuditEvent::new(EventType::SessionCreated).checkpoint(json!({})),
+            "checkpoint is carried by AuditCheckpoint events, and only by them",
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).payload_sha256("ABC"),
+            "payload_sha256 must be 64 lower-case hex digits",
+        ),
+    ] {
+        assert_eq!(message(event).as_deref(), Some(expected));
+    }
+}
+
 /// Seals `event` as the writer does, and checks that its line is the JCS of the event that the store
 /// takes, in serde_json's text too (what the store, the export and the file hold), and that it verifies.
 fn sealed_line_is_canonical(event: AuditEvent, include_payloads: bool) -> Value {
