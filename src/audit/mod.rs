@@ -102,9 +102,31 @@ pub enum AuditError {
 /// Why an event cannot be chained: a bug in the caller or the writer, never a client's input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidEvent {
-    /// The event breaks the SPEC 9.1 table; the message names the field and the rule.
+    #[error("{0} must carry the code of the refusal")]
+    CodeMissing(EventType),
+    #[error("code {code} is not one that {event_type} reports (SPEC 9.1)")]
+    CodeNotReported { event_type: EventType, code: u16 },
+    #[error("{event_type} reports no refusal, yet code {code} was given")]
+    CodeForbidden { event_type: EventType, code: u16 },
+    #[error("{event_type} cannot have decision {:?}", decision.as_str())]
+    Decision {
+        event_type: EventType,
+        decision: Decision,
+    },
+    #[error("{event_type} cannot have claim {claim:?}")]
+    Claim {
+        event_type: EventType,
+        claim: String,
+    },
+    #[error("checkpoint is carried by AuditCheckpoint events, and only by them")]
+    Checkpoint,
+    #[error("PolicyViolationBlocked must carry the rule that decided")]
+    RuleMissing,
+    /// `rule` is not the object SPEC 9.1 describes; the message names the field.
     #[error("{0}")]
-    Table(String),
+    Rule(String),
+    #[error("payload_sha256 must be 64 lower-case hex digits")]
+    PayloadDigest,
     #[error("a sealed event is not UTF-8")]
     NotUtf8,
     /// The strict reader of `verify` refuses the sealed line; the message is the reader's.
