@@ -60,10 +60,9 @@ pub async fn query(
         url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
             .into_owned()
             .collect();
-    let mut query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
+    let mut query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     query.teams = teams;
-    let page = gw.audit().query(&query).await.map_err(ApiError::store)?;
+    let page = gw.audit().query(&query).await?;
     Ok(axum::Json(page).into_response())
 }
 
@@ -121,10 +120,8 @@ pub async fn checkpoints(
         cursor: params.get("cursor").cloned(),
         ..AuditQuery::default()
     };
-    query
-        .validate()
-        .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
-    let page = gw.audit().query(&query).await.map_err(ApiError::store)?;
+    query.validate()?;
+    let page = gw.audit().query(&query).await?;
     Ok(axum::Json(page).into_response())
 }
 

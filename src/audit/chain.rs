@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::event::{is_sha256_hex, EventType, Unsealed, CHAIN_KEYS};
-use super::{AuditBackend, ChainHead, Recorded};
+use super::{AuditBackend, ChainHead, InvalidEvent, Recorded};
 use crate::envelope::{write_string, write_value};
 use crate::store::StoredEvent;
 use crate::strict_json::{self, exact_in_jcs};
@@ -72,22 +72,15 @@ pub(crate) struct Sealed {
 }
 
 impl Sealed {
-    /// A stored event as the file takes it.
-    pub(crate) fn of_stored(event: &Value) -> Result<Sealed, String> {
+    /// A stored event as the file takes it; None when it lacks `seq`, `prev_hash` or `hash`.
+    pub(crate) fn of_stored(event: &Value) -> Option<Sealed> {
         let text = |key: &str| event.get(key).and_then(Value::as_str).map(str::to_owned);
-        match (
-            event.get("seq").and_then(Value::as_u64),
-            text("prev_hash"),
-            text("hash"),
-        ) {
-            (Some(seq), Some(prev_hash), Some(hash)) => Ok(Sealed {
-                line: event.to_string(),
-                seq,
-                prev_hash,
-                hash,
-            }),
-            _ => Err("a stored audit event lacks seq, prev_hash or hash".to_owned()),
-        }
+        Some(Sealed {
+            line: event.to_string(),
+            seq: event.get("seq").and_then(Value::as_u64)?,
+            prev_hash: text("prev_hash")?,
+            hash: text("hash")?,
+        })
     }
 }
 
@@ -106,7 +99,7 @@ enum ChainField<'a> {
 pub(crate) fn seal(
     event: &Unsealed,
     link: &Link<'_>,
-) -> Result<(Sealed, StoredEvent, Recorded), String> {
+) -> Result<(Sealed, StoredEvent, Recorded), InvalidEvent> {
     let event_id = uuid::Uuid::new_v4().to_string();
     let fields = [
         ChainField::Text(link.at),
@@ -147,7 +140,7 @@ pub(crate) fn seal(
     // `prev_hash` and `seq` always follow `hash`, so its member ends with a comma.
     let hash_member = format!("\"hash\":\"{hash}\",");
     out.splice(hash_at..hash_at, hash_member.into_bytes());
-    let line = String::from_utf8(out).map_err(|_| "a sealed event is not UTF-8".to_owned())?;
+    let line = String::from_utf8(out).map_err(|_| InvalidEvent::NotUtf8)?;
     let line = read_back(
         line,
         event.plain && link.seq <= strict_json::MAX_SAFE_INTEGER,
@@ -180,13 +173,13 @@ pub(crate) fn seal(
 /// exactly and is already the text serde_json writes of it (the store's text before it took lines);
 /// any other is read by the strict reader of `verify`, so that sealing and verifying cannot disagree on
 /// a number, and written as serde_json writes it.
-fn read_back(line: String, plain: bool) -> Result<String, String> {
+fn read_back(line: String, plain: bool) -> Result<String, InvalidEvent> {
     if plain {
         return Ok(line);
     }
     strict_json::parse_strict_json_with(line.as_bytes(), strict_json::AUDIT_LINES)
         .map(|stored| stored.to_string())
-        .map_err(|e| format!("sealed event does not read back: {e}"))
+        .map_err(InvalidEvent::ReadBack)
 }
 
 fn chain_key(out: &mut Vec<u8>, key: &str) {

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::InvalidEvent;
 use crate::envelope::{write_string, write_value};
 use crate::error::Code;
 use crate::identity::Identity;
@@ -602,7 +603,10 @@ impl AuditEvent {
 
     /// Checks the event against SPEC 9.1, fills in what its type implies, and serialises it for the
     /// writer to chain.
-    pub(crate) fn into_unsealed(mut self, include_payloads: bool) -> Result<Unsealed, String> {
+    pub(crate) fn into_unsealed(
+        mut self,
+        include_payloads: bool,
+    ) -> Result<Unsealed, InvalidEvent> {
         self.fill_implied();
         self.check()?;
         let facts = Facts {
@@ -702,47 +706,23 @@ impl AuditEvent {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// The first rule of SPEC 9.1 that the event breaks, if any.
+    fn check(&self) -> Result<(), InvalidEvent> {
+        self.check_code()?;
         let event_type = self.event_type;
-        match (event_type.code_rule(), self.code) {
-            (CodeRule::Required(_), None) => {
-                return Err(format!("{event_type} must carry the code of the refusal"));
+        let implied = event_type.implied_decision();
+        let excluded = match event_type {
+            EventType::ToolCallFailed => Some(Decision::Allow),
+            EventType::ToolCallCompleted => Some(Decision::Deny),
+            _ => None,
+        };
+        if let Some(decision) = self.decision {
+            if implied.is_some_and(|implied| implied != decision) || excluded == Some(decision) {
+                return Err(InvalidEvent::Decision {
+                    event_type,
+                    decision,
+                });
             }
-            (CodeRule::Required(recorded_as), Some(code))
-                if Code::from_number(code).and_then(EventType::recording) != Some(recorded_as) =>
-            {
-                return Err(format!(
-                    "code {code} is not one that {event_type} reports (SPEC 9.1)"
-                ));
-            }
-            (CodeRule::Optional(allowed), Some(code)) if !allowed.contains(&code) => {
-                return Err(format!(
-                    "code {code} is not one that {event_type} reports (SPEC 9.1)"
-                ));
-            }
-            (CodeRule::Forbidden, Some(code)) => {
-                return Err(format!(
-                    "{event_type} reports no refusal, yet code {code} was given"
-                ));
-            }
-            _ => {}
-        }
-        if let (Some(implied), Some(given)) = (event_type.implied_decision(), self.decision) {
-            if implied != given {
-                return Err(format!(
-                    "{event_type} cannot have decision {:?}",
-                    given.as_str()
-                ));
-            }
-        }
-        match (event_type, self.decision) {
-            (EventType::ToolCallFailed, Some(Decision::Allow)) => {
-                return Err("ToolCallFailed cannot have decision \"allow\"".to_owned());
-            }
-            (EventType::ToolCallCompleted, Some(Decision::Deny)) => {
-                return Err("ToolCallCompleted cannot have decision \"deny\"".to_owned());
-            }
-            _ => {}
         }
         let claim_must_be: Option<&[&str]> = match event_type {
             EventType::ToolCallAuthorized => Some(&["PROCEED", "NONE"]),
@@ -752,26 +732,44 @@ impl AuditEvent {
         };
         if let (Some(allowed), Some(claim)) = (claim_must_be, self.claim.as_deref()) {
             if !allowed.contains(&claim) {
-                return Err(format!("{event_type} cannot have claim {claim:?}"));
+                let claim = claim.to_owned();
+                return Err(InvalidEvent::Claim { event_type, claim });
             }
         }
         if (event_type == EventType::AuditCheckpoint) != self.checkpoint.is_some() {
-            return Err(
-                "checkpoint is carried by AuditCheckpoint events, and only by them".to_owned(),
-            );
+            return Err(InvalidEvent::Checkpoint);
         }
         if event_type == EventType::PolicyViolationBlocked && self.rule.is_none() {
-            return Err("PolicyViolationBlocked must carry the rule that decided".to_owned());
+            return Err(InvalidEvent::RuleMissing);
         }
         if let Some(rule) = &self.rule {
-            check_rule(rule)?;
+            check_rule(rule).map_err(InvalidEvent::Rule)?;
         }
-        if let Some(digest) = &self.payload_sha256 {
-            if !is_sha256_hex(digest) {
-                return Err("payload_sha256 must be 64 lower-case hex digits".to_owned());
+        match &self.payload_sha256 {
+            Some(digest) if !is_sha256_hex(digest) => Err(InvalidEvent::PayloadDigest),
+            _ => Ok(()),
+        }
+    }
+
+    /// The code that the event's type requires, allows or forbids (SPEC 9.1).
+    fn check_code(&self) -> Result<(), InvalidEvent> {
+        let event_type = self.event_type;
+        let not_reported = |code| InvalidEvent::CodeNotReported { event_type, code };
+        match (event_type.code_rule(), self.code) {
+            (CodeRule::Required(_), None) => Err(InvalidEvent::CodeMissing(event_type)),
+            (CodeRule::Required(recorded_as), Some(code))
+                if Code::from_number(code).and_then(EventType::recording) != Some(recorded_as) =>
+            {
+                Err(not_reported(code))
             }
+            (CodeRule::Optional(allowed), Some(code)) if !allowed.contains(&code) => {
+                Err(not_reported(code))
+            }
+            (CodeRule::Forbidden, Some(code)) => {
+                Err(InvalidEvent::CodeForbidden { event_type, code })
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -900,6 +898,7 @@ fn plain_in_jcs(value: &Value) -> bool {
     }
 }
 
+/// `rule`'s shape; the message is [`InvalidEvent::Rule`]'s, naming the field.
 fn check_rule(rule: &Value) -> Result<(), String> {
     let Some(object) = rule.as_object() else {
         return Err("rule must be an object".to_owned());

@@ -34,10 +34,11 @@ pub(crate) use chain::is_valid_at;
 pub use chain::ChainWalker;
 pub use chain::{format_at, verify_chain, ChainBreak, VerifyReport, GENESIS_HASH};
 pub use event::{AuditEvent, Decision, EventType, LABELS_ADDED};
-pub use query::{AuditPage, AuditQuery, DEFAULT_LIMIT, MAX_LIMIT};
+pub use query::{AuditPage, AuditQuery, QueryError, DEFAULT_LIMIT, MAX_LIMIT};
 pub use replica_log::{verify_replica_log, ReplicaLogReport};
 pub use writer::{CheckpointOptions, CheckpointSigner, WriterOptions};
 
+pub use sink::FileError;
 use sink::FileSink;
 use writer::{Command, Job, Writer};
 
@@ -92,11 +93,80 @@ pub struct Recorded {
 pub enum AuditError {
     #[error("audit {0}")]
     Store(#[from] crate::store::StoreError),
-    /// The event breaks the SPEC 9.1 table (a bug in the caller).
     #[error("audit event is invalid: {0}")]
-    InvalidEvent(String),
+    InvalidEvent(#[from] InvalidEvent),
     #[error("audit log is shut down")]
     Closed,
+}
+
+/// Why an event cannot be chained: a bug in the caller or the writer, never a client's input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidEvent {
+    #[error("{0} must carry the code of the refusal")]
+    CodeMissing(EventType),
+    #[error("code {code} is not one that {event_type} reports (SPEC 9.1)")]
+    CodeNotReported { event_type: EventType, code: u16 },
+    #[error("{event_type} reports no refusal, yet code {code} was given")]
+    CodeForbidden { event_type: EventType, code: u16 },
+    #[error("{event_type} cannot have decision {:?}", decision.as_str())]
+    Decision {
+        event_type: EventType,
+        decision: Decision,
+    },
+    #[error("{event_type} cannot have claim {claim:?}")]
+    Claim {
+        event_type: EventType,
+        claim: String,
+    },
+    #[error("checkpoint is carried by AuditCheckpoint events, and only by them")]
+    Checkpoint,
+    #[error("PolicyViolationBlocked must carry the rule that decided")]
+    RuleMissing,
+    /// `rule` is not the object SPEC 9.1 describes; the message names the field.
+    #[error("{0}")]
+    Rule(String),
+    #[error("payload_sha256 must be 64 lower-case hex digits")]
+    PayloadDigest,
+    #[error("a sealed event is not UTF-8")]
+    NotUtf8,
+    /// The strict reader of `verify` refuses the sealed line; the message is the reader's.
+    #[error("sealed event does not read back: {0}")]
+    ReadBack(String),
+    #[error("audit seq overflow")]
+    SeqOverflow,
+}
+
+/// Why the audit log does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the audit log needs a tokio runtime")]
+    NoRuntime,
+    /// Writer options or `audit:` settings that cannot work; the message names them.
+    #[error("{0}")]
+    Settings(&'static str),
+    #[error("audit store unavailable: {0}")]
+    Store(#[source] crate::store::StoreError),
+    #[error("audit store returned an invalid chain head {0:?}")]
+    InvalidHead(ChainHead),
+    /// Read from the store to catch the file up.
+    #[error("a stored audit event lacks seq, prev_hash or hash")]
+    IncompleteEvent,
+    #[error(
+        "audit file {} (with its rotated files) ends at seq {file_last} but the store's chain ends at \
+         seq {store_seq}: the store lost events that the files hold, or is another store; refusing to \
+         start rather than fork the chain (restore the store, or move the audit files aside to start a \
+         new chain)",
+        path.display()
+    )]
+    FileAhead {
+        path: PathBuf,
+        file_last: u64,
+        store_seq: u64,
+    },
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("cannot start the audit copy thread: {0}")]
+    CopyThread(#[source] std::io::Error),
 }
 
 /// Makes the file agree with the store after a crash: the store is the truth. The writer syncs the store
@@ -106,7 +176,7 @@ async fn catch_up_file(
     backend: &dyn AuditBackend,
     sink: &mut FileSink,
     head: &ChainHead,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let Some(file_last) = sink.highest_seq() else {
         return Ok(());
     };
@@ -120,7 +190,7 @@ async fn catch_up_file(
         let page = backend
             .events_oldest_first(from, PAGE)
             .await
-            .map_err(|e| format!("audit store unavailable: {e}"))?;
+            .map_err(StartError::Store)?;
         let last_page = page.len() < PAGE;
         missing.extend(page);
         if last_page {
@@ -130,24 +200,46 @@ async fn catch_up_file(
     let missing = missing
         .iter()
         .map(chain::Sealed::of_stored)
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Option<Vec<_>>>()
+        .ok_or(StartError::IncompleteEvent)?;
     tracing::warn!(target: "audit", from = file_last + 1, to = head.seq, file = %sink.path().display(),
         "audit file lagged the store after a crash; extended from the store");
-    sink.write_batch(&missing)
+    Ok(sink.write_batch(&missing)?)
 }
 
 /// A file that ends beyond the store's chain (`store_seq`, 0 for an empty store) means the store lost
 /// durable events, or is not this file's store; starting would reuse their sequence numbers and fork the
 /// chain, so start-up is refused (whole chain or per-replica log). Rotated files count too.
-fn refuse_file_ahead(sink: &FileSink, store_seq: u64) -> Result<(), String> {
+fn refuse_file_ahead(sink: &FileSink, store_seq: u64) -> Result<(), StartError> {
     match sink.highest_seq() {
-        Some(file_last) if file_last > store_seq => Err(format!(
-            "audit file {} (with its rotated files) ends at seq {file_last} but the store's chain ends at \
-             seq {store_seq}: the store lost events that the files hold, or is another store; refusing to \
-             start rather than fork the chain (restore the store, or move the audit files aside to start a \
-             new chain)",
-            sink.path().display(),
-        )),
+        Some(file_last) if file_last > store_seq => Err(StartError::FileAhead {
+            path: sink.path().to_owned(),
+            file_last,
+            store_seq,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses writer options and `audit:` settings that cannot work, before anything is opened.
+fn check_settings(cfg: &AuditConfig, options: &WriterOptions) -> Result<(), StartError> {
+    let refuse = |message| Err(StartError::Settings(message));
+    if options.max_batch == 0 || options.queue_capacity == 0 {
+        return refuse("audit writer batch size and queue capacity must be at least 1");
+    }
+    if options.suppressed_report_interval.is_zero() {
+        return refuse("audit suppressed-report interval must not be zero");
+    }
+    if let Some(checkpoints) = &options.checkpoints {
+        if checkpoints.every == 0 || checkpoints.interval.is_zero() {
+            return refuse(
+                "audit checkpoints need checkpoint_every and checkpoint_secs of at least 1",
+            );
+        }
+    }
+    match (&cfg.file, cfg.rotate_bytes) {
+        (None, Some(_)) => refuse("audit.rotate_bytes is set but audit.file is not"),
+        (Some(_), Some(0)) => refuse("audit.rotate_bytes must be at least 1"),
         _ => Ok(()),
     }
 }
@@ -206,7 +298,7 @@ impl AuditLog {
     pub async fn start(
         backend: Arc<dyn AuditBackend>,
         cfg: &AuditConfig,
-    ) -> Result<AuditLog, String> {
+    ) -> Result<AuditLog, StartError> {
         Self::start_with(backend, cfg, WriterOptions::default()).await
     }
 
@@ -215,7 +307,7 @@ impl AuditLog {
         backend: Arc<dyn AuditBackend>,
         cfg: &AuditConfig,
         options: WriterOptions,
-    ) -> Result<AuditLog, String> {
+    ) -> Result<AuditLog, StartError> {
         Self::start_inner(backend, cfg, options, false).await
     }
 
@@ -226,7 +318,7 @@ impl AuditLog {
         backend: Arc<dyn AuditBackend>,
         cfg: &AuditConfig,
         options: WriterOptions,
-    ) -> Result<AuditLog, String> {
+    ) -> Result<AuditLog, StartError> {
         Self::start_inner(backend, cfg, options, true).await
     }
 
@@ -235,32 +327,13 @@ impl AuditLog {
         cfg: &AuditConfig,
         options: WriterOptions,
         shared: bool,
-    ) -> Result<AuditLog, String> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| "the audit log needs a tokio runtime".to_owned())?;
-        if options.max_batch == 0 || options.queue_capacity == 0 {
-            return Err("audit writer batch size and queue capacity must be at least 1".to_owned());
-        }
-        if options.suppressed_report_interval.is_zero() {
-            return Err("audit suppressed-report interval must not be zero".to_owned());
-        }
-        if let Some(checkpoints) = &options.checkpoints {
-            if checkpoints.every == 0 || checkpoints.interval.is_zero() {
-                return Err(
-                    "audit checkpoints need checkpoint_every and checkpoint_secs of at least 1"
-                        .to_owned(),
-                );
-            }
-        }
-        let head = backend
-            .head()
-            .await
-            .map_err(|e| format!("audit store unavailable: {e}"))?;
+    ) -> Result<AuditLog, StartError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| StartError::NoRuntime)?;
+        check_settings(cfg, &options)?;
+        let head = backend.head().await.map_err(StartError::Store)?;
         if let Some(head) = &head {
             if head.seq == 0 || !event::is_sha256_hex(&head.hash) {
-                return Err(format!(
-                    "audit store returned an invalid chain head {head:?}"
-                ));
+                return Err(StartError::InvalidHead(head.clone()));
             }
         }
         let file = match &cfg.file {
@@ -277,12 +350,9 @@ impl AuditLog {
                 }
                 Some(sink)
             }
-            None if cfg.rotate_bytes.is_some() => {
-                return Err("audit.rotate_bytes is set but audit.file is not".to_owned());
-            }
             None => None,
         };
-        let copies = sink::Copies::start(file, cfg.stdout)?;
+        let copies = sink::Copies::start(file, cfg.stdout).map_err(StartError::CopyThread)?;
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let suppressed = Arc::new(AtomicU64::new(0));
         let shed = Arc::new(AtomicU64::new(0));
@@ -345,8 +415,7 @@ impl AuditLog {
     ) -> Result<Recorded, AuditError> {
         let event = event
             .in_current_trace()
-            .into_unsealed(self.inner.include_payloads)
-            .map_err(AuditError::InvalidEvent)?;
+            .into_unsealed(self.inner.include_payloads)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             event,
@@ -368,8 +437,7 @@ impl AuditLog {
     pub async fn record_deferred(&self, event: AuditEvent) -> Result<(), AuditError> {
         let event = event
             .in_current_trace()
-            .into_unsealed(self.inner.include_payloads)
-            .map_err(AuditError::InvalidEvent)?;
+            .into_unsealed(self.inner.include_payloads)?;
         let job = Job {
             event,
             reply: None,
@@ -431,7 +499,7 @@ impl AuditLog {
     }
 
     /// One page of events, newest first.
-    pub async fn query(&self, query: &AuditQuery) -> Result<AuditPage, String> {
+    pub async fn query(&self, query: &AuditQuery) -> Result<AuditPage, QueryError> {
         query.run(self.inner.backend.as_ref()).await
     }
 

@@ -10,6 +10,7 @@ use super::chain::format_at;
 use super::event::{Decision, EventType};
 use super::AuditBackend;
 use crate::identity::TeamFilter;
+use crate::store::StoreError;
 
 /// Default and largest page size.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -81,6 +82,48 @@ impl Default for AuditQuery {
     }
 }
 
+/// Why an audit query is refused: a bad parameter (the API answers 6005), or the store failing under it
+/// (5005). The messages are the ones clients read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("unknown query parameter {0:?}")]
+    Unknown(String),
+    #[error("query parameter {0:?} is given more than once")]
+    Repeated(String),
+    #[error("query parameter {0:?} is empty")]
+    Empty(String),
+    /// A value that does not read as its parameter's kind; `problem` says how.
+    #[error("{name} {value:?} {problem}")]
+    Value {
+        name: &'static str,
+        value: String,
+        problem: &'static str,
+    },
+    /// A `type` or `decision` that names none; the message is the parser's.
+    #[error("{0}")]
+    Name(String),
+    #[error("limit {0:?} is not a number from 1 to {MAX_LIMIT}")]
+    LimitNotNumber(String),
+    #[error("limit must be from 1 to {MAX_LIMIT}, not {0}")]
+    Limit(usize),
+    #[error("from lies after to")]
+    FromAfterTo,
+    #[error("cursor {0:?} is not one this API gave out")]
+    Cursor(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl QueryError {
+    fn value(name: &'static str, value: &str, problem: &'static str) -> Self {
+        QueryError::Value {
+            name,
+            value: value.to_owned(),
+            problem,
+        }
+    }
+}
+
 /// One page of results, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditPage {
@@ -92,7 +135,7 @@ pub struct AuditPage {
 impl AuditQuery {
     /// Builds a query from URL query parameters. Unknown or empty parameters, malformed values, a limit
     /// outside 1..=1000 and `from` after `to` are errors (the API answers 6005 / 422).
-    pub fn from_params(params: &HashMap<String, String>) -> Result<Self, String> {
+    pub fn from_params(params: &HashMap<String, String>) -> Result<Self, QueryError> {
         Self::from_pairs(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
@@ -100,42 +143,42 @@ impl AuditQuery {
     /// (a map would keep one of them silently).
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, QueryError> {
         let mut query = AuditQuery::default();
         let mut seen: Vec<&str> = Vec::new();
         for (key, value) in pairs {
             let Some(known) = PARAMS.iter().copied().find(|p| *p == key) else {
-                return Err(format!("unknown query parameter {key:?}"));
+                return Err(QueryError::Unknown(key.to_owned()));
             };
             if seen.contains(&known) {
-                return Err(format!("query parameter {key:?} is given more than once"));
+                return Err(QueryError::Repeated(key.to_owned()));
             }
             seen.push(known);
             if value.is_empty() {
-                return Err(format!("query parameter {key:?} is empty"));
+                return Err(QueryError::Empty(key.to_owned()));
             }
             match known {
-                "type" => query.r#type = Some(value.parse()?),
+                "type" => query.r#type = Some(value.parse().map_err(QueryError::Name)?),
                 "session_id" => query.session_id = Some(value.to_owned()),
                 "sub" => query.sub = Some(value.to_owned()),
                 "tool" => query.tool = Some(value.to_owned()),
-                "decision" => query.decision = Some(value.parse()?),
+                "decision" => query.decision = Some(value.parse().map_err(QueryError::Name)?),
                 "code" => {
                     let code = value
                         .parse::<u16>()
-                        .map_err(|_| format!("code {value:?} is not a code number"))?;
+                        .map_err(|_| QueryError::value("code", value, "is not a code number"))?;
                     query.code = Some(code);
                 }
                 "trace_id" => query.trace_id = Some(parse_trace_id(value)?),
                 "from" => query.from = Some(parse_instant("from", value)?),
                 "to" => query.to = Some(parse_instant("to", value)?),
                 "limit" => {
-                    query.limit = value.parse::<usize>().map_err(|_| {
-                        format!("limit {value:?} is not a number from 1 to {MAX_LIMIT}")
-                    })?;
+                    query.limit = value
+                        .parse::<usize>()
+                        .map_err(|_| QueryError::LimitNotNumber(value.to_owned()))?;
                 }
                 "cursor" => query.cursor = Some(value.to_owned()),
-                _ => return Err(format!("unknown query parameter {key:?}")),
+                _ => return Err(QueryError::Unknown(key.to_owned())),
             }
         }
         query.validate()?;
@@ -143,34 +186,31 @@ impl AuditQuery {
     }
 
     /// Checks the limits that a hand-built query could break.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), QueryError> {
         if !(1..=MAX_LIMIT).contains(&self.limit) {
-            return Err(format!(
-                "limit must be from 1 to {MAX_LIMIT}, not {}",
-                self.limit
-            ));
+            return Err(QueryError::Limit(self.limit));
         }
         if let (Some(from), Some(to)) = (self.from, self.to) {
             if from > to {
-                return Err("from lies after to".to_owned());
+                return Err(QueryError::FromAfterTo);
             }
         }
         self.cursor_seq()?;
         Ok(())
     }
 
-    fn cursor_seq(&self) -> Result<Option<u64>, String> {
+    fn cursor_seq(&self) -> Result<Option<u64>, QueryError> {
         match &self.cursor {
             None => Ok(None),
             Some(cursor) => match cursor.parse::<u64>() {
                 Ok(seq) if seq >= 1 && cursor.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(seq)),
-                _ => Err(format!("cursor {cursor:?} is not one this API gave out")),
+                _ => Err(QueryError::Cursor(cursor.clone())),
             },
         }
     }
 
     /// Runs the query against a store, a page of the store at a time.
-    pub(crate) async fn run(&self, backend: &dyn AuditBackend) -> Result<AuditPage, String> {
+    pub(crate) async fn run(&self, backend: &dyn AuditBackend) -> Result<AuditPage, QueryError> {
         self.validate()?;
         let mut before = self.cursor_seq()?;
         // `at` is fixed-width UTC, so comparing the strings compares the instants.
@@ -182,10 +222,7 @@ impl AuditQuery {
         let mut stopped_early = false;
         'pages: loop {
             let page_size = (MAX_SCANNED_PER_PAGE - scanned).min(SCAN_PAGE);
-            let page = backend
-                .events_newest_first(before, page_size)
-                .await
-                .map_err(|e| e.to_string())?;
+            let page = backend.events_newest_first(before, page_size).await?;
             let exhausted = page.len() < page_size;
             for event in page {
                 let seq = event.get("seq").and_then(Value::as_u64);
@@ -241,39 +278,49 @@ impl AuditQuery {
 
 /// Every recorded trace id has the W3C form; a value that does not could only match nothing, so it is
 /// refused as the typo it probably is.
-fn parse_trace_id(value: &str) -> Result<String, String> {
+fn parse_trace_id(value: &str) -> Result<String, QueryError> {
     let hex = value
         .bytes()
         .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if value.len() == 32 && hex {
         Ok(value.to_owned())
     } else {
-        Err(format!(
-            "trace_id {value:?} is not 32 lower-case hex digits"
+        Err(QueryError::value(
+            "trace_id",
+            value,
+            "is not 32 lower-case hex digits",
         ))
     }
 }
 
+const OUT_OF_RANGE: &str = "is out of range";
+
 /// Unix seconds (an integer) or an RFC 3339 timestamp.
-fn parse_instant(name: &str, value: &str) -> Result<DateTime<Utc>, String> {
+fn parse_instant(name: &'static str, value: &str) -> Result<DateTime<Utc>, QueryError> {
     let instant = parse_instant_unchecked(name, value)?;
     // Bounds are compared as fixed-width text, which holds for four-digit years only.
     if !(0..=9999).contains(&instant.year()) {
-        return Err(format!("{name} {value:?} is out of range"));
+        return Err(QueryError::value(name, value, OUT_OF_RANGE));
     }
     Ok(instant)
 }
 
-fn parse_instant_unchecked(name: &str, value: &str) -> Result<DateTime<Utc>, String> {
+fn parse_instant_unchecked(name: &'static str, value: &str) -> Result<DateTime<Utc>, QueryError> {
     let digits = value.strip_prefix('-').unwrap_or(value);
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         return value
             .parse::<i64>()
             .ok()
             .and_then(|secs| DateTime::from_timestamp(secs, 0))
-            .ok_or_else(|| format!("{name} {value:?} is out of range"));
+            .ok_or_else(|| QueryError::value(name, value, OUT_OF_RANGE));
     }
     DateTime::parse_from_rfc3339(value)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| format!("{name} {value:?} is neither Unix seconds nor an RFC 3339 timestamp"))
+        .map_err(|_| {
+            QueryError::value(
+                name,
+                value,
+                "is neither Unix seconds nor an RFC 3339 timestamp",
+            )
+        })
 }

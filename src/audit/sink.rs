@@ -17,6 +17,44 @@ use serde_json::Value;
 
 use super::chain::{parse_strict, Sealed};
 
+/// Why the audit file cannot be opened, written or rotated. `path` is the live file.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("audit file {} is not a regular file", .0.display())]
+    NotAFile(PathBuf),
+    #[error("audit file {} cannot be read: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("audit file {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("audit file {} cannot be rotated to {}: {source}", path.display(), target.display())]
+    Rotate {
+        path: PathBuf,
+        target: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The folder's entry for the file is not synced; the message is `files::sync_parent`'s own.
+    #[error("{0}")]
+    SyncFolder(String),
+}
+
+impl FileError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        FileError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
 /// Where the file's chain stands, as far as the sink knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Tail {
@@ -43,26 +81,18 @@ pub(crate) struct FileSink {
 }
 
 impl FileSink {
-    /// Opens (or prepares to create) the file and reads where its chain ends.
-    pub(crate) fn open(path: PathBuf, rotate_bytes: Option<u64>) -> Result<FileSink, String> {
-        if rotate_bytes == Some(0) {
-            return Err("audit.rotate_bytes must be at least 1".to_owned());
-        }
+    /// Opens (or prepares to create) the file and reads where its chain ends. `rotate_bytes` is at
+    /// least 1 (the caller checks the setting).
+    pub(crate) fn open(path: PathBuf, rotate_bytes: Option<u64>) -> Result<FileSink, FileError> {
         let (size, tail) = match fs::metadata(&path) {
-            Ok(meta) if !meta.is_file() => {
-                return Err(format!(
-                    "audit file {} is not a regular file",
-                    path.display()
-                ));
-            }
+            Ok(meta) if !meta.is_file() => return Err(FileError::NotAFile(path)),
             Ok(meta) if meta.len() == 0 => (0, Tail::Empty),
-            Ok(meta) => {
-                let tail = read_tail(&path)
-                    .map_err(|e| format!("audit file {} cannot be read: {e}", path.display()))?;
-                (meta.len(), tail)
-            }
+            Ok(meta) => match read_tail(&path) {
+                Ok(tail) => (meta.len(), tail),
+                Err(source) => return Err(FileError::Unreadable { path, source }),
+            },
             Err(e) if e.kind() == io::ErrorKind::NotFound => (0, Tail::Empty),
-            Err(e) => return Err(format!("audit file {}: {e}", path.display())),
+            Err(e) => return Err(FileError::io(&path, e)),
         };
         let mut sink = FileSink {
             path,
@@ -132,7 +162,7 @@ impl FileSink {
     }
 
     /// Appends one batch of chained events and syncs the file.
-    pub(crate) fn write_batch(&mut self, events: &[Sealed]) -> Result<(), String> {
+    pub(crate) fn write_batch(&mut self, events: &[Sealed]) -> Result<(), FileError> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(());
         };
@@ -179,7 +209,7 @@ impl FileSink {
                 self.tail = tail_before;
             }
             self.file = None;
-            return Err(format!("audit file {}: {e}", self.path.display()));
+            return Err(FileError::io(&self.path, e));
         }
         self.size = size_before.saturating_add(buffer.len() as u64);
         let first_in_file = match tail_before {
@@ -201,7 +231,7 @@ impl FileSink {
         Ok(())
     }
 
-    fn ensure_open(&mut self) -> Result<(), String> {
+    fn ensure_open(&mut self) -> Result<(), FileError> {
         if self.file.is_some() {
             return Ok(());
         }
@@ -210,9 +240,9 @@ impl FileSink {
             .create(true)
             .append(true)
             .open(&self.path)
-            .map_err(|e| format!("audit file {}: {e}", self.path.display()))?;
+            .map_err(|e| FileError::io(&self.path, e))?;
         if !existed {
-            crate::files::sync_parent(&self.path)?;
+            crate::files::sync_parent(&self.path).map_err(FileError::SyncFolder)?;
         }
         self.file = Some(file);
         Ok(())
@@ -220,7 +250,7 @@ impl FileSink {
 
     /// Renames the current file to `<name>.<first_seq>-<last_seq>` (or `<name>.unlinked-<millis>` when
     /// its chain is unknown); the next write starts a new file.
-    fn rotate(&mut self) -> Result<(), String> {
+    fn rotate(&mut self) -> Result<(), FileError> {
         if self.size == 0 && self.tail == Tail::Empty {
             return Ok(());
         }
@@ -242,14 +272,14 @@ impl FileSink {
             attempt = attempt.saturating_add(1);
         }
         self.file = None;
-        fs::rename(&self.path, &target).map_err(|e| {
-            format!(
-                "audit file {} cannot be rotated to {}: {e}",
-                self.path.display(),
-                target.display()
-            )
-        })?;
-        crate::files::sync_parent(&self.path)?;
+        if let Err(source) = fs::rename(&self.path, &target) {
+            return Err(FileError::Rotate {
+                path: self.path.clone(),
+                target,
+                source,
+            });
+        }
+        crate::files::sync_parent(&self.path).map_err(FileError::SyncFolder)?;
         self.size = 0;
         self.tail = Tail::Empty;
         Ok(())
@@ -333,7 +363,7 @@ pub(crate) struct Copies {
 
 impl Copies {
     /// None when there is nothing to copy to.
-    pub(crate) fn start(file: Option<FileSink>, stdout: bool) -> Result<Option<Copies>, String> {
+    pub(crate) fn start(file: Option<FileSink>, stdout: bool) -> io::Result<Option<Copies>> {
         if file.is_none() && !stdout {
             return Ok(None);
         }
@@ -354,8 +384,7 @@ impl Copies {
                         write_stdout(&batch);
                     }
                 }
-            })
-            .map_err(|e| format!("cannot start the audit copy thread: {e}"))?;
+            })?;
         Ok(Some(Copies {
             tx: Some(tx),
             thread: Some(thread),

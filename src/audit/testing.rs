@@ -19,7 +19,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// `event` as the audit writer chains it right after `head`, for tests of what reads the chain.
-pub fn chained_after(event: AuditEvent, head: &ChainHead) -> Result<Value, String> {
+pub fn chained_after(
+    event: AuditEvent,
+    head: &ChainHead,
+) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
     let event = event.into_unsealed(false)?;
     let link = Link {
         seq: head.seq + 1,
@@ -28,7 +31,7 @@ pub fn chained_after(event: AuditEvent, head: &ChainHead) -> Result<Value, Strin
         replica: None,
     };
     let (_, stored, _) = seal(&event, &link)?;
-    serde_json::from_str(&stored.line).map_err(|e| e.to_string())
+    Ok(serde_json::from_str(&stored.line)?)
 }
 
 /// Keeps events in memory; counts `append` calls and can be told to fail; `sync` costs a set delay.

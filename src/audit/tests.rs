@@ -33,11 +33,11 @@ fn authorized(n: usize) -> AuditEvent {
 
 /// The event as the writer chains it, less its chain fields.
 trait Unchained {
-    fn object(self) -> Result<serde_json::Map<String, Value>, String>;
+    fn object(self) -> Result<serde_json::Map<String, Value>, InvalidEvent>;
 }
 
 impl Unchained for AuditEvent {
-    fn object(self) -> Result<serde_json::Map<String, Value>, String> {
+    fn object(self) -> Result<serde_json::Map<String, Value>, InvalidEvent> {
         let event = self.into_unsealed(false)?;
         let link = chain::Link {
             seq: 1,
@@ -47,7 +47,7 @@ impl Unchained for AuditEvent {
         };
         let (_, stored, _) = chain::seal(&event, &link)?;
         let Ok(Value::Object(mut object)) = serde_json::from_str(&stored.line) else {
-            return Err("a sealed event is not an object".to_owned());
+            panic!("a sealed event is not an object: {}", stored.line);
         };
         for key in event::CHAIN_KEYS {
             object.remove(key);
@@ -206,6 +206,62 @@ fn builder_omits_absent_fields_and_applies_spec_table() {
         policy.get("rule"),
         Some(&json!({"kind": "capability", "index": 1, "pattern": "web.fetch"}))
     );
+}
+
+#[test]
+fn invalid_events_say_which_rule_they_break() {
+    let message = |event: AuditEvent| event.object().err().map(|e| e.to_string());
+    let blocked = || AuditEvent::new(EventType::PolicyViolationBlocked);
+    for (event, expected) in [
+        (
+            blocked(),
+            "PolicyViolationBlocked must carry the code of the refusal",
+        ),
+        (
+            blocked().code(1002),
+            "code 1002 is not one that PolicyViolationBlocked reports (SPEC 9.1)",
+        ),
+        (
+            blocked().code(2002),
+            "PolicyViolationBlocked must carry the rule that decided",
+        ),
+        (
+            blocked().code(2002).rule(json!({"kind": "x", "extra": 1})),
+            r#"rule has an unknown field "extra""#,
+        ),
+        (
+            AuditEvent::new(EventType::SessionCreated).code(2002),
+            "code 2002 is not one that SessionCreated reports (SPEC 9.1)",
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).code(2002),
+            "ToolCallCompleted reports no refusal, yet code 2002 was given",
+        ),
+        (
+            AuditEvent::new(EventType::EnvelopeRejected)
+                .code(1000)
+                .decision(Decision::Allow),
+            r#"EnvelopeRejected cannot have decision "allow""#,
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).decision(Decision::Deny),
+            r#"ToolCallCompleted cannot have decision "deny""#,
+        ),
+        (
+            AuditEvent::new(EventType::ClaimSkipped).claim("PROCEED"),
+            r#"ClaimSkipped cannot have claim "PROCEED""#,
+        ),
+        (
+            AuditEvent::new(EventType::SessionCreated).checkpoint(json!({})),
+            "checkpoint is carried by AuditCheckpoint events, and only by them",
+        ),
+        (
+            AuditEvent::new(EventType::ToolCallCompleted).payload_sha256("ABC"),
+            "payload_sha256 must be 64 lower-case hex digits",
+        ),
+    ] {
+        assert_eq!(message(event).as_deref(), Some(expected));
+    }
 }
 
 /// Seals `event` as the writer does, and checks that its line is the JCS of the event that the store
@@ -775,20 +831,14 @@ async fn the_file_catches_up_with_the_store_and_never_forks_the_chain() {
     backend.replace_events(backend.events()[..9].to_vec());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
-    assert!(
-        refused
-            .as_ref()
-            .err()
-            .is_some_and(|e| e.contains("ends at seq 11")),
-        "{:?}",
-        refused.err()
-    );
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("ends at seq 11"), "{message}");
     assert_eq!(read_lines(&path).len(), 11, "the file is left as it was");
     // A store that holds nothing (a lost or replaced data folder) would restart the chain at seq 1.
     backend.replace_events(Vec::new());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
-    let message = refused.err().unwrap_or_default();
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(
         message.contains("ends at seq 11") && message.contains("seq 0"),
         "{message}"
@@ -821,7 +871,7 @@ async fn rotated_files_count_when_the_live_file_is_empty() {
     backend.replace_events(backend.events()[..3].to_vec());
     let dyn_backend: Arc<dyn AuditBackend> = backend.clone();
     let refused = AuditLog::start(dyn_backend, &file_cfg(&path)).await;
-    let message = refused.err().unwrap_or_default();
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(message.contains("ends at seq 4"), "{message}");
 }
 
@@ -1277,6 +1327,57 @@ fn query_parameters_are_validated() {
     );
 }
 
+#[test]
+fn query_errors_keep_the_messages_clients_read() {
+    let message = |pairs: &[(&str, &str)]| {
+        AuditQuery::from_pairs(pairs.iter().copied())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    for (pairs, expected) in [
+        (
+            vec![("colour", "blue")],
+            r#"unknown query parameter "colour""#,
+        ),
+        (
+            vec![("tool", "a"), ("tool", "b")],
+            r#"query parameter "tool" is given more than once"#,
+        ),
+        (vec![("tool", "")], r#"query parameter "tool" is empty"#),
+        (vec![("type", "X")], r#"unknown event type "X""#),
+        (
+            vec![("decision", "maybe")],
+            r#"decision must be "allow" or "deny", not "maybe""#,
+        ),
+        (vec![("code", "x")], r#"code "x" is not a code number"#),
+        (
+            vec![("trace_id", "ab")],
+            r#"trace_id "ab" is not 32 lower-case hex digits"#,
+        ),
+        (
+            vec![("to", "999999999999999")],
+            r#"to "999999999999999" is out of range"#,
+        ),
+        (
+            vec![("from", "yesterday")],
+            r#"from "yesterday" is neither Unix seconds nor an RFC 3339 timestamp"#,
+        ),
+        (
+            vec![("limit", "ten")],
+            r#"limit "ten" is not a number from 1 to 1000"#,
+        ),
+        (vec![("limit", "0")], "limit must be from 1 to 1000, not 0"),
+        (vec![("from", "2"), ("to", "1")], "from lies after to"),
+        (
+            vec![("cursor", "+5")],
+            r#"cursor "+5" is not one this API gave out"#,
+        ),
+    ] {
+        assert_eq!(message(&pairs), expected);
+    }
+}
+
 #[tokio::test]
 async fn unreadable_bodies_are_rate_limited_and_counted() {
     let backend = Arc::new(MemoryBackend::new());
@@ -1516,29 +1617,33 @@ async fn start_refuses_bad_configuration() {
     let Some(dir) = tempfile::tempdir().ok() else {
         panic!("no tempdir")
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &file_cfg(dir.path()))
-        .await
-        .is_err());
+    assert!(matches!(
+        AuditLog::start(Arc::clone(&backend), &file_cfg(dir.path())).await,
+        Err(StartError::File(FileError::NotAFile(_)))
+    ));
     let rotate_without_file = AuditConfig {
         rotate_bytes: Some(100),
         ..AuditConfig::default()
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &rotate_without_file)
-        .await
-        .is_err());
+    assert!(matches!(
+        AuditLog::start(Arc::clone(&backend), &rotate_without_file).await,
+        Err(StartError::Settings(_))
+    ));
     let zero_rotation = AuditConfig {
         rotate_bytes: Some(0),
         ..file_cfg(&dir.path().join("a.jsonl"))
     };
-    assert!(AuditLog::start(Arc::clone(&backend), &zero_rotation)
-        .await
-        .is_err());
+    assert!(matches!(
+        AuditLog::start(Arc::clone(&backend), &zero_rotation).await,
+        Err(StartError::Settings(_))
+    ));
     let failing = Arc::new(MemoryBackend::new());
     failing.fail_next_heads(1);
     let failing: Arc<dyn AuditBackend> = failing;
-    assert!(AuditLog::start(failing, &AuditConfig::default())
-        .await
-        .is_err());
+    assert!(matches!(
+        AuditLog::start(failing, &AuditConfig::default()).await,
+        Err(StartError::Store(_))
+    ));
     let parsed: Result<AuditConfig, _> =
         serde_json::from_value(json!({"file": null, "stdout": false, "colour": 1}));
     assert!(parsed.is_err());
@@ -1550,7 +1655,7 @@ fn start_needs_a_runtime() {
     let backend: Arc<dyn AuditBackend> = Arc::new(MemoryBackend::new());
     // Polled once outside any runtime: it refuses at once instead of spawning nowhere.
     let started = AuditLog::start(backend, &AuditConfig::default()).now_or_never();
-    assert!(matches!(started, Some(Err(_))));
+    assert!(matches!(started, Some(Err(StartError::NoRuntime))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1622,9 +1727,9 @@ async fn a_settlement_is_stored_with_its_event_and_only_with_it() {
 struct MarkingSigner;
 
 impl CheckpointSigner for MarkingSigner {
-    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String> {
-        Ok(AuditEvent::new(EventType::AuditCheckpoint)
-            .checkpoint(json!({"seq": head.seq, "hash": head.hash, "kid": "test", "sig": "-"})))
+    fn checkpoint(&self, head: &ChainHead) -> AuditEvent {
+        AuditEvent::new(EventType::AuditCheckpoint)
+            .checkpoint(json!({"seq": head.seq, "hash": head.hash, "kid": "test", "sig": "-"}))
     }
 }
 

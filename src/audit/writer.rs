@@ -18,7 +18,7 @@ use tokio::time::MissedTickBehavior;
 use super::chain::{format_at, seal, Link, Sealed};
 use super::event::{AuditEvent, EventType, Facts, Unsealed};
 use super::sink::Copies;
-use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, Recorded};
+use super::{AuditBackend, AuditError, ChainHead, ClaimSettlement, InvalidEvent, Recorded};
 use crate::store::{StoreError, StoredEvent};
 
 pub(crate) type Reply = oneshot::Sender<Result<Recorded, AuditError>>;
@@ -64,8 +64,9 @@ pub struct WriterOptions {
 /// Signs the chain's head for an `AuditCheckpoint` event (SPEC 14). The signing key lives in
 /// `evidence`, which implements this; the writer only says which head and when.
 pub trait CheckpointSigner: Send + Sync {
-    /// The unchained `AuditCheckpoint` event that covers `head`, the event it is chained after.
-    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String>;
+    /// The unchained `AuditCheckpoint` event that covers `head`, the event it is chained after. Signing
+    /// cannot fail; an event that does not chain is the writer's to report.
+    fn checkpoint(&self, head: &ChainHead) -> AuditEvent;
 }
 
 /// When the writer appends checkpoints, and who signs them.
@@ -613,10 +614,7 @@ fn seal_next(
     head: &ChainHead,
     replica: Option<&str>,
 ) -> Result<(Sealed, StoredEvent, Recorded), AuditError> {
-    let seq = head
-        .seq
-        .checked_add(1)
-        .ok_or_else(|| AuditError::InvalidEvent("audit seq overflow".to_owned()))?;
+    let seq = head.seq.checked_add(1).ok_or(InvalidEvent::SeqOverflow)?;
     let at = format_at(chrono::Utc::now());
     let link = Link {
         seq,
@@ -624,7 +622,7 @@ fn seal_next(
         at: &at,
         replica,
     };
-    seal(event, &link).map_err(AuditError::InvalidEvent)
+    Ok(seal(event, &link)?)
 }
 
 /// Chains a signed checkpoint of the batch's head after it. A checkpoint that cannot be made is left
@@ -639,8 +637,8 @@ fn append_checkpoint(
         .options
         .signer
         .checkpoint(&chained.head)
-        .and_then(|event| event.into_unsealed(false))
-        .map_err(AuditError::InvalidEvent)
+        .into_unsealed(false)
+        .map_err(AuditError::from)
         .and_then(|event| {
             seal_next(&event, &chained.head, replica).map(|sealed| (sealed, event.facts))
         });

@@ -17,11 +17,11 @@ pub fn signed_bytes(seq: u64, hash: &str) -> Vec<u8> {
 }
 
 impl CheckpointSigner for Signer {
-    fn checkpoint(&self, head: &ChainHead) -> Result<AuditEvent, String> {
+    fn checkpoint(&self, head: &ChainHead) -> AuditEvent {
         let sig = self.sign(&signed_bytes(head.seq, &head.hash));
-        Ok(AuditEvent::new(EventType::AuditCheckpoint).checkpoint(
+        AuditEvent::new(EventType::AuditCheckpoint).checkpoint(
             json!({"seq": head.seq, "hash": head.hash, "kid": self.public().kid(), "sig": sig}),
-        ))
+        )
     }
 }
 
@@ -81,7 +81,7 @@ mod tests {
             hash: "ab".repeat(32),
         };
         // As the chain places it: right after the head.
-        let checkpoint = signer.checkpoint(&head).unwrap();
+        let checkpoint = signer.checkpoint(&head);
         let event = crate::audit::testing::chained_after(checkpoint, &head).unwrap();
         assert_eq!(event["type"], "AuditCheckpoint");
         assert_eq!(event["checkpoint"]["seq"], 41);
