@@ -201,7 +201,10 @@ mod tests {
         assert_eq!(replay.purge(1_501), 0, "still inside its window's second");
         assert_eq!(replay.purge(2_000), 0);
         assert_eq!(replay.purge(2_001), 1);
-        assert!(replay.remember(&[4; 64], i64::MAX), "far future: kept, not wrapped");
+        assert!(
+            replay.remember(&[4; 64], i64::MAX),
+            "far future: kept, not wrapped"
+        );
         assert_eq!(replay.purge(4_000_000_000_000), 0);
         assert!(replay.remember(&[5; 64], -5), "before 1970: already passed");
         assert_eq!(replay.purge(1), 1);
