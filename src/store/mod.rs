@@ -149,16 +149,15 @@ pub trait AuditBackend: Send + Sync + 'static {
     /// Like `append`, but chained after whatever the head is when this writer's turn comes: other
     /// writers wait while the head is read, `chain` chains the batch after it, and the batch is written.
     /// For a store shared by busy replicas, whose compare-and-sets would otherwise keep losing to each
-    /// other. Returns the events written. The default suits a store with one writer.
+    /// other. The default suits a store with one writer.
     async fn append_in_turn(
         &self,
         chain: &mut Chainer<'_>,
         settlements: &[ClaimSettlement],
-    ) -> StoreResult<Vec<StoredEvent>> {
+    ) -> StoreResult<()> {
         let head = self.head().await?.unwrap_or_else(ChainHead::genesis);
         let events = chain(&head);
-        self.append(&head, &events, settlements).await?;
-        Ok(events)
+        self.append(&head, &events, settlements).await
     }
     /// Makes everything written to the store so far durable (fsync, or nothing where every write is a
     /// commit): events, claims, sessions, replay records, counters.

@@ -192,7 +192,7 @@ impl AuditBackend for PgStore {
         &self,
         chain: &mut Chainer<'_>,
         settlements: &[ClaimSettlement],
-    ) -> StoreResult<Vec<StoredEvent>> {
+    ) -> StoreResult<()> {
         let conn = self.conn().await?;
         // Prepared first, so that nothing waits between the statements queued together below: `BEGIN`
         // goes with the lock, the write with `COMMIT`, and the head is held for two round trips, not three.
@@ -227,7 +227,7 @@ impl AuditBackend for PgStore {
                 "the audit head moved while its row was locked".into(),
             ));
         }
-        Ok(events)
+        Ok(())
     }
 
     async fn sync(&self) -> StoreResult<()> {

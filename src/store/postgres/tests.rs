@@ -317,11 +317,11 @@ async fn writers_taking_turns_chain_after_each_other() {
     for n in 0..40 {
         let store = Arc::clone(&stores[n % 2]);
         tasks.push(tokio::spawn(async move {
-            store.append_in_turn(&mut next_event, &[]).await.unwrap()
+            store.append_in_turn(&mut next_event, &[]).await
         }));
     }
     for task in tasks {
-        assert_eq!(task.await.unwrap().len(), 1);
+        task.await.unwrap().unwrap();
     }
     let events = stores[0].events_oldest_first(1, 100).await.unwrap();
     assert_eq!(events.len(), 40);
@@ -348,8 +348,7 @@ async fn a_turn_that_fails_holding_the_head_leaves_it_to_the_next_writer() {
         Err(StoreError::Unavailable(_))
     ));
     for store in [&stores[1], &stores[0]] {
-        let appended = store.append_in_turn(&mut next_event, &[]).await.unwrap();
-        assert_eq!(appended.len(), 1);
+        store.append_in_turn(&mut next_event, &[]).await.unwrap();
     }
     let events = stores[0].events_oldest_first(1, 10).await.unwrap();
     assert_eq!(events.len(), 2);
