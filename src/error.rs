@@ -115,16 +115,6 @@ impl From<crate::policy::PolicyError> for ApiError {
     }
 }
 
-/// An audit query's bad parameter is 6005 with its message; a store that fails under the query, 5005.
-impl From<crate::audit::QueryError> for ApiError {
-    fn from(error: crate::audit::QueryError) -> ApiError {
-        match error {
-            crate::audit::QueryError::Store(e) => ApiError::store(e),
-            invalid => ApiError::new(Code::InvalidRequest, invalid.to_string()),
-        }
-    }
-}
-
 /// A refusal on its way to the wire: the code, a message naming the problem, optional details and headers.
 #[derive(Debug, Clone)]
 pub struct ApiError {

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::chain::format_at;
 use super::event::{Decision, EventType};
 use super::AuditBackend;
+use crate::error::{ApiError, Code};
 use crate::identity::TeamFilter;
 use crate::store::StoreError;
 
@@ -112,6 +113,17 @@ pub enum QueryError {
     Cursor(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// An audit query's bad parameter is 6005 with its message; a store that fails under the query, 5005.
+/// Here rather than in `error.rs`, which the audit room's events already import (its codes).
+impl From<QueryError> for ApiError {
+    fn from(error: QueryError) -> ApiError {
+        match error {
+            QueryError::Store(e) => ApiError::store(e),
+            invalid => ApiError::new(Code::InvalidRequest, invalid.to_string()),
+        }
+    }
 }
 
 impl QueryError {
