@@ -17,7 +17,7 @@ pub const LOCK_FILE: &str = "sealgate.lock";
 /// Held for as long as the store is open; dropping it (or the process ending) releases the folder.
 #[derive(Debug)]
 pub struct FolderLock {
-    _file: File,
+    file: File,
 }
 
 impl FolderLock {
@@ -53,7 +53,15 @@ impl FolderLock {
         write_holder(&mut file).map_err(|e| {
             StoreError::unavailable(format!("cannot write {}: {e}", path.display()))
         })?;
-        Ok(FolderLock { _file: file })
+        Ok(FolderLock { file })
+    }
+}
+
+impl Drop for FolderLock {
+    /// Unlocks before the file closes: a child process forked meanwhile (an upstream's, before it runs
+    /// its program) shares the lock until it does, and would keep the folder from being opened again.
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
     }
 }
 
