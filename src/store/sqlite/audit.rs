@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::packed::{pack, Stored};
 use super::sql::{claim_replace, db, ClaimRow};
+use super::threads::Writable;
 use super::SqliteStore;
 use crate::store::{
     decode_record, labels_of_batch, sql_int, AuditBackend, ChainHead, ClaimRecord, ClaimSettlement,
@@ -27,53 +28,8 @@ impl AuditBackend for SqliteStore {
         events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
-        let after = after.clone();
-        let rows = events
-            .iter()
-            .map(|event| Ok((event.head.clone(), pack(&event.line)?)))
-            .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
-        let settlements = settlements
-            .iter()
-            .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
-            .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
-        let labels = labels_of_batch(events);
         self.writer
-            .write(move |w| {
-                if w.head != after {
-                    return Err(StoreError::HeadMoved);
-                }
-                for (pending, settled) in &settlements {
-                    // A claim an operator resolved meanwhile is left as it is.
-                    claim_replace(&w.conn, pending, Some(settled))?;
-                }
-                if !labels.is_empty() {
-                    // SPEC 19: in the batch's transaction; a label held keeps the seq that first brought it.
-                    let mut label = w
-                        .conn
-                        .prepare_cached(
-                            "INSERT INTO session_labels (session_id, label, seq) VALUES (?1, ?2, ?3) \
-                             ON CONFLICT (session_id, label) DO NOTHING",
-                        )
-                        .map_err(db)?;
-                    for (session_id, name, seq) in &labels {
-                        label
-                            .execute(params![session_id, name, sql_int(*seq)])
-                            .map_err(db)?;
-                    }
-                }
-                let mut insert = w
-                    .conn
-                    .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
-                    .map_err(db)?;
-                for (head, packed) in &rows {
-                    insert.execute(params![sql_int(head.seq), packed]).map_err(db)?;
-                }
-                drop(insert);
-                if let Some((head, _)) = rows.last() {
-                    w.head = head.clone();
-                }
-                Ok(())
-            })
+            .write(append_work(after, events, settlements)?)
             .await
     }
 
@@ -87,13 +43,9 @@ impl AuditBackend for SqliteStore {
         events: &[StoredEvent],
         settlements: &[ClaimSettlement],
     ) -> StoreResult<()> {
-        // `join!` polls the append first, and its first poll queues the write (nothing before it
-        // awaits), so the commit queued next covers it: one wake of the writer for both.
-        let (appended, committed) = tokio::join!(
-            self.append(after, events, settlements),
-            self.writer.commit()
-        );
-        appended.and(committed)
+        self.writer
+            .write_durably(append_work(after, events, settlements)?)
+            .await
     }
 
     async fn events_newest_first(
@@ -118,6 +70,64 @@ impl AuditBackend for SqliteStore {
         )
         .await
     }
+}
+
+/// The writer's work that appends `events` after `after` (a compare-and-set on the head), with the claims
+/// they settle and the labels they give sessions. Packed here, on the caller's thread, so that the
+/// writer's turn only runs statements.
+fn append_work(
+    after: &ChainHead,
+    events: &[StoredEvent],
+    settlements: &[ClaimSettlement],
+) -> StoreResult<impl FnOnce(&mut Writable) -> StoreResult<()> + Send + 'static> {
+    let after = after.clone();
+    let rows = events
+        .iter()
+        .map(|event| Ok((event.head.clone(), pack(&event.line)?)))
+        .collect::<StoreResult<Vec<(ChainHead, Vec<u8>)>>>()?;
+    let settlements = settlements
+        .iter()
+        .map(|s| Ok((s.pending.clone(), ClaimRow::of(&s.settled)?)))
+        .collect::<StoreResult<Vec<(ClaimRecord, ClaimRow)>>>()?;
+    let labels = labels_of_batch(events);
+    Ok(move |w: &mut Writable| {
+        if w.head != after {
+            return Err(StoreError::HeadMoved);
+        }
+        for (pending, settled) in &settlements {
+            // A claim an operator resolved meanwhile is left as it is.
+            claim_replace(&w.conn, pending, Some(settled))?;
+        }
+        if !labels.is_empty() {
+            // SPEC 19: in the batch's transaction; a label held keeps the seq that first brought it.
+            let mut label = w
+                .conn
+                .prepare_cached(
+                    "INSERT INTO session_labels (session_id, label, seq) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (session_id, label) DO NOTHING",
+                )
+                .map_err(db)?;
+            for (session_id, name, seq) in &labels {
+                label
+                    .execute(params![session_id, name, sql_int(*seq)])
+                    .map_err(db)?;
+            }
+        }
+        let mut insert = w
+            .conn
+            .prepare_cached("INSERT INTO audit_events (seq, event) VALUES (?1, ?2)")
+            .map_err(db)?;
+        for (head, packed) in &rows {
+            insert
+                .execute(params![sql_int(head.seq), packed])
+                .map_err(db)?;
+        }
+        drop(insert);
+        if let Some((head, _)) = rows.last() {
+            w.head = head.clone();
+        }
+        Ok(())
+    })
 }
 
 impl SqliteStore {

@@ -729,7 +729,7 @@ impl Store for SqliteStore {
             encode_record(attempt)?,
         );
         self.writer
-            .write(move |w| {
+            .write_durably(move |w| {
                 purge_then_insert(
                     &w.conn,
                     "DELETE FROM sign_in_attempts WHERE created_at_ms < ?1",
@@ -738,25 +738,21 @@ impl Store for SqliteStore {
                     params![state, created, record],
                 )
             })
-            .await?;
-        self.writer.commit().await
+            .await
     }
 
     async fn sign_in_take(&self, state: &str) -> StoreResult<Option<SignInAttempt>> {
         let state = state.to_owned();
-        let taken = self
-            .writer
-            .write(move |w| {
+        // Durable before the code is exchanged, so that a restart cannot give the state back.
+        self.writer
+            .write_durably(move |w| {
                 get_record(
                     &w.conn,
                     "DELETE FROM sign_in_attempts WHERE state = ?1 RETURNING record",
                     params![state],
                 )
             })
-            .await?;
-        // Durable before the code is exchanged, so that a restart cannot give the state back.
-        self.writer.commit().await?;
-        Ok(taken)
+            .await
     }
 
     async fn console_session_insert(
@@ -770,7 +766,7 @@ impl Store for SqliteStore {
             encode_record(record)?,
         );
         self.writer
-            .write(move |w| {
+            .write_durably(move |w| {
                 purge_then_insert(
                     &w.conn,
                     "DELETE FROM console_sessions WHERE ends_at_ms < ?1",
@@ -779,8 +775,7 @@ impl Store for SqliteStore {
                     params![id_hash, ends, text],
                 )
             })
-            .await?;
-        self.writer.commit().await
+            .await
     }
 
     async fn console_session_get(

@@ -199,6 +199,74 @@ async fn budget_charges_reach_the_table_with_the_next_request_and_the_next_commi
     assert_eq!(store.counter_get("b").await.unwrap(), Some(4));
 }
 
+/// A durable write is answered once, after the commit that holds it: a reader (which sees only commits)
+/// finds it at once, with the write answered before it. A durable write that fails answers its own error,
+/// undoes only itself, and the commit still holds what came before it.
+#[tokio::test]
+async fn a_durable_write_is_answered_after_the_commit_that_holds_it() {
+    let (_dir, store) = open();
+    let committed_claims = || {
+        store.read(|conn| {
+            conn.query_row("SELECT count(*) FROM claims", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map_err(db)
+        })
+    };
+    store
+        .claim_insert(&claim(ClaimKind::Invoke, "applied", 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        committed_claims().await.unwrap(),
+        0,
+        "a plain write is not committed yet"
+    );
+    let answer = store
+        .writer
+        .write_durably(|w| {
+            w.conn
+                .execute(
+                    "INSERT INTO counters (key, value) VALUES (?1, 7)",
+                    [&b"durable"[..]],
+                )
+                .map_err(db)
+        })
+        .await
+        .unwrap();
+    assert_eq!(answer, 1, "the work's own answer comes back");
+    assert_eq!(committed_claims().await.unwrap(), 1);
+    assert_eq!(store.counter_get("durable").await.unwrap(), Some(7));
+
+    store
+        .claim_insert(&claim(ClaimKind::Invoke, "second", 6))
+        .await
+        .unwrap();
+    let failed = store
+        .writer
+        .write_durably(|w| {
+            w.conn
+                .execute(
+                    "INSERT INTO counters (key, value) VALUES (?1, 1)",
+                    [&b"undone"[..]],
+                )
+                .map_err(db)?;
+            Err::<(), _>(StoreError::Corrupt("refused by the test".into()))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        failed.to_string(),
+        StoreError::Corrupt("refused by the test".into()).to_string()
+    );
+    assert_eq!(
+        committed_claims().await.unwrap(),
+        2,
+        "the commit still held the write before it"
+    );
+    assert_eq!(store.counter_get("undone").await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn a_lost_transaction_stops_the_store_and_nothing_it_held_is_reported_durable() {
     let dir = tempfile::tempdir().unwrap();

@@ -30,6 +30,10 @@ pub(crate) struct Writable {
 }
 
 type WriteWork = Box<dyn FnOnce(StoreResult<&mut Writable>) + Send>;
+/// A write whose caller is answered after the commit that follows it: applying it gives that answer.
+type DurableWork = Box<dyn FnOnce(StoreResult<&mut Writable>) -> CommitWaiter + Send>;
+/// Told how the next commit went.
+type CommitWaiter = Box<dyn FnOnce(&StoreResult<()>) + Send>;
 type ReadWork = Box<dyn FnOnce(&Connection) + Send>;
 
 /// Writes what was changed in memory and not yet in the tables (budget counts): `None` when nothing was.
@@ -40,7 +44,9 @@ pub(crate) type Unwritten =
 
 enum Request {
     Write(WriteWork),
-    Commit(oneshot::Sender<StoreResult<()>>),
+    /// A write and the commit after it, answered once: the caller wakes once, not twice.
+    Durable(DurableWork),
+    Commit(CommitWaiter),
     /// Commits what is open and ends the thread (the store is being dropped).
     Stop,
 }
@@ -106,6 +112,25 @@ impl Writer {
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
     }
 
+    /// Runs `work` in the writer's open transaction, like [`Writer::write`], and returns its answer once
+    /// the commit after it holds it (durable), as `write` then `commit` would, with one answer for both.
+    pub(crate) async fn write_durably<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Writable) -> StoreResult<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Durable(Box::new(move |state| {
+            let written = state.and_then(|state| in_savepoint(state, work));
+            Box::new(move |committed: &StoreResult<()>| {
+                let _ = reply.send(written.and_then(|value| committed.clone().map(|()| value)));
+            })
+        })))?;
+        answer
+            .await
+            .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
+    }
+
     fn queue(
         &self,
         work: impl FnOnce(StoreResult<&mut Writable>) + Send + 'static,
@@ -122,7 +147,9 @@ impl Writer {
     /// Returns once everything written before this call is committed (durable).
     pub(crate) async fn commit(&self) -> StoreResult<()> {
         let (reply, answer) = oneshot::channel();
-        self.send(Request::Commit(reply))?;
+        self.send(Request::Commit(Box::new(move |committed| {
+            let _ = reply.send(committed.clone());
+        })))?;
         answer
             .await
             .map_err(|_| StoreError::unavailable("the store's writer has stopped"))?
@@ -239,7 +266,8 @@ impl WriterLoop {
             while let Some(request) = next.take() {
                 match request {
                     Request::Write(work) => self.apply(work),
-                    Request::Commit(reply) => waiters.push(reply),
+                    Request::Durable(work) => waiters.push(self.apply(work)),
+                    Request::Commit(waiter) => waiters.push(waiter),
                     Request::Stop => {
                         let result = self.commit();
                         answer_all(waiters, &result);
@@ -259,19 +287,20 @@ impl WriterLoop {
         let _ = self.commit();
     }
 
-    fn apply(&mut self, work: impl FnOnce(StoreResult<&mut Writable>)) {
+    fn apply<R>(&mut self, work: impl FnOnce(StoreResult<&mut Writable>) -> R) -> R {
         if let Some(why) = self.failure.get() {
             return work(Err(stopped(why)));
         }
         if let Err(e) = self.begin().and_then(|()| self.catch_up()) {
             return work(Err(e));
         }
-        work(Ok(&mut self.state));
+        let answered = work(Ok(&mut self.state));
         if self.open && self.state.conn.is_autocommit() {
             // SQLite ended the transaction by itself (an I/O error): answered writes were lost.
             self.open = false;
             self.stop("an I/O error rolled the transaction back".into());
         }
+        answered
     }
 
     /// Opens the transaction that requests are applied in, unless one is open.
@@ -361,9 +390,9 @@ impl WriterLoop {
     }
 }
 
-fn answer_all(waiters: Vec<oneshot::Sender<StoreResult<()>>>, result: &StoreResult<()>) {
+fn answer_all(waiters: Vec<CommitWaiter>, result: &StoreResult<()>) {
     for waiter in waiters {
-        let _ = waiter.send(result.clone());
+        waiter(result);
     }
 }
 
