@@ -373,6 +373,8 @@ impl AuditLog {
             head_waiters: Vec::new(),
             unsynced: Vec::new(),
             unsynced_since: None,
+            held: Vec::new(),
+            held_since: None,
         };
         runtime.spawn(writer.run());
         Ok(AuditLog {
@@ -422,6 +424,7 @@ impl AuditLog {
             reply: Some(reply),
             count_decision: true,
             settlement: settlement.map(Box::new),
+            taken_at: None,
         };
         self.inner
             .tx
@@ -443,6 +446,7 @@ impl AuditLog {
             reply: None,
             count_decision: true,
             settlement: None,
+            taken_at: None,
         };
         self.inner
             .tx
@@ -491,6 +495,7 @@ impl AuditLog {
             reply: None,
             count_decision: false,
             settlement: None,
+            taken_at: None,
         };
         if self.inner.tx.try_send(Command::Record(job)).is_err() {
             // A full queue must not block the request path; the event joins the suppressed count.

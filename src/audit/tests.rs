@@ -454,6 +454,40 @@ async fn concurrent_records_share_appends() {
     assert_eq!(log.verify_store().await.map(|r| r.events), Ok(200));
 }
 
+/// An event nobody waits for is held, not written, and leads the next batch: a call's two events are one
+/// append. Its `at` is when the writer took it, not when that batch was written.
+#[tokio::test]
+async fn a_deferred_event_leads_the_next_batch_with_the_time_it_was_taken() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
+    let appends = backend.append_calls();
+    log.record_deferred(authorized(1)).await.unwrap();
+    // A gap the events' millisecond times can show; the writer takes the first event meanwhile.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(backend.events().is_empty(), "held, not written");
+    let recorded = record_ok(&log, authorized(2)).await;
+    assert_eq!(recorded.seq, 2);
+    assert_eq!(backend.append_calls(), appends + 1, "one append for both");
+    let events = backend.events();
+    assert_eq!(seqs(&events), [1, 2]);
+    let at = |event: &Value| chrono::DateTime::parse_from_rfc3339(text(event, "at")).unwrap();
+    let gap = at(&events[1]) - at(&events[0]);
+    assert!(gap >= chrono::Duration::milliseconds(4), "{gap}");
+}
+
+/// A held event is written by the deadline of unsynced ones when no batch follows, and at shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_held_event_is_written_by_its_deadline_or_at_shutdown() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = memory_log(&backend, &AuditConfig::default()).await;
+    log.record_deferred(authorized(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(seqs(&backend.events()), [1]);
+    log.record_deferred(authorized(2)).await.unwrap();
+    log.shutdown().await;
+    assert_eq!(seqs(&backend.events()), [1, 2]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_append_fails_every_waiter_and_the_chain_does_not_fork() {
     let backend = Arc::new(MemoryBackend::with_sync_delay(Duration::from_millis(2)));
@@ -1787,12 +1821,14 @@ async fn a_clean_shutdown_signs_the_tail_once() {
     let log = checkpointed_log(&backend, 1000).await;
     record_ok(&log, authorized(1)).await;
     record_ok(&log, authorized(2)).await;
+    // Held, not written: shutdown writes it before the checkpoint that covers it.
+    log.record_deferred(authorized(3)).await.unwrap();
     log.shutdown().await;
-    assert_eq!(checkpoint_seqs(&backend.events()), [3]);
+    assert_eq!(checkpoint_seqs(&backend.events()), [4]);
     // A second writer on the same chain finds its head signed, and adds nothing at its shutdown.
     let again = checkpointed_log(&backend, 1000).await;
     again.shutdown().await;
-    assert_eq!(seqs(&backend.events()), [1, 2, 3]);
+    assert_eq!(seqs(&backend.events()), [1, 2, 3, 4]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
@@ -33,6 +34,8 @@ pub(crate) struct Job {
     /// A claim's settlement to write with this event (see [`AuditBackend::append`]).
     /// Boxed: two claim records would make every queued job that large.
     pub(crate) settlement: Option<Box<ClaimSettlement>>,
+    /// When the writer took the job: the event's `at`, also when it is held for a later batch.
+    pub(crate) taken_at: Option<DateTime<Utc>>,
 }
 
 pub(crate) enum Command {
@@ -130,6 +133,11 @@ pub(crate) struct Writer {
     pub(crate) unsynced: Vec<(Sealed, Tally)>,
     /// When the oldest of them was appended.
     pub(crate) unsynced_since: Option<Instant>,
+    /// Events nobody waits for, not yet chained: they lead the next batch (one store round trip for a
+    /// call's two events), or are written and synced by the same deadline as unsynced ones.
+    pub(crate) held: Vec<Job>,
+    /// When the oldest of them was taken.
+    pub(crate) held_since: Option<Instant>,
 }
 
 impl Writer {
@@ -164,8 +172,8 @@ impl Writer {
                     self.sign_tail().await;
                     continue;
                 }
-                _ = sync_deadline(self.unsynced_since) => {
-                    let _ = self.sync().await;
+                _ = sync_deadline(self.unsynced_since.into_iter().chain(self.held_since).min()) => {
+                    self.flush().await;
                     continue;
                 }
             };
@@ -195,6 +203,7 @@ impl Writer {
         if !summaries.is_empty() {
             self.commit(summaries).await;
         }
+        self.flush().await;
         // A clean shutdown leaves no unsigned tail (SPEC 14), and nothing unsynced.
         self.sign_tail().await;
         if self.unsynced_since.is_some() {
@@ -226,7 +235,10 @@ impl Writer {
         shutdown_waiters: &mut Vec<oneshot::Sender<()>>,
     ) {
         match command {
-            Command::Record(job) => batch.push(job),
+            Command::Record(mut job) => {
+                job.taken_at = Some(Utc::now());
+                batch.push(job);
+            }
             Command::SignHead(waiter) => self.head_waiters.push(waiter),
             Command::Shutdown(waiter) => {
                 // Closing refuses new events but still yields those already queued, which are written.
@@ -267,6 +279,7 @@ impl Writer {
                     reply: None,
                     count_decision: false,
                     settlement: None,
+                    taken_at: Some(Utc::now()),
                 }),
                 Err(e) => {
                     tracing::error!(target: "audit", error = %e, "suppressed-count event is invalid")
@@ -413,14 +426,50 @@ impl Writer {
         })
     }
 
-    /// Chains one batch, makes it durable, and answers its callers.
+    /// Chains one batch after the events held so far and makes it durable, answering its callers; a batch
+    /// that nobody waits for is held instead, while the writer races for the head and the batch is short.
     async fn commit(&mut self, mut batch: Vec<Job>) {
+        let held_since = self.held_since.take();
+        batch.splice(0..0, std::mem::take(&mut self.held));
+        let waited_on = batch.iter().any(|job| job.reply.is_some());
+        let contended = self
+            .contended_until
+            .is_some_and(|until| Instant::now() < until);
+        // A checkpoint's cover is signed now (see `sign_tail`): nothing is held back from it.
+        if !waited_on
+            && !contended
+            && self.checkpoint_cover.is_none()
+            && batch.len() < self.max_batch
+        {
+            self.held = batch;
+            self.held_since = Some(held_since.unwrap_or_else(Instant::now));
+            return;
+        }
+        self.write(batch, false).await;
+    }
+
+    /// Writes what is held, durably; otherwise syncs what was appended unsynced, if anything.
+    async fn flush(&mut self) {
+        if self.held.is_empty() {
+            if self.unsynced_since.is_some() {
+                let _ = self.sync().await;
+            }
+            return;
+        }
+        self.held_since = None;
+        let held = std::mem::take(&mut self.held);
+        self.write(held, true).await;
+    }
+
+    /// Chains one batch and stores it, answering its callers once it is durable; `durably`: synced even
+    /// when nobody waits for it.
+    async fn write(&mut self, mut batch: Vec<Job>, durably: bool) {
         let settlements: Vec<ClaimSettlement> = batch
             .iter_mut()
             .filter_map(|job| job.settlement.take().map(|settlement| *settlement))
             .collect();
         // A batch that callers wait for is synced with its append where the store can (one round trip).
-        let waited_on = batch.iter().any(|job| job.reply.is_some());
+        let waited_on = durably || batch.iter().any(|job| job.reply.is_some());
         let mut attempts = 0;
         let (chained, synced) = loop {
             let contended = self
@@ -452,7 +501,7 @@ impl Writer {
                 }
             }
         };
-        let waited_on = batch.iter().any(|job| job.reply.is_some());
+        let waited_on = durably || batch.iter().any(|job| job.reply.is_some());
         if chained.ends_with_checkpoint() {
             self.checkpoint_owed = false;
         }
@@ -584,11 +633,13 @@ fn chain(
         head: head.clone(),
     };
     let mut kept = Vec::with_capacity(batch.len());
-    if plan.is_some_and(|plan| plan.cover == Some(&chained.head)) {
+    // Held events lead a batch that signs a cover: the checkpoint after them covers it too.
+    if batch.is_empty() && plan.is_some_and(|plan| plan.cover == Some(&chained.head)) {
         append_checkpoint(&mut chained, plan, replica);
     }
     for job in batch.drain(..) {
-        match seal_next(&job.event, &chained.head, replica) {
+        let at = job.taken_at.unwrap_or_else(Utc::now);
+        match seal_next(&job.event, &chained.head, replica, at) {
             Ok((event, stored, recorded)) => {
                 chained.push(event, stored, job.event.facts);
                 chained.receipts.push(recorded);
@@ -613,9 +664,10 @@ fn seal_next(
     event: &Unsealed,
     head: &ChainHead,
     replica: Option<&str>,
+    at: DateTime<Utc>,
 ) -> Result<(Sealed, StoredEvent, Recorded), AuditError> {
     let seq = head.seq.checked_add(1).ok_or(InvalidEvent::SeqOverflow)?;
-    let at = format_at(chrono::Utc::now());
+    let at = format_at(at);
     let link = Link {
         seq,
         prev_hash: &head.hash,
@@ -640,7 +692,8 @@ fn append_checkpoint(
         .into_unsealed(false)
         .map_err(AuditError::from)
         .and_then(|event| {
-            seal_next(&event, &chained.head, replica).map(|sealed| (sealed, event.facts))
+            seal_next(&event, &chained.head, replica, Utc::now())
+                .map(|sealed| (sealed, event.facts))
         });
     match sealed {
         Ok(((event, stored, _), facts)) => chained.push(event, stored, facts),
