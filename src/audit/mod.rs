@@ -144,7 +144,8 @@ pub enum StartError {
     /// Writer options or `audit:` settings that cannot work; the message names them.
     #[error("{0}")]
     Settings(&'static str),
-    #[error("audit store unavailable: {0}")]
+    /// The store's own error says what failed ("store unavailable: …").
+    #[error("cannot read the audit chain from the store: {0}")]
     Store(#[source] crate::store::StoreError),
     #[error("audit store returned an invalid chain head {0:?}")]
     InvalidHead(ChainHead),

@@ -1674,10 +1674,14 @@ async fn start_refuses_bad_configuration() {
     let failing = Arc::new(MemoryBackend::new());
     failing.fail_next_heads(1);
     let failing: Arc<dyn AuditBackend> = failing;
-    assert!(matches!(
-        AuditLog::start(failing, &AuditConfig::default()).await,
-        Err(StartError::Store(_))
-    ));
+    let refused = AuditLog::start(failing, &AuditConfig::default()).await;
+    assert!(matches!(refused, Err(StartError::Store(_))));
+    // The store's error names itself once: no "store unavailable: store unavailable".
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        message.starts_with("cannot read the audit chain from the store: store unavailable: "),
+        "{message}"
+    );
     let parsed: Result<AuditConfig, _> =
         serde_json::from_value(json!({"file": null, "stdout": false, "colour": 1}));
     assert!(parsed.is_err());
