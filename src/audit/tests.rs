@@ -1835,6 +1835,20 @@ async fn a_clean_shutdown_signs_the_tail_once() {
     assert_eq!(seqs(&backend.events()), [1, 2, 3, 4]);
 }
 
+/// An export's checkpoint (SPEC 20 rule 7) covers the events held when it was asked, even when a checkpoint
+/// already ends the stored chain.
+#[tokio::test]
+async fn signing_the_head_writes_held_events_first() {
+    let backend = Arc::new(MemoryBackend::new());
+    let log = checkpointed_log(&backend, 1000).await;
+    record_ok(&log, authorized(1)).await;
+    assert_eq!(log.sign_head().await, Some(2));
+    log.record_deferred(authorized(2)).await.unwrap();
+    assert_eq!(log.sign_head().await, Some(4));
+    assert_eq!(seqs(&backend.events()), [1, 2, 3, 4]);
+    assert_eq!(checkpoint_seqs(&backend.events()), [2, 4]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_interval_signs_a_tail_and_leaves_a_signed_head_alone() {
     let backend = Arc::new(MemoryBackend::new());

@@ -320,6 +320,8 @@ impl Writer {
     /// after the events it wrote.
     async fn sign_head(&mut self) -> Option<u64> {
         self.checkpoints.as_ref()?;
+        // Held events were recorded before the export asked: written first, they are in what it signs.
+        self.flush().await;
         for _ in 0..MAX_HEAD_RETRIES {
             self.sign_tail().await;
             // Durable first: an export reads the store, which shows only what was synced.
