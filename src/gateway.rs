@@ -10,7 +10,6 @@ use serde_json::Value;
 
 use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::config::Config;
-use crate::error::ApiError;
 use crate::policy::{ContextRegistry, RegistryError, ReloadEvent, SecurityContext, WatcherHandle};
 use crate::session::SessionCache;
 use crate::store::postgres::CONTEXT_POLL;
@@ -19,25 +18,22 @@ use crate::token::{AgentTokenVerifier, OperatorVerifier, TokenMinter};
 use crate::upstream::Upstreams;
 
 pub struct Gateway {
-    config: Config,
+    config: Arc<Config>,
     store: Arc<dyn Store>,
     /// Sessions decoded in memory; revocation invalidates (SPEC 5: refused from that moment).
-    sessions: SessionCache,
+    sessions: Arc<SessionCache>,
     /// `/v1/invoke` calls in progress; none left → 5006 at once (SPEC 11 r2 admission control).
     call_slots: Arc<tokio::sync::Semaphore>,
     contexts: Arc<ContextRegistry>,
     /// The comparisons of calls' decisions with their contexts' shadow versions (SPEC 6.4 r4).
-    shadows: crate::shadow::Tallies,
-    /// One turn for each change to the store's contexts (an API write, or a replica's poll), held from
-    /// the store until the registry has it, so that two changes cannot apply in the opposite order.
-    context_writes: tokio::sync::Mutex<()>,
+    shadows: Arc<crate::shadow::Tallies>,
     agent_tokens: AgentTokenVerifier,
     operators: OperatorVerifier,
     /// OpenID Connect sign-in, roles and console sessions (SPEC 16), when `operator_auth.oidc` is set.
-    oidc: Option<crate::identity::Oidc>,
+    oidc: Option<Arc<crate::identity::Oidc>>,
     /// The MCP endpoint for hosts over the network (SPEC 17), when `mcp_server.enabled`.
     mcp_server: Option<crate::mcp_server::McpServer>,
-    minter: Option<TokenMinter>,
+    minter: Option<Arc<TokenMinter>>,
     upstreams: Upstreams,
     /// The pinned definitions of the MCP upstreams' tools (SPEC 18), checked on every call.
     tools: crate::tools::Pins,
@@ -45,10 +41,10 @@ pub struct Gateway {
     answer_guard: crate::guard::Guard,
     audit: AuditLog,
     metrics: PrometheusHandle,
-    /// Announces new approval requests (SPEC 13).
-    notifier: crate::approval::Notifier,
+    /// The approval requests: their store, audit trail and webhook (SPEC 13).
+    approvals: crate::approval::Desk,
     /// Signs receipts and audit checkpoints; publishes `/v1/keys` (SPEC 14).
-    evidence: crate::evidence::Evidence,
+    evidence: Arc<crate::evidence::Evidence>,
     /// The clock window that the store's replay records cover (SPEC 20 rule 3), checked with check 8.
     replay_cover: crate::replay::ReplayCover,
     /// Keeps the policy folder watched for as long as the gateway lives.
@@ -58,7 +54,7 @@ pub struct Gateway {
 /// Each part of the gateway, read-only: handlers and rooms take the parts they use.
 impl Gateway {
     /// The configuration it was built from.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &Arc<Config> {
         &self.config
     }
 
@@ -68,7 +64,7 @@ impl Gateway {
     }
 
     /// Sessions decoded in memory.
-    pub fn sessions(&self) -> &SessionCache {
+    pub fn sessions(&self) -> &Arc<SessionCache> {
         &self.sessions
     }
 
@@ -83,13 +79,8 @@ impl Gateway {
     }
 
     /// The counts of calls decided by shadow versions (SPEC 6.4 r4).
-    pub fn shadows(&self) -> &crate::shadow::Tallies {
+    pub fn shadows(&self) -> &Arc<crate::shadow::Tallies> {
         &self.shadows
-    }
-
-    /// The turn that each change to the store's contexts takes.
-    pub fn context_writes(&self) -> &tokio::sync::Mutex<()> {
-        &self.context_writes
     }
 
     /// Verifies agents' JWTs (checks 2–4).
@@ -103,7 +94,7 @@ impl Gateway {
     }
 
     /// OpenID Connect sign-in (SPEC 16), when configured.
-    pub fn oidc(&self) -> &Option<crate::identity::Oidc> {
+    pub fn oidc(&self) -> &Option<Arc<crate::identity::Oidc>> {
         &self.oidc
     }
 
@@ -113,7 +104,7 @@ impl Gateway {
     }
 
     /// Mints agent tokens, when an issuer key is configured.
-    pub fn minter(&self) -> &Option<TokenMinter> {
+    pub fn minter(&self) -> &Option<Arc<TokenMinter>> {
         &self.minter
     }
 
@@ -143,7 +134,7 @@ impl Gateway {
     }
 
     /// Receipts, checkpoints and `/v1/keys` (SPEC 14).
-    pub fn evidence(&self) -> &crate::evidence::Evidence {
+    pub fn evidence(&self) -> &Arc<crate::evidence::Evidence> {
         &self.evidence
     }
 
@@ -335,29 +326,32 @@ impl Gateway {
             store.tool_pins().await.map_err(|e| format!("store: {e}"))?,
         )?;
         let policy_watcher = watch_policies(&contexts, &audit, policies_dir)?;
-        let shadows = crate::shadow::Tallies::new(store.clone());
+        let shadows = Arc::new(crate::shadow::Tallies::new(store.clone()));
         let gateway = Arc::new(Gateway {
             call_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.limits.max_concurrent_calls,
             )),
-            config,
+            config: Arc::new(config),
+            approvals: crate::approval::Desk {
+                store: store.clone(),
+                audit: audit.clone(),
+                notifier: Arc::new(notifier),
+            },
             store,
-            sessions: SessionCache::default(),
+            sessions: Arc::default(),
             contexts,
             shadows,
-            context_writes: tokio::sync::Mutex::new(()),
             agent_tokens,
             operators,
-            oidc,
+            oidc: oidc.map(Arc::new),
             mcp_server,
-            minter,
+            minter: minter.map(Arc::new),
             upstreams,
             tools,
             answer_guard,
             audit,
             metrics,
-            notifier,
-            evidence,
+            evidence: Arc::new(evidence),
             replay_cover,
             _policy_watcher: policy_watcher,
         });
@@ -391,7 +385,7 @@ fn spawn_pin_poll(gateway: &Arc<Gateway>) {
 
 /// Polls the store's change counter every [`CONTEXT_POLL`] and applies what other replicas changed, the
 /// contexts and their shadow versions. Each poll reads and applies in one turn of
-/// [`Gateway::context_writes`], so that it never interleaves with this replica's own API changes.
+/// [`ContextRegistry::store_change_turn`], so that it never interleaves with this replica's own API changes.
 fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: StoredContexts) {
     let gateway = Arc::downgrade(gateway);
     tokio::spawn(async move {
@@ -403,7 +397,7 @@ fn spawn_context_poll(gateway: &Arc<Gateway>, store: Arc<PgStore>, loaded: Store
             let Some(gateway) = gateway.upgrade() else {
                 return;
             };
-            let _turn = gateway.context_writes.lock().await;
+            let _turn = gateway.contexts.store_change_turn().await;
             match store.contexts_if_changed(seen).await {
                 Ok(None) => {}
                 Ok(Some((version, polled))) => {
@@ -569,7 +563,7 @@ impl Gateway {
                 let Some(gateway) = gateway.upgrade() else {
                     break;
                 };
-                if let Err(e) = crate::approval::sweep(&gateway.approvals()).await {
+                if let Err(e) = crate::approval::sweep(gateway.approvals()).await {
                     tracing::warn!(error = %e, "could not expire overdue approvals");
                 }
             }
@@ -671,17 +665,8 @@ impl Gateway {
     }
 
     /// The store, audit trail and webhook that the approval steps work with.
-    pub fn approvals(&self) -> crate::approval::Desk<'_> {
-        crate::approval::Desk {
-            store: self.store.as_ref(),
-            audit: &self.audit,
-            notifier: &self.notifier,
-        }
-    }
-
-    /// Records an event durably (with every store write made before it); an audit trail that cannot be written refuses the request (5005).
-    pub async fn record(&self, event: AuditEvent) -> Result<crate::audit::Recorded, ApiError> {
-        self.audit.record(event).await.map_err(ApiError::store)
+    pub fn approvals(&self) -> &crate::approval::Desk {
+        &self.approvals
     }
 }
 

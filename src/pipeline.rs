@@ -581,7 +581,7 @@ async fn admit(
     let call_digest =
         approval_rule(allowed).map(|_| claim::call_digest(&call.tool, &call.arguments));
     let ask = ask(caller, session, allowed, call, call_digest.as_deref());
-    let admitted = admission::admit(&gw.approvals(), ask, &mut facts.replay)
+    let admitted = admission::admit(gw.approvals(), ask, &mut facts.replay)
         .await
         .map_err(|refusal| not_admitted(facts, allowed, refusal))?;
     note_admission(facts, &admitted);

@@ -2,13 +2,13 @@
 //! the pending ones. The state machine lives in `crate::approval`.
 
 use crate::identity::Caller;
-use axum::extract::RawQuery;
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
-use crate::approval::{self, DecideError};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody};
+use crate::approval::{self, DecideError, Desk};
 use crate::clock::rfc3339_millis;
 use crate::error::{ApiError, Code};
 use crate::identity::Identity;
@@ -165,7 +165,7 @@ fn parse_cursor(raw: Option<&String>) -> Result<Option<ApprovalCursor>, ApiError
     security(("operator" = ["seal.approval.read"])),
     responses((status = 200, description = "A page of approval requests", body = ApprovalPage)))]
 pub async fn list(
-    axum::extract::State(gw): State,
+    State(desk): State<Desk>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -179,17 +179,15 @@ pub async fn list(
     let tool = params.get("tool");
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
-    approval::sweep(&gw.approvals())
-        .await
-        .map_err(ApiError::store)?;
+    approval::sweep(&desk).await.map_err(ApiError::store)?;
     let keep = |a: &ApprovalRecord| {
         teams.admits(&a.team)
             && status.is_none_or(|s| a.status == s)
             && session_id.is_none_or(|id| *id == a.session_id)
             && tool.is_none_or(|t| *t == a.tool)
     };
-    let (items, more) = gw
-        .store()
+    let (items, more) = desk
+        .store
         .approval_page(cursor.as_ref(), limit, &keep)
         .await
         .map_err(ApiError::store)?;
@@ -216,13 +214,13 @@ pub async fn list(
         (status = 404, description = "No such request", body = super::openapi::ErrorBody),
     ))]
 pub async fn read(
-    axum::extract::State(gw): State,
+    State(desk): State<Desk>,
     caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::APPROVAL_READ)?;
-    let record = find(&gw, &caller, &approval_id, scopes::APPROVAL_READ).await?;
-    let record = approval::refresh(&gw.approvals(), record)
+    let record = find(&desk, &caller, &approval_id, scopes::APPROVAL_READ).await?;
+    let record = approval::refresh(&desk, record)
         .await
         .map_err(ApiError::store)?;
     Ok(axum::Json(view(&record)).into_response())
@@ -238,13 +236,13 @@ fn not_found(approval_id: &str) -> ApiError {
 /// The request `approval_id`, for doing `scope` to it: another team's request is not found (SPEC 16),
 /// like a missing one.
 async fn find(
-    gw: &crate::gateway::Gateway,
+    desk: &Desk,
     caller: &Caller,
     approval_id: &str,
     scope: &str,
 ) -> Result<ApprovalRecord, ApiError> {
-    let record = gw
-        .store()
+    let record = desk
+        .store
         .approval_get(approval_id)
         .await
         .map_err(ApiError::store)?
@@ -277,12 +275,12 @@ pub struct Decision {
         (status = 409, description = "The request is not pending, or this person granted it already", body = super::openapi::ErrorBody),
     ))]
 pub async fn grant(
-    axum::extract::State(gw): State,
+    State(desk): State<Desk>,
     caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    decide(&gw, &caller, &approval_id, &body, true).await
+    decide(&desk, &caller, &approval_id, &body, true).await
 }
 
 /// Denies a pending request: the call gets 4004 until `expires_secs` after the decision.
@@ -297,16 +295,16 @@ pub async fn grant(
         (status = 409, description = "The request is not pending", body = super::openapi::ErrorBody),
     ))]
 pub async fn deny(
-    axum::extract::State(gw): State,
+    State(desk): State<Desk>,
     caller: Caller,
     ApiPath(approval_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    decide(&gw, &caller, &approval_id, &body, false).await
+    decide(&desk, &caller, &approval_id, &body, false).await
 }
 
 async fn decide(
-    gw: &crate::gateway::Gateway,
+    desk: &Desk,
     caller: &Caller,
     approval_id: &str,
     body: &[u8],
@@ -314,7 +312,7 @@ async fn decide(
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::APPROVAL_DECIDE)?;
     // A request keeps its team for life: checked once, before the decision.
-    find(gw, caller, approval_id, scopes::APPROVAL_DECIDE).await?;
+    find(desk, caller, approval_id, scopes::APPROVAL_DECIDE).await?;
     let decision: Decision = if body.is_empty() && grant {
         Decision::default()
     } else {
@@ -340,7 +338,7 @@ async fn decide(
         by: &caller.identity,
         reason: decision.reason,
     };
-    let decided = approval::decide(&gw.approvals(), approval_id, &decision)
+    let decided = approval::decide(desk, approval_id, &decision)
         .await
         .map_err(|e| decide_error(e, approval_id))?;
     Ok(axum::Json(view(&decided)).into_response())

@@ -1,11 +1,10 @@
 //! `GET /v1/audit` (SPEC 9.3): the trail, newest first, with filters and a cursor.
 
 use crate::identity::{scopes, Caller};
-use axum::extract::RawQuery;
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 
-use super::State;
-use crate::audit::AuditQuery;
+use crate::audit::{AuditLog, AuditQuery};
 use crate::error::{ApiError, Code};
 
 /// A page of audit events, newest first (what `crate::audit::AuditPage` serialises to).
@@ -50,7 +49,7 @@ struct AuditParams {
     security(("operator" = ["seal.audit.read"])),
     responses((status = 200, description = "A page of events", body = AuditPageDoc)))]
 pub async fn query(
-    axum::extract::State(gw): State,
+    State(audit): State<AuditLog>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -62,7 +61,7 @@ pub async fn query(
             .collect();
     let mut query = AuditQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     query.teams = teams;
-    let page = gw.audit().query(&query).await?;
+    let page = audit.query(&query).await?;
     Ok(axum::Json(page).into_response())
 }
 
@@ -75,7 +74,7 @@ pub async fn query(
     security(("operator" = ["seal.audit.read"])),
     responses((status = 200, description = "One event per line, in chain order", content_type = "application/x-ndjson", body = String)))]
 pub async fn export(
-    axum::extract::State(gw): State,
+    State(audit): State<AuditLog>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -83,8 +82,8 @@ pub async fn export(
     let params = super::query_params(raw.as_deref(), &["from_seq"])?;
     let from_seq = from_seq_param(&params)?;
     // Ends with a checkpoint signed now, so that the export verifies at any moment (SPEC 20 rule 7).
-    let through_seq = gw.audit().sign_head().await;
-    let export = gw.audit().export(from_seq, through_seq);
+    let through_seq = audit.sign_head().await;
+    let export = audit.export(from_seq, through_seq);
     let lines = futures_util::stream::unfold(export, |mut rx| async move {
         rx.recv().await.map(|line| (line, rx))
     });
@@ -107,7 +106,7 @@ pub async fn export(
     security(("operator" = ["seal.audit.read"])),
     responses((status = 200, description = "A page of AuditCheckpoint events", body = AuditPageDoc)))]
 pub async fn checkpoints(
-    axum::extract::State(gw): State,
+    State(audit): State<AuditLog>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -121,7 +120,7 @@ pub async fn checkpoints(
         ..AuditQuery::default()
     };
     query.validate()?;
-    let page = gw.audit().query(&query).await?;
+    let page = audit.query(&query).await?;
     Ok(axum::Json(page).into_response())
 }
 

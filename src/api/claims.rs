@@ -4,16 +4,20 @@
 use crate::identity::{
     is_team_name, scopes, Caller, TeamFilter, DEFAULT_TEAM, MAX_TEAM_NAME_BYTES,
 };
-use axum::extract::RawQuery;
+use std::sync::Arc;
+
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
-use crate::audit::{AuditEvent, EventType};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody};
+use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::claim::{self, ManualOutcome, SettleError, Taken};
 use crate::error::{ApiError, Code};
-use crate::store::{ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus, Resolution};
+use crate::store::{
+    ClaimCursor, ClaimKind, ClaimOutcome, ClaimRecord, ClaimStatus, Resolution, Store,
+};
 
 /// A claim as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -196,7 +200,7 @@ struct ClaimListQuery {
     security(("operator" = ["seal.claim.read"])),
     responses((status = 200, description = "A page of claims", body = ClaimPage)))]
 pub async fn list(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -214,8 +218,7 @@ pub async fn list(
     };
     let limit = limit_param(&params, 100)?;
     let cursor = parse_cursor(params.get("cursor"))?;
-    let (items, more) = gw
-        .store()
+    let (items, more) = store
         .claim_page(cursor.as_ref(), limit, &|c| {
             teams.admits(&c.team) && filter.matches(c)
         })
@@ -240,14 +243,13 @@ fn not_found(request_id: &str) -> ApiError {
 /// The claim `request_id` of `kind`, for doing `scope` to it: another team's claim is not found (SPEC
 /// 16), like a missing one.
 async fn find(
-    gw: &crate::gateway::Gateway,
+    store: &dyn Store,
     caller: &Caller,
     kind: ClaimKind,
     request_id: &str,
     scope: &str,
 ) -> Result<ClaimRecord, ApiError> {
-    let record = gw
-        .store()
+    let record = store
         .claim_get(kind, request_id)
         .await
         .map_err(ApiError::store)?
@@ -264,13 +266,13 @@ async fn find(
     security(("operator" = ["seal.claim.read"])),
     responses((status = 200, description = "The claim", body = ClaimView)))]
 pub async fn read(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
     caller: Caller,
     ApiPath(request_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CLAIM_READ)?;
     let record = find(
-        &gw,
+        store.as_ref(),
         &caller,
         ClaimKind::Invoke,
         &request_id,
@@ -354,7 +356,8 @@ fn settle_error(err: SettleError, request_id: &str) -> ApiError {
         (status = 409, description = "The claim is not PENDING", body = super::openapi::ErrorBody),
     ))]
 pub async fn resolve(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
+    State(audit): State<AuditLog>,
     caller: Caller,
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
@@ -362,7 +365,7 @@ pub async fn resolve(
     caller.require_some(scopes::CLAIM_RESOLVE)?;
     // A claim keeps its team for life: checked once, before the resolution.
     find(
-        &gw,
+        store.as_ref(),
         &caller,
         ClaimKind::Invoke,
         &request_id,
@@ -398,7 +401,7 @@ pub async fn resolve(
     };
     let actor = caller.sub().to_string();
     let resolved = claim::resolve(
-        gw.store().as_ref(),
+        store.as_ref(),
         &request_id,
         outcome,
         &actor,
@@ -411,7 +414,7 @@ pub async fn resolve(
     if let Some(evidence) = &request.evidence {
         event = event.detail(evidence);
     }
-    gw.record(event).await?;
+    audit.record(event).await?;
     let body = match next {
         Some(record) => Resolved::Committed(Box::new(claim_json(&record))),
         None => Resolved::Released {
@@ -503,7 +506,8 @@ fn standalone_team(caller: &Caller, named: Option<String>) -> Result<String, Api
     security(("operator" = ["seal.claim.resolve"])),
     responses((status = 200, description = "What the claim found", body = ClaimTaken)))]
 pub async fn standalone_claim(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
+    State(audit): State<AuditLog>,
     caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
@@ -524,18 +528,19 @@ pub async fn standalone_claim(
         &team,
     );
     record.taker = Some((&caller.identity).into());
-    let taken = claim::take(gw.store().as_ref(), record)
+    let taken = claim::take(store.as_ref(), record)
         .await
         .map_err(ApiError::store)?;
     let (status, existing) = match &taken {
         Taken::Proceed(record) => {
-            gw.record(claim_event(
-                EventType::ClaimTaken,
-                record,
-                "PROCEED",
-                &caller,
-            ))
-            .await?;
+            audit
+                .record(claim_event(
+                    EventType::ClaimTaken,
+                    record,
+                    "PROCEED",
+                    &caller,
+                ))
+                .await?;
             ("PROCEED", None)
         }
         // SafeAgent's clients return `existing` as the action's outcome: exactly what was settled.
@@ -588,14 +593,15 @@ pub struct Settled {
         (status = 409, description = "The claim changed meanwhile and is not PENDING", body = super::openapi::ErrorBody),
     ))]
 pub async fn settle(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
+    State(audit): State<AuditLog>,
     caller: Caller,
     ApiPath(request_id): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CLAIM_RESOLVE)?;
     find(
-        &gw,
+        store.as_ref(),
         &caller,
         ClaimKind::Standalone,
         &request_id,
@@ -607,18 +613,19 @@ pub async fn settle(
         identity: &caller.identity,
         admin: caller.is_admin(),
     };
-    let settled = claim::settle(gw.store().as_ref(), &request_id, request.result, &settler)
+    let settled = claim::settle(store.as_ref(), &request_id, request.result, &settler)
         .await
         .map_err(|e| settle_error(e, &request_id))?;
     let status = match settled {
         Some(record) => {
-            gw.record(claim_event(
-                EventType::ClaimSettled,
-                &record,
-                "COMMITTED",
-                &caller,
-            ))
-            .await?;
+            audit
+                .record(claim_event(
+                    EventType::ClaimSettled,
+                    &record,
+                    "COMMITTED",
+                    &caller,
+                ))
+                .await?;
             "committed"
         }
         // The first result stands; nothing changed, so nothing is recorded.
@@ -663,7 +670,7 @@ struct ClaimAuditQuery {
     security(("operator" = ["seal.claim.resolve"])),
     responses((status = 200, description = "Matching claims", body = ClaimAuditPage)))]
 pub async fn standalone_audit(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -706,8 +713,7 @@ pub async fn standalone_audit(
         to_secs: to,
     };
     let offset = offset as usize;
-    let (matching, _) = gw
-        .store()
+    let (matching, _) = store
         .claim_page(None, usize::MAX, &|c| {
             teams.admits(&c.team) && filter.matches(c)
         })

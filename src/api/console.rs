@@ -2,16 +2,13 @@
 //! The page talks only to the documented control API with a token the operator gives it, so this module
 //! serves files and nothing else; its headers keep the page from running anything it did not ship.
 
-use std::sync::Arc;
-
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::ApiPath;
+use super::{ApiPath, AppState};
 use crate::error::{ApiError, Code};
-use crate::gateway::Gateway;
 
 /// Only the console's own files run or style the page; no frame may embed it (clickjacking on the
 /// grant button), and forms and `<base>` cannot point elsewhere.
@@ -55,7 +52,7 @@ const FILES: &[(&str, &str, &str)] = &[
 ];
 
 /// The console's routes, added to the gateway's router only when `console.enabled` is true.
-pub fn router() -> Router<Arc<Gateway>> {
+pub fn router() -> Router<AppState> {
     Router::new()
         .route(
             "/console",

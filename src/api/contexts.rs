@@ -1,17 +1,20 @@
 //! Security contexts over the API (SPEC 6.4): read, manage store-kept contexts, and explain decisions.
 
 use crate::identity::{scopes, Caller};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{json_body, ApiPath, ControlBody, State};
-use crate::audit::{AuditEvent, EventType};
+use super::{json_body, ApiPath, AppState, ControlBody};
+use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::error::{ApiError, Code};
-use crate::gateway::{apply_stored, remove_stored, Gateway};
-use crate::policy::{self, ContextSource, RegistryError, SecurityContext};
-use crate::store::{Shelf, StoredContext};
+use crate::gateway::{apply_stored, remove_stored};
+use crate::policy::{self, ContextRegistry, ContextSource, RegistryError, SecurityContext};
+use crate::store::{Shelf, Store, StoredContext};
 
 /// Every loaded context, by name.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -24,9 +27,12 @@ pub struct ContextList {
 #[utoipa::path(get, path = "/v1/security-contexts", operation_id = "list_contexts", tag = "contexts",
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The contexts", body = ContextList)))]
-pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Response, ApiError> {
+pub async fn list(
+    State(contexts): State<Arc<ContextRegistry>>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
     let teams = caller.require_some(scopes::CONTEXT_READ)?;
-    let mut contexts = gw.contexts().list();
+    let mut contexts = contexts.list();
     contexts.retain(|c| teams.admits(c.team()));
     contexts.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let items: Vec<Value> = contexts.iter().map(|c| c.api_view()).collect();
@@ -40,12 +46,12 @@ pub(super) fn not_found(name: &str) -> ApiError {
 /// The context `name`, for doing `scope` to it: another team's context is not found (SPEC 16), like a
 /// missing one.
 pub(super) fn find(
-    gw: &Gateway,
+    contexts: &ContextRegistry,
     caller: &Caller,
     name: &str,
     scope: &str,
-) -> Result<std::sync::Arc<SecurityContext>, ApiError> {
-    let context = gw.contexts().get(name).ok_or_else(|| not_found(name))?;
+) -> Result<Arc<SecurityContext>, ApiError> {
+    let context = contexts.get(name).ok_or_else(|| not_found(name))?;
     caller.require_visible(context.team(), scopes::CONTEXT_READ, scope, || {
         not_found(name)
     })?;
@@ -59,14 +65,14 @@ pub(super) fn find(
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The context", body = Object)))]
 pub async fn read(
-    axum::extract::State(gw): State,
+    State(contexts): State<Arc<ContextRegistry>>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_READ)?;
-    let mut view = find(&gw, &caller, &name, scopes::CONTEXT_READ)?.api_view();
+    let mut view = find(&contexts, &caller, &name, scopes::CONTEXT_READ)?.api_view();
     // Whether a shadow version decides beside it (SPEC 6.4 r4), so that a reader need not ask for one.
-    if let Some(shadow) = gw.contexts().shadow(&name) {
+    if let Some(shadow) = contexts.shadow(&name) {
         view["shadow_version"] = Value::from(shadow.version.clone());
     }
     Ok(axum::Json(view).into_response())
@@ -128,7 +134,7 @@ pub(super) fn parse_spec(
         (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
     ))]
 pub async fn put(
-    axum::extract::State(gw): State,
+    State(writes): State<ContextWrites>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
@@ -136,9 +142,9 @@ pub async fn put(
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let spec: Value = json_body(&body)?;
     let (spec, context) = parse_spec(&name, spec)?;
-    let _turn = gw.context_writes().lock().await;
+    let _turn = writes.contexts.store_change_turn().await;
     // SPEC 16: the write scope on the context's team before the write, and on its team after it.
-    let existed = match gw.contexts().get(&name) {
+    let existed = match writes.contexts.get(&name) {
         Some(current) => {
             caller.require_visible(
                 current.team(),
@@ -155,15 +161,17 @@ pub async fn put(
     };
     caller.require(context.team(), scopes::CONTEXT_WRITE)?;
     let (team, version) = (context.team().to_owned(), context.version.clone());
-    save(&gw, Shelf::Live, spec, context).await?;
-    gw.record(
-        AuditEvent::new(EventType::SecurityContextChanged)
-            .scp(&name)
-            .context_version(&version)
-            .team(&team)
-            .actor(&caller.identity, Some(&team)),
-    )
-    .await?;
+    writes.save(Shelf::Live, spec, context).await?;
+    writes
+        .audit
+        .record(
+            AuditEvent::new(EventType::SecurityContextChanged)
+                .scp(&name)
+                .context_version(&version)
+                .team(&team)
+                .actor(&caller.identity, Some(&team)),
+        )
+        .await?;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -171,75 +179,98 @@ pub async fn put(
     };
     Ok((
         status,
-        axum::Json(find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?.api_view()),
+        axum::Json(find(&writes.contexts, &caller, &name, scopes::CONTEXT_WRITE)?.api_view()),
     )
         .into_response())
 }
 
-/// Saves a context kept in the store, or a shadow version, as `spec`: in the store first, so that a
-/// failure there changes nothing, then in this replica's registry.
-pub(super) async fn save(
-    gw: &Gateway,
-    shelf: Shelf,
-    spec: Value,
-    context: SecurityContext,
-) -> Result<(), ApiError> {
-    let stored = StoredContext {
-        name: context.name().to_owned(),
-        spec,
-    };
-    gw.store()
-        .context_put(shelf, &stored)
-        .await
-        .map_err(ApiError::store)?;
-    let contexts = gw.contexts().clone();
-    tokio::task::spawn_blocking(move || apply_stored(&contexts, shelf, context))
-        .await
-        .map_err(ApiError::store)?
-        .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
-    Ok(())
+/// What a change to the contexts kept in the store works with: the store first, then this replica's
+/// registry, and the audit trail that records the change. Each change takes the registry's
+/// [`ContextRegistry::store_change_turn`] first.
+#[derive(Clone)]
+pub(super) struct ContextWrites {
+    store: Arc<dyn Store>,
+    pub(super) contexts: Arc<ContextRegistry>,
+    pub(super) audit: AuditLog,
 }
 
-/// Removes a context kept in the store, or a shadow version: from the store, then from this replica's
-/// registry.
-async fn remove(gw: &Gateway, shelf: Shelf, name: &str) -> Result<(), ApiError> {
-    gw.store()
-        .context_delete(shelf, name)
-        .await
-        .map_err(ApiError::store)?;
-    let (contexts, key) = (gw.contexts().clone(), name.to_owned());
-    match tokio::task::spawn_blocking(move || remove_stored(&contexts, shelf, &key))
-        .await
-        .map_err(ApiError::store)?
-    {
-        // Gone already is gone.
-        Ok(_) | Err(RegistryError::NotFound(_)) => Ok(()),
-        Err(conflict) => Err(ApiError::new(Code::Conflict, conflict.to_string())),
+impl FromRef<AppState> for ContextWrites {
+    fn from_ref(state: &AppState) -> Self {
+        ContextWrites {
+            store: FromRef::from_ref(state),
+            contexts: FromRef::from_ref(state),
+            audit: FromRef::from_ref(state),
+        }
     }
 }
 
-/// Removes `current` from `shelf` for `caller` (a file's version is read-only here: 409) and records
-/// the change with `detail`.
-pub(super) async fn remove_recorded(
-    gw: &Gateway,
-    caller: &Caller,
-    shelf: Shelf,
-    current: &SecurityContext,
-    detail: &str,
-) -> Result<(), ApiError> {
-    if let Some(conflict) = file_backed(current) {
-        return Err(conflict);
+impl ContextWrites {
+    /// Saves a context kept in the store, or a shadow version, as `spec`: in the store first, so that a
+    /// failure there changes nothing, then in this replica's registry.
+    pub(super) async fn save(
+        &self,
+        shelf: Shelf,
+        spec: Value,
+        context: SecurityContext,
+    ) -> Result<(), ApiError> {
+        let stored = StoredContext {
+            name: context.name().to_owned(),
+            spec,
+        };
+        self.store
+            .context_put(shelf, &stored)
+            .await
+            .map_err(ApiError::store)?;
+        let contexts = self.contexts.clone();
+        tokio::task::spawn_blocking(move || apply_stored(&contexts, shelf, context))
+            .await
+            .map_err(ApiError::store)?
+            .map_err(|e| ApiError::new(Code::Conflict, e.to_string()))?;
+        Ok(())
     }
-    remove(gw, shelf, current.name()).await?;
-    gw.record(
-        AuditEvent::new(EventType::SecurityContextChanged)
-            .scp(current.name())
-            .detail(detail)
-            .team(current.team())
-            .actor(&caller.identity, Some(current.team())),
-    )
-    .await?;
-    Ok(())
+
+    /// Removes a context kept in the store, or a shadow version: from the store, then from this
+    /// replica's registry.
+    async fn remove(&self, shelf: Shelf, name: &str) -> Result<(), ApiError> {
+        self.store
+            .context_delete(shelf, name)
+            .await
+            .map_err(ApiError::store)?;
+        let (contexts, key) = (self.contexts.clone(), name.to_owned());
+        match tokio::task::spawn_blocking(move || remove_stored(&contexts, shelf, &key))
+            .await
+            .map_err(ApiError::store)?
+        {
+            // Gone already is gone.
+            Ok(_) | Err(RegistryError::NotFound(_)) => Ok(()),
+            Err(conflict) => Err(ApiError::new(Code::Conflict, conflict.to_string())),
+        }
+    }
+
+    /// Removes `current` from `shelf` for `caller` (a file's version is read-only here: 409) and
+    /// records the change with `detail`.
+    pub(super) async fn remove_recorded(
+        &self,
+        caller: &Caller,
+        shelf: Shelf,
+        current: &SecurityContext,
+        detail: &str,
+    ) -> Result<(), ApiError> {
+        if let Some(conflict) = file_backed(current) {
+            return Err(conflict);
+        }
+        self.remove(shelf, current.name()).await?;
+        self.audit
+            .record(
+                AuditEvent::new(EventType::SecurityContextChanged)
+                    .scp(current.name())
+                    .detail(detail)
+                    .team(current.team())
+                    .actor(&caller.identity, Some(current.team())),
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -258,14 +289,16 @@ pub struct ContextDeleted {
         (status = 409, description = "The context comes from a file", body = super::openapi::ErrorBody),
     ))]
 pub async fn delete(
-    axum::extract::State(gw): State,
+    State(writes): State<ContextWrites>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
-    let _turn = gw.context_writes().lock().await;
-    let current = find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
-    remove_recorded(&gw, &caller, Shelf::Live, &current, "removed").await?;
+    let _turn = writes.contexts.store_change_turn().await;
+    let current = find(&writes.contexts, &caller, &name, scopes::CONTEXT_WRITE)?;
+    writes
+        .remove_recorded(&caller, Shelf::Live, &current, "removed")
+        .await?;
     Ok(axum::Json(ContextDeleted {
         name,
         status: "deleted",
@@ -299,7 +332,7 @@ pub struct EvaluateRequest {
     security(("operator" = ["seal.context.read"])),
     responses((status = 200, description = "The decision (`allow` or the code) and the rule that made it", body = Object)))]
 pub async fn evaluate(
-    axum::extract::State(gw): State,
+    State(contexts): State<Arc<ContextRegistry>>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
@@ -316,9 +349,9 @@ pub async fn evaluate(
                     e
                 })?;
             caller.require(draft.team(), scopes::CONTEXT_READ)?;
-            std::sync::Arc::new(draft)
+            Arc::new(draft)
         }
-        None => find(&gw, &caller, &name, scopes::CONTEXT_READ)?,
+        None => find(&contexts, &caller, &name, scopes::CONTEXT_READ)?,
     };
     crate::envelope::ToolName::parse(&request.tool)
         .map_err(|e| ApiError::new(Code::InvalidRequest, format!("tool: {e}")))?;

@@ -1,15 +1,16 @@
 //! Liveness, readiness, Prometheus metrics and the OpenAPI document.
 
 use crate::identity::Caller;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::State;
+use super::AppState;
 use crate::error::{ApiError, Code};
+use crate::gateway::Gateway;
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Health {
@@ -56,7 +57,7 @@ fn wants_verbose(query: Option<&str>) -> bool {
         (status = 503, description = "Not ready: the store does not answer (5005), a key set at a JWKS URL has not been fetched yet (6001), or no security context is loaded (6003)", body = super::openapi::ErrorBody),
     ))]
 pub async fn readyz(
-    axum::extract::State(gw): State,
+    State(gw): State<Arc<Gateway>>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
     if let Err(e) = gw.store().ping().await {
@@ -105,16 +106,17 @@ pub async fn readyz(
         (status = 404, description = "Served on metrics.listen instead", body = super::openapi::ErrorBody),
     ))]
 pub async fn metrics(
-    axum::extract::State(gw): State,
+    State(state): State<AppState>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    if gw.config().metrics.listen.is_some() {
+    if state.0.config().metrics.listen.is_some() {
         return Err(ApiError::new(Code::NotFound, "no such endpoint"));
     }
+    // Asked only now: with `metrics.listen` set, the route is not found, whoever asks.
     let (mut parts, _) = request.into_parts();
-    let caller = Caller::from_request_parts(&mut parts, &gw).await?;
+    let caller = Caller::from_request_parts(&mut parts, &state).await?;
     caller.require_everywhere(crate::token::scopes::METRICS_READ)?;
-    Ok(super::metrics::scrape(&gw).await)
+    Ok(super::metrics::scrape(&state.0).await)
 }
 
 /// Built once: the document is the same for every gateway of this binary.

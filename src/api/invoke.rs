@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::ConnectInfo;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::{read_body, BodyError, State};
+use super::{read_body, BodyError};
 use crate::error::{ApiError, Code};
 use crate::gateway::Gateway;
 use crate::pipeline::Outcome;
@@ -40,7 +40,7 @@ struct InvokeSuccess {
         (status = "5XX", description = "Failed: upstream (5001-5004), store (5005) or overload (5006)", body = super::openapi::ErrorBody),
     ))]
 pub async fn invoke(
-    axum::extract::State(gw): State,
+    State(gw): State<Arc<Gateway>>,
     ConnectInfo(client): ConnectInfo<SocketAddr>,
     body: Body,
 ) -> Response {

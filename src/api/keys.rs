@@ -1,9 +1,12 @@
 //! `GET /v1/keys` (SPEC 14): the gateway's public keys as a JWK Set, without authentication, so that
 //! anyone holding a receipt or an export can verify it.
 
+use std::sync::Arc;
+
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
-use super::State;
+use crate::evidence::Evidence;
 
 /// The JWK Set (RFC 7517, RFC 8037) of the keys that sign receipts and audit checkpoints.
 #[derive(utoipa::ToSchema)]
@@ -18,6 +21,6 @@ struct KeySet {
 /// The public keys that verify receipts and audit checkpoints.
 #[utoipa::path(get, path = "/v1/keys", operation_id = "signing_keys", tag = "operations",
     responses((status = 200, description = "A JWK Set", body = KeySet)))]
-pub async fn keys(axum::extract::State(gw): State) -> Response {
-    axum::Json(gw.evidence().key_set()).into_response()
+pub async fn keys(State(evidence): State<Arc<Evidence>>) -> Response {
+    axum::Json(evidence.key_set()).into_response()
 }

@@ -21,7 +21,7 @@ mod tools;
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Router;
@@ -29,18 +29,58 @@ use serde::de::DeserializeOwned;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::approval::Desk;
+use crate::audit::AuditLog;
+use crate::config::Config;
 use crate::error::{ApiError, Code};
+use crate::evidence::Evidence;
 use crate::gateway::Gateway;
-use crate::identity::{Caller, Identity, TeamScopes, Via, LOCAL_ISSUER};
-use crate::token::{KeySource, OperatorClaims};
+use crate::identity::{Caller, Identity, Oidc, TeamScopes, Via, LOCAL_ISSUER};
+use crate::policy::ContextRegistry;
+use crate::session::SessionCache;
+use crate::shadow::Tallies;
+use crate::store::Store;
+use crate::token::{KeySource, OperatorClaims, TokenMinter};
 
 pub use body::{read_body, BodyError};
 pub use invoke::calls_finished;
 
-pub type State = axum::extract::State<Arc<Gateway>>;
+/// What the routers hold. Each handler takes the parts it uses, by type (`FromRef` below); the agent
+/// and MCP endpoints, which run whole calls, the tools' listing, which asks the upstreams and screens
+/// their answers against the pins, and the health checks, which look at every part, take the gateway.
+#[derive(Clone)]
+pub struct AppState(Arc<Gateway>);
+
+impl FromRef<AppState> for Arc<Gateway> {
+    fn from_ref(state: &AppState) -> Self {
+        state.0.clone()
+    }
+}
+
+/// `FromRef<AppState>` for a part: a clone of what the gateway's accessor lends (an `Arc`, or a handle).
+macro_rules! part {
+    ($part:ty, $accessor:ident) => {
+        impl FromRef<AppState> for $part {
+            fn from_ref(state: &AppState) -> Self {
+                state.0.$accessor().clone()
+            }
+        }
+    };
+}
+
+part!(Arc<Config>, config);
+part!(Arc<dyn Store>, store);
+part!(Arc<ContextRegistry>, contexts);
+part!(Arc<Tallies>, shadows);
+part!(Arc<SessionCache>, sessions);
+part!(AuditLog, audit);
+part!(Desk, approvals);
+part!(Arc<Evidence>, evidence);
+part!(Option<Arc<Oidc>>, oidc);
+part!(Option<Arc<TokenMinter>>, minter);
 
 /// Every documented route: each registered together with its `#[utoipa::path]` description.
-fn documented_routes() -> OpenApiRouter<Arc<Gateway>> {
+fn documented_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::skeleton())
         .routes(routes!(invoke::invoke))
         .routes(routes!(sessions::create, sessions::list))
@@ -101,7 +141,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             },
         )
         .layer(axum::middleware::from_fn(crate::trace::propagate))
-        .with_state(gateway)
+        .with_state(AppState(gateway))
 }
 
 /// A path parameter; one that does not decode (not UTF-8) is refused with the SPEC error body.
@@ -125,17 +165,14 @@ where
 /// An authenticated caller of the control API: an operator token (SPEC 4), or a console session (SPEC
 /// 16) as the `__Host-sealgate` cookie (a change then needs its `X-CSRF-Token`) or as the bearer
 /// identifier of `sealgate login`. Missing or bad credentials → 401 (6001).
-impl FromRequestParts<Arc<Gateway>> for Caller {
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let bearer = bearer_credential(parts)?;
-        if let Some(session) = sign_in::presented_session(parts, gw, bearer).await? {
-            // A session exists only where sign-in is configured.
-            let oidc = gw.oidc().as_ref().ok_or_else(|| {
-                ApiError::new(Code::OperatorUnauthenticated, "sign-in is not configured")
-            })?;
-            return session.caller(oidc, &parts.method, &parts.headers);
+        let sign_in = sign_in::SignIn::from_ref(state);
+        if let Some(caller) = sign_in.session_caller(parts, bearer).await? {
+            return Ok(caller);
         }
         let token = bearer.ok_or_else(|| {
             ApiError::new(
@@ -143,7 +180,9 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
                 "missing Authorization: Bearer token",
             )
         })?;
-        gw.operators()
+        state
+            .0
+            .operators()
             .verify_with_refresh(token, crate::clock::now_secs())
             .await
             .map(caller_of_token)
@@ -215,12 +254,12 @@ impl ApiError {
 /// and `limits.body_read_timeout_secs` (408).
 pub struct ControlBody(pub axum::body::Bytes);
 
-impl axum::extract::FromRequest<Arc<Gateway>> for ControlBody {
+impl axum::extract::FromRequest<AppState> for ControlBody {
     type Rejection = axum::response::Response;
 
     async fn from_request(
         request: axum::extract::Request,
-        gw: &Arc<Gateway>,
+        AppState(gw): &AppState,
     ) -> Result<Self, axum::response::Response> {
         use axum::response::IntoResponse;
         let limits = &gw.config().limits;

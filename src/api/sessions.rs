@@ -1,17 +1,24 @@
 //! The orchestrator's session API (SPEC section 5).
 
 use crate::identity::{scopes, Caller};
-use axum::extract::RawQuery;
+use std::sync::Arc;
+
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{json_body, limit_param, query_params, ApiPath, ControlBody, State};
-use crate::audit::{AuditEvent, EventType};
+use super::{json_body, limit_param, query_params, ApiPath, ControlBody};
+use crate::audit::{AuditEvent, AuditLog, EventType};
 use crate::clock;
+use crate::config::Config;
 use crate::error::{ApiError, Code};
-use crate::session::{self, CreateSessionRequest, SessionCreated, SessionStatus, SessionView};
-use crate::store::SessionRecord;
+use crate::policy::ContextRegistry;
+use crate::session::{
+    self, CreateSessionRequest, SessionCache, SessionCreated, SessionStatus, SessionView,
+};
+use crate::store::{SessionRecord, Store};
+use crate::token::TokenMinter;
 
 /// Registers a session (SPEC 5). The same registration again answers 200 with the same body.
 #[utoipa::path(post, path = "/v1/seal/sessions", operation_id = "create_session", tag = "sessions",
@@ -23,7 +30,11 @@ use crate::store::SessionRecord;
         (status = 409, description = "Another session holds this id, or it was revoked", body = super::openapi::ErrorBody),
     ))]
 pub async fn create(
-    axum::extract::State(gw): State,
+    State(config): State<Arc<Config>>,
+    State(store): State<Arc<dyn Store>>,
+    State(contexts): State<Arc<ContextRegistry>>,
+    State(minter): State<Option<Arc<TokenMinter>>>,
+    State(audit): State<AuditLog>,
     caller: Caller,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
@@ -31,19 +42,18 @@ pub async fn create(
     let request: CreateSessionRequest = json_body(&body)?;
     let now = clock::now_secs();
     let new = request
-        .validate(now, gw.config().sessions.max_lifetime_secs)
+        .validate(now, config.sessions.max_lifetime_secs)
         .map_err(|m| ApiError::new(Code::InvalidRequest, m))?;
     // SPEC 5: a different registration under a taken id is 409 whatever its context names.
-    let existing = gw
-        .store()
+    let existing = store
         .session_get(&new.session_id)
         .await
         .map_err(ApiError::store)?;
     if let Some(existing) = existing {
         return repeat_or_conflict(&caller, &new, &existing);
     }
-    let team = context_team(&gw, &caller, &new.security_context)?;
-    let token = match &gw.minter() {
+    let team = context_team(&contexts, &caller, &new.security_context)?;
+    let token = match &minter {
         Some(minter) => Some(
             minter
                 .mint(
@@ -63,8 +73,7 @@ pub async fn create(
     let record = new
         .clone()
         .into_record(token, &caller.identity, clock::now_millis(), &team);
-    let inserted = gw
-        .store()
+    let inserted = store
         .session_insert(&record)
         .await
         .map_err(ApiError::store)?;
@@ -72,14 +81,15 @@ pub async fn create(
         // Another registration of the same id won the race.
         return repeat_or_conflict(&caller, &new, &existing);
     }
-    gw.record(
-        AuditEvent::new(EventType::SessionCreated)
-            .session_id(&record.session_id)
-            .scp(&record.security_context)
-            .team(&record.team)
-            .actor(&caller.identity, Some(&record.team)),
-    )
-    .await?;
+    audit
+        .record(
+            AuditEvent::new(EventType::SessionCreated)
+                .session_id(&record.session_id)
+                .scp(&record.security_context)
+                .team(&record.team)
+                .actor(&caller.identity, Some(&record.team)),
+        )
+        .await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(session::created_body(&record)),
@@ -91,7 +101,7 @@ pub async fn create(
 /// the caller may neither read nor register sessions on is answered as an unknown one, so that one team
 /// cannot learn another's context names; one it may read but not register on is 403.
 fn context_team(
-    gw: &crate::gateway::Gateway,
+    contexts: &ContextRegistry,
     caller: &Caller,
     name: &str,
 ) -> Result<String, ApiError> {
@@ -101,7 +111,7 @@ fn context_team(
             format!("security_context {name:?} is not a known security context"),
         )
     };
-    let context = gw.contexts().get(name).ok_or_else(unknown)?;
+    let context = contexts.get(name).ok_or_else(unknown)?;
     let team = context.team();
     caller.require_visible(team, scopes::CONTEXT_READ, scopes::SESSION_CREATE, unknown)?;
     Ok(team.to_owned())
@@ -134,13 +144,9 @@ fn repeat_or_conflict(
     ))
 }
 
-async fn calls_allowed(gw: &crate::gateway::Gateway, session_id: &str) -> Result<u64, ApiError> {
+async fn calls_allowed(store: &dyn Store, session_id: &str) -> Result<u64, ApiError> {
     let key = session::budget_key(session_id);
-    let count = gw
-        .store()
-        .counter_get(&key)
-        .await
-        .map_err(ApiError::store)?;
+    let count = store.counter_get(&key).await.map_err(ApiError::store)?;
     Ok(count.unwrap_or(0).max(0) as u64)
 }
 
@@ -178,7 +184,7 @@ struct SessionListQuery {
     security(("operator" = ["seal.session.read"])),
     responses((status = 200, description = "A page of sessions", body = SessionPage)))]
 pub async fn list(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -224,13 +230,12 @@ pub async fn list(
     let mut cursor = params.get("cursor").cloned();
     let mut items = Vec::new();
     loop {
-        let (page, more) = gw
-            .store()
+        let (page, more) = store
             .session_page(cursor.as_deref(), limit + 1 - items.len(), &keep)
             .await
             .map_err(ApiError::store)?;
         for record in &page {
-            let calls = calls_allowed(&gw, &record.session_id).await?;
+            let calls = calls_allowed(store.as_ref(), &record.session_id).await?;
             let view = session::describe(record, now, calls);
             if status.is_none_or(|wanted| view.status == wanted) {
                 items.push(view);
@@ -257,16 +262,16 @@ pub async fn list(
     security(("operator" = ["seal.session.read"])),
     responses((status = 200, description = "The session", body = SessionView)))]
 pub async fn read(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::SESSION_READ)?;
-    let record = find(&gw, &caller, &id, scopes::SESSION_READ).await?;
-    let calls = calls_allowed(&gw, &id).await?;
+    let record = find(store.as_ref(), &caller, &id, scopes::SESSION_READ).await?;
+    let calls = calls_allowed(store.as_ref(), &id).await?;
     let mut view = session::describe(&record, clock::now_secs(), calls);
     view.labels = Some(
-        session::labels(gw.store().as_ref(), &id)
+        session::labels(store.as_ref(), &id)
             .await
             .map_err(ApiError::store)?,
     );
@@ -276,14 +281,13 @@ pub async fn read(
 /// The session `id`, for doing `scope` to it: another team's session is not found (SPEC 16), like a
 /// missing one.
 async fn find(
-    gw: &crate::gateway::Gateway,
+    store: &dyn Store,
     caller: &Caller,
     id: &str,
     scope: &str,
 ) -> Result<SessionRecord, ApiError> {
     let not_found = || ApiError::new(Code::NotFound, format!("no session {id:?}"));
-    let record = gw
-        .store()
+    let record = store
         .session_get(id)
         .await
         .map_err(ApiError::store)?
@@ -308,36 +312,38 @@ pub struct SessionRevoked {
     security(("operator" = ["seal.session.revoke"])),
     responses((status = 200, description = "Revoked (now or before)", body = SessionRevoked)))]
 pub async fn revoke(
-    axum::extract::State(gw): State,
+    State(store): State<Arc<dyn Store>>,
+    State(sessions): State<Arc<SessionCache>>,
+    State(audit): State<AuditLog>,
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::SESSION_REVOKE)?;
     loop {
-        let record = find(&gw, &caller, &id, scopes::SESSION_REVOKE).await?;
+        let record = find(store.as_ref(), &caller, &id, scopes::SESSION_REVOKE).await?;
         if let Some(at) = record.revoked_at_ms {
             // Revoked elsewhere (another replica, or a racing call) perhaps before this replica heard:
             // whoever answers "revoked" enforces it from now on.
-            gw.sessions().invalidate(&id);
+            sessions.invalidate(&id);
             return Ok(revoked_body(&id, at));
         }
         let now_ms = clock::now_millis();
         let next = session::revoked(&record, now_ms);
-        if gw
-            .store()
+        if store
             .session_replace(&record, &next)
             .await
             .map_err(ApiError::store)?
         {
             // The very next call reads the revoked record (SPEC 5: refused from this moment).
-            gw.sessions().invalidate(&id);
-            gw.record(
-                AuditEvent::new(EventType::SessionRevoked)
-                    .session_id(&id)
-                    .team(&record.team)
-                    .actor(&caller.identity, Some(&record.team)),
-            )
-            .await?;
+            sessions.invalidate(&id);
+            audit
+                .record(
+                    AuditEvent::new(EventType::SessionRevoked)
+                        .session_id(&id)
+                        .team(&record.team)
+                        .actor(&caller.identity, Some(&record.team)),
+                )
+                .await?;
             return Ok(revoked_body(&id, now_ms));
         }
     }

@@ -3,17 +3,19 @@
 
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::contexts::{file_backed, find, parse_spec, remove_recorded, save};
-use super::{json_body, ApiPath, ControlBody, State};
+use super::contexts::{file_backed, find, parse_spec, ContextWrites};
+use super::{json_body, ApiPath, ControlBody};
 use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
-use crate::gateway::{Gateway, SHADOW_REMOVED, SHADOW_SET};
+use crate::gateway::{SHADOW_REMOVED, SHADOW_SET};
 use crate::identity::{scopes, Caller};
-use crate::policy::SecurityContext;
+use crate::policy::{ContextRegistry, SecurityContext};
+use crate::shadow::Tallies;
 use crate::store::Shelf;
 
 fn no_shadow(name: &str) -> ApiError {
@@ -25,12 +27,12 @@ fn no_shadow(name: &str) -> ApiError {
 
 /// The shadow of `name`, for doing `scope` to it: the shadow of another team's context is not found.
 fn find_shadow(
-    gw: &Gateway,
+    contexts: &ContextRegistry,
     caller: &Caller,
     name: &str,
     scope: &str,
 ) -> Result<Arc<SecurityContext>, ApiError> {
-    let shadow = gw.contexts().shadow(name).ok_or_else(|| no_shadow(name))?;
+    let shadow = contexts.shadow(name).ok_or_else(|| no_shadow(name))?;
     caller.require_visible(shadow.team(), scopes::CONTEXT_READ, scope, || {
         no_shadow(name)
     })?;
@@ -39,14 +41,14 @@ fn find_shadow(
 
 /// The shadow as the API shows it: its spec, `version` and `source`, the version in force beside it,
 /// and the summary of the calls it decided.
-async fn shadow_view(gw: &Gateway, shadow: &SecurityContext) -> Result<Value, ApiError> {
-    let summary = gw
-        .shadows()
-        .summary(shadow)
-        .await
-        .map_err(ApiError::store)?;
+async fn shadow_view(
+    contexts: &ContextRegistry,
+    tallies: &Tallies,
+    shadow: &SecurityContext,
+) -> Result<Value, ApiError> {
+    let summary = tallies.summary(shadow).await.map_err(ApiError::store)?;
     let mut view = shadow.api_view();
-    view["live_version"] = json!(gw.contexts().get(shadow.name()).map(|c| c.version.clone()));
+    view["live_version"] = json!(contexts.get(shadow.name()).map(|c| c.version.clone()));
     view["summary"] = json!(summary);
     Ok(view)
 }
@@ -61,13 +63,14 @@ async fn shadow_view(gw: &Gateway, shadow: &SecurityContext) -> Result<Value, Ap
         (status = 404, description = "The context has no shadow version", body = super::openapi::ErrorBody),
     ))]
 pub async fn read(
-    axum::extract::State(gw): State,
+    State(contexts): State<Arc<ContextRegistry>>,
+    State(tallies): State<Arc<Tallies>>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_READ)?;
-    let shadow = find_shadow(&gw, &caller, &name, scopes::CONTEXT_READ)?;
-    Ok(axum::Json(shadow_view(&gw, &shadow).await?).into_response())
+    let shadow = find_shadow(&contexts, &caller, &name, scopes::CONTEXT_READ)?;
+    Ok(axum::Json(shadow_view(&contexts, &tallies, &shadow).await?).into_response())
 }
 
 /// Sets or replaces a context's shadow version, kept in the store. The context must exist; a shadow file
@@ -82,18 +85,19 @@ pub async fn read(
         (status = 409, description = "The shadow comes from a file", body = super::openapi::ErrorBody),
     ))]
 pub async fn put(
-    axum::extract::State(gw): State,
+    State(writes): State<ContextWrites>,
+    State(tallies): State<Arc<Tallies>>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
     let (spec, shadow) = parse_spec(&name, json_body(&body)?)?;
-    let _turn = gw.context_writes().lock().await;
+    let _turn = writes.contexts.store_change_turn().await;
     // The context's team and the shadow's: promoting the shadow would give the context to the latter.
-    find(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
+    find(&writes.contexts, &caller, &name, scopes::CONTEXT_WRITE)?;
     caller.require(shadow.team(), scopes::CONTEXT_WRITE)?;
-    let existed = match gw.contexts().shadow(&name) {
+    let existed = match writes.contexts.shadow(&name) {
         Some(current) => {
             if let Some(conflict) = file_backed(&current) {
                 return Err(conflict);
@@ -103,23 +107,26 @@ pub async fn put(
         None => false,
     };
     let (version, team) = (shadow.version.clone(), shadow.team().to_owned());
-    save(&gw, Shelf::Shadow, spec, shadow).await?;
-    gw.record(
-        AuditEvent::new(EventType::SecurityContextChanged)
-            .scp(&name)
-            .context_version(&version)
-            .detail(SHADOW_SET)
-            .team(&team)
-            .actor(&caller.identity, Some(&team)),
-    )
-    .await?;
+    writes.save(Shelf::Shadow, spec, shadow).await?;
+    writes
+        .audit
+        .record(
+            AuditEvent::new(EventType::SecurityContextChanged)
+                .scp(&name)
+                .context_version(&version)
+                .detail(SHADOW_SET)
+                .team(&team)
+                .actor(&caller.identity, Some(&team)),
+        )
+        .await?;
     let status = if existed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    let shadow = find_shadow(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
-    Ok((status, axum::Json(shadow_view(&gw, &shadow).await?)).into_response())
+    let shadow = find_shadow(&writes.contexts, &caller, &name, scopes::CONTEXT_WRITE)?;
+    let view = shadow_view(&writes.contexts, &tallies, &shadow).await?;
+    Ok((status, axum::Json(view)).into_response())
 }
 
 /// Removes a context's shadow version (a shadow file is read-only here: 409). The version in force is
@@ -133,13 +140,15 @@ pub async fn put(
         (status = 409, description = "The shadow comes from a file", body = super::openapi::ErrorBody),
     ))]
 pub async fn delete(
-    axum::extract::State(gw): State,
+    State(writes): State<ContextWrites>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     caller.require_some(scopes::CONTEXT_WRITE)?;
-    let _turn = gw.context_writes().lock().await;
-    let current = find_shadow(&gw, &caller, &name, scopes::CONTEXT_WRITE)?;
-    remove_recorded(&gw, &caller, Shelf::Shadow, &current, SHADOW_REMOVED).await?;
+    let _turn = writes.contexts.store_change_turn().await;
+    let current = find_shadow(&writes.contexts, &caller, &name, scopes::CONTEXT_WRITE)?;
+    writes
+        .remove_recorded(&caller, Shelf::Shadow, &current, SHADOW_REMOVED)
+        .await?;
     Ok(axum::Json(json!({"name": name, "status": "deleted"})).into_response())
 }

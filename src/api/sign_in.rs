@@ -5,20 +5,22 @@
 
 use std::sync::Arc;
 
+use axum::extract::{FromRef, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::{ControlBody, State};
+use super::{AppState, ControlBody};
+use crate::config::Config;
 use crate::error::{ApiError, Code};
-use crate::gateway::Gateway;
 use crate::identity::console_session::{
     id_hash, looks_like_session_id, used, ConsoleSessionRecord, Started, Use, COOKIE_NAME,
 };
 use crate::identity::oidc::{Callback, DevicePoll, DeviceStart, SignInError, SIGN_IN_TTL_MS};
 use crate::identity::{Caller, Identity, Oidc, Person, Via};
+use crate::store::Store;
 
 /// Binds a sign-in's `state` to the browser that started it, so that nobody can make a person's browser
 /// finish a sign-in started elsewhere (login CSRF). `SameSite=Lax`: it must come back with the
@@ -26,6 +28,46 @@ use crate::identity::{Caller, Identity, Oidc, Person, Via};
 const LOGIN_COOKIE: &str = "__Host-sealgate-login";
 /// The header that a change made with the session cookie must carry (SPEC 16).
 pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// What sign-in works with: the provider (None when sign-in is not configured), the store that keeps
+/// sign-ins and console sessions, and the configuration that says how browsers reach the gateway.
+#[derive(Clone)]
+pub struct SignIn {
+    oidc: Option<Arc<Oidc>>,
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+}
+
+impl FromRef<AppState> for SignIn {
+    fn from_ref(state: &AppState) -> Self {
+        SignIn {
+            oidc: FromRef::from_ref(state),
+            store: FromRef::from_ref(state),
+            config: FromRef::from_ref(state),
+        }
+    }
+}
+
+impl SignIn {
+    /// The caller of a request that presents a console session (see [`presented_session`]); None when
+    /// it presents none.
+    pub async fn session_caller(
+        &self,
+        parts: &Parts,
+        bearer: Option<&str>,
+    ) -> Result<Option<Caller>, ApiError> {
+        let Some(session) = presented_session(parts, self, bearer).await? else {
+            return Ok(None);
+        };
+        // A session exists only where sign-in is configured.
+        let oidc = self.oidc.as_deref().ok_or_else(|| {
+            ApiError::new(Code::OperatorUnauthenticated, "sign-in is not configured")
+        })?;
+        session
+            .caller(oidc, &parts.method, &parts.headers)
+            .map(Some)
+    }
+}
 
 /// A console session found for a request, and how it was presented.
 pub struct Presented {
@@ -37,9 +79,9 @@ pub struct Presented {
 /// The console session of a request: `Authorization: Bearer ID` (from `sealgate login`), else the
 /// `__Host-sealgate` cookie. None when neither is presented; 401 (6001) when one is presented and names
 /// no live session. `bearer` is the request's bearer credential when it has one.
-pub async fn presented_session(
+async fn presented_session(
     parts: &Parts,
-    gw: &Gateway,
+    sign_in: &SignIn,
     bearer: Option<&str>,
 ) -> Result<Option<Presented>, ApiError> {
     let (id, by_cookie) = match bearer {
@@ -56,11 +98,11 @@ pub async fn presented_session(
             "the console session is unknown, ended or expired: sign in again",
         )
     };
-    if gw.oidc().is_none() {
+    if sign_in.oidc.is_none() {
         return Err(ended());
     }
-    let stored = gw
-        .store()
+    let stored = sign_in
+        .store
         .console_session_get(&id_hash(&id))
         .await
         .map_err(ApiError::store)?;
@@ -68,7 +110,8 @@ pub async fn presented_session(
         None | Some(Use::Ended) => return Err(ended()),
         Some(Use::Live(record)) => record,
         Some(Use::Touched(record)) => {
-            gw.store()
+            sign_in
+                .store
                 .console_session_touch(&record)
                 .await
                 .map_err(ApiError::store)?;
@@ -117,14 +160,14 @@ impl Presented {
 }
 
 /// `GET /console/login`: starts a sign-in and sends the browser to the provider.
-pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Response {
-    let Some(oidc) = &gw.oidc() else {
+pub async fn login(State(sign_in): State<SignIn>, headers: HeaderMap) -> Response {
+    let Some(oidc) = &sign_in.oidc else {
         return not_configured();
     };
     if !oidc.starts.take() {
         return too_many_starts();
     }
-    let Some(redirect_uri) = redirect_uri(&gw, &headers) else {
+    let Some(redirect_uri) = redirect_uri(&sign_in, &headers) else {
         return page(
             StatusCode::BAD_REQUEST,
             "Sign-in failed",
@@ -135,11 +178,11 @@ pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Respo
     let now = crate::clock::now_millis();
     let begun = match oidc.begin(&redirect_uri, now).await {
         Ok(begun) => begun,
-        Err(err) => return failed(&gw, err),
+        Err(err) => return failed(&sign_in, err),
     };
     // Kept in the store, so that the callback may reach any replica.
-    match gw
-        .store()
+    match sign_in
+        .store
         .sign_in_insert(&begun.attempt, now - SIGN_IN_TTL_MS)
         .await
     {
@@ -149,22 +192,22 @@ pub async fn login(axum::extract::State(gw): State, headers: HeaderMap) -> Respo
                 [(header::LOCATION, begun.authorization_url)],
             )
                 .into_response();
-            let cookie = set_cookie(&gw, LOGIN_COOKIE, &begun.attempt.state, "Lax", 600);
+            let cookie = set_cookie(&sign_in, LOGIN_COOKIE, &begun.attempt.state, "Lax", 600);
             response.headers_mut().append(header::SET_COOKIE, cookie);
             no_store(response)
         }
-        Err(err) => failed(&gw, SignInError::provider(format!("the store: {err}"))),
+        Err(err) => failed(&sign_in, SignInError::provider(format!("the store: {err}"))),
     }
 }
 
 /// `GET /console/callback`: finishes a sign-in. Any failure ends on a page that says what failed, with
 /// no session and no session cookie.
 pub async fn callback(
-    axum::extract::State(gw): State,
+    State(sign_in): State<SignIn>,
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    let Some(oidc) = &gw.oidc() else {
+    let Some(oidc) = &sign_in.oidc else {
         return not_configured();
     };
     let callback = Callback::from_query(uri.query().unwrap_or(""));
@@ -172,9 +215,11 @@ pub async fn callback(
     let now = crate::clock::now_millis();
     // Taken before anything else is checked: a state is good once, whatever follows.
     let attempt = match &callback.state {
-        Some(state) => match gw.store().sign_in_take(state).await {
+        Some(state) => match sign_in.store.sign_in_take(state).await {
             Ok(attempt) => attempt,
-            Err(err) => return failed(&gw, SignInError::provider(format!("the store: {err}"))),
+            Err(err) => {
+                return failed(&sign_in, SignInError::provider(format!("the store: {err}")))
+            }
         },
         None => None,
     };
@@ -184,18 +229,18 @@ pub async fn callback(
     {
         Ok(person) => person,
         Err(mut err) => {
-            if browser_state.is_none() && !gw.config().browsers_use_https() {
+            if browser_state.is_none() && !sign_in.config.browsers_use_https() {
                 err.message.push_str(
                     " (this gateway is reached over plain HTTP, where browsers refuse its __Host- \
                      cookies: serve HTTPS, or set approvals.console_base_url to its https:// address)",
                 );
             }
-            return failed(&gw, err);
+            return failed(&sign_in, err);
         }
     };
-    let started = match start_session(&gw, oidc, &person, now).await {
+    let started = match start_session(&sign_in, oidc, &person, now).await {
         Ok(started) => started,
-        Err(err) => return failed(&gw, SignInError::provider(err.message)),
+        Err(err) => return failed(&sign_in, SignInError::provider(err.message)),
     };
     let mut response = page(
         StatusCode::OK,
@@ -214,7 +259,7 @@ pub async fn callback(
     headers.append(
         header::SET_COOKIE,
         set_cookie(
-            &gw,
+            &sign_in,
             COOKIE_NAME,
             &started.id,
             "Strict",
@@ -224,14 +269,14 @@ pub async fn callback(
     // The sign-in's state is used up: its cookie goes too.
     headers.append(
         header::SET_COOKIE,
-        set_cookie(&gw, LOGIN_COOKIE, "", "Lax", 0),
+        set_cookie(&sign_in, LOGIN_COOKIE, "", "Lax", 0),
     );
     response
 }
 
 /// A new console session for `person`, kept in the store (which forgets those that ended).
 async fn start_session(
-    gw: &Gateway,
+    sign_in: &SignIn,
     oidc: &Oidc,
     person: &Person,
     now_ms: i64,
@@ -240,7 +285,8 @@ async fn start_session(
         .sessions
         .start(person, now_ms)
         .map_err(ApiError::store)?;
-    gw.store()
+    sign_in
+        .store
         .console_session_insert(&started.record, now_ms)
         .await
         .map_err(ApiError::store)?;
@@ -275,9 +321,9 @@ pub struct SessionInfo {
     responses(
         (status = 200, description = "The person signed in", body = SessionInfo),
         (status = 401, description = "No console session (6001)", body = crate::api::openapi::ErrorBody)))]
-pub async fn session(axum::extract::State(gw): State, parts: Parts) -> Result<Response, ApiError> {
-    let presented = require_session(&gw, &parts).await?;
-    let oidc = gw.oidc().as_ref().ok_or_else(no_session)?;
+pub async fn session(State(sign_in): State<SignIn>, parts: Parts) -> Result<Response, ApiError> {
+    let presented = require_session(&sign_in, &parts).await?;
+    let oidc = sign_in.oidc.as_deref().ok_or_else(no_session)?;
     let caller = presented.caller(oidc, &Method::GET, &parts.headers)?;
     let info = SessionInfo {
         iss: caller.identity.iss,
@@ -297,25 +343,26 @@ pub async fn session(axum::extract::State(gw): State, parts: Parts) -> Result<Re
         (status = 204, description = "Signed out; the cookie is cleared"),
         (status = 401, description = "No console session (6001)", body = crate::api::openapi::ErrorBody),
         (status = 403, description = "The cookie without its CSRF token (6002)", body = crate::api::openapi::ErrorBody)))]
-pub async fn logout(axum::extract::State(gw): State, parts: Parts) -> Result<Response, ApiError> {
-    let presented = require_session(&gw, &parts).await?;
-    let oidc = gw.oidc().as_ref().ok_or_else(no_session)?;
+pub async fn logout(State(sign_in): State<SignIn>, parts: Parts) -> Result<Response, ApiError> {
+    let presented = require_session(&sign_in, &parts).await?;
+    let oidc = sign_in.oidc.as_deref().ok_or_else(no_session)?;
     presented.caller(oidc, &parts.method, &parts.headers)?;
-    gw.store()
+    sign_in
+        .store
         .console_session_delete(&id_hash(&presented.id))
         .await
         .map_err(ApiError::store)?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     response.headers_mut().append(
         header::SET_COOKIE,
-        set_cookie(&gw, COOKIE_NAME, "", "Strict", 0),
+        set_cookie(&sign_in, COOKIE_NAME, "", "Strict", 0),
     );
     Ok(response)
 }
 
-async fn require_session(gw: &Gateway, parts: &Parts) -> Result<Presented, ApiError> {
+async fn require_session(sign_in: &SignIn, parts: &Parts) -> Result<Presented, ApiError> {
     let bearer = super::bearer_credential(parts)?;
-    presented_session(parts, gw, bearer)
+    presented_session(parts, sign_in, bearer)
         .await?
         .ok_or_else(no_session)
 }
@@ -335,8 +382,8 @@ fn no_session() -> ApiError {
         (status = 404, description = "Sign-in is not configured (6003)", body = crate::api::openapi::ErrorBody),
         (status = 502, description = "The identity provider failed or offers no device flow (5001)", body = crate::api::openapi::ErrorBody),
         (status = 503, description = "Too many sign-ins are starting at once (5006)", body = crate::api::openapi::ErrorBody)))]
-pub async fn device_start(axum::extract::State(gw): State) -> Result<Json<DeviceStart>, ApiError> {
-    let oidc = configured(&gw)?;
+pub async fn device_start(State(sign_in): State<SignIn>) -> Result<Json<DeviceStart>, ApiError> {
+    let oidc = configured(&sign_in)?;
     if !oidc.starts.take() {
         return Err(ApiError::new(
             Code::GatewayOverloaded,
@@ -381,10 +428,10 @@ pub enum DevicePollAnswer {
         (status = 404, description = "Sign-in is not configured (6003)", body = crate::api::openapi::ErrorBody),
         (status = 422, description = "Not a poll request (6005)", body = crate::api::openapi::ErrorBody)))]
 pub async fn device_poll(
-    axum::extract::State(gw): State,
+    State(sign_in): State<SignIn>,
     ControlBody(body): ControlBody,
 ) -> Result<Response, ApiError> {
-    let oidc = configured(&gw)?;
+    let oidc = configured(&sign_in)?;
     let request: DevicePollRequest = super::json_body(&body)?;
     let now = crate::clock::now_millis();
     let answer = match oidc.device_poll(&request.device_code, now).await {
@@ -392,7 +439,7 @@ pub async fn device_poll(
             interval: if slow_down { 10 } else { 5 },
         },
         Ok(DevicePoll::Approved(person)) => {
-            let started = start_session(&gw, oidc, &person, now).await?;
+            let started = start_session(&sign_in, oidc, &person, now).await?;
             DevicePollAnswer::SignedIn {
                 credential: started.id,
                 iss: person.iss,
@@ -406,8 +453,8 @@ pub async fn device_poll(
     Ok(no_store(Json(answer).into_response()))
 }
 
-fn configured(gw: &Gateway) -> Result<&Oidc, ApiError> {
-    gw.oidc().as_ref().ok_or_else(|| {
+fn configured(sign_in: &SignIn) -> Result<&Oidc, ApiError> {
+    sign_in.oidc.as_deref().ok_or_else(|| {
         ApiError::new(
             Code::NotFound,
             "sign-in is not configured on this gateway (operator_auth.oidc)",
@@ -424,12 +471,12 @@ fn provider_error(err: SignInError) -> ApiError {
 }
 
 /// The callback address: on `approvals.console_base_url` when set, else on the request's own origin.
-fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
-    if let Some(base) = &gw.config().approvals.console_base_url {
+fn redirect_uri(sign_in: &SignIn, headers: &HeaderMap) -> Option<String> {
+    if let Some(base) = &sign_in.config.approvals.console_base_url {
         return Some(crate::identity::oidc::callback_on(base));
     }
     let host = headers.get(header::HOST)?.to_str().ok()?;
-    let scheme = if gw.config().tls.cert_file.is_some() {
+    let scheme = if sign_in.config.tls.cert_file.is_some() {
         "https"
     } else {
         "http"
@@ -439,8 +486,14 @@ fn redirect_uri(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
 
 /// A cookie of the gateway: `HttpOnly`, `Path=/`, no `Domain`; `Secure` when browsers reach the gateway
 /// over HTTPS (see [`crate::config::Config::browsers_use_https`]).
-fn set_cookie(gw: &Gateway, name: &str, value: &str, same_site: &str, max_age: i64) -> HeaderValue {
-    let secure = if gw.config().browsers_use_https() {
+fn set_cookie(
+    sign_in: &SignIn,
+    name: &str,
+    value: &str,
+    same_site: &str,
+    max_age: i64,
+) -> HeaderValue {
+    let secure = if sign_in.config.browsers_use_https() {
         "; Secure"
     } else {
         ""
@@ -465,7 +518,7 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
-fn failed(gw: &Gateway, err: SignInError) -> Response {
+fn failed(sign_in: &SignIn, err: SignInError) -> Response {
     let status = if err.provider_failed {
         StatusCode::BAD_GATEWAY
     } else {
@@ -474,7 +527,7 @@ fn failed(gw: &Gateway, err: SignInError) -> Response {
     let mut response = page(status, "Sign-in failed", &err.message);
     response.headers_mut().append(
         header::SET_COOKIE,
-        set_cookie(gw, LOGIN_COOKIE, "", "Lax", 0),
+        set_cookie(sign_in, LOGIN_COOKIE, "", "Lax", 0),
     );
     response
 }
@@ -546,7 +599,7 @@ fn html_escape(text: &str) -> String {
 }
 
 /// The sign-in routes that are not in the OpenAPI document (browser redirects and HTML pages).
-pub fn browser_routes() -> axum::Router<Arc<Gateway>> {
+pub fn browser_routes() -> axum::Router<AppState> {
     axum::Router::new()
         .route("/console/login", axum::routing::get(login))
         .route("/console/callback", axum::routing::get(callback))

@@ -2,11 +2,15 @@
 //! accept of a definition seen. Tools belong to no team (SPEC 16): both scopes are needed on every team,
 //! as `/metrics` needs its own.
 
+use std::sync::Arc;
+
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::{json_body, ApiPath, ControlBody, State};
+use super::{json_body, ApiPath, ControlBody};
 use crate::error::{ApiError, Code};
+use crate::gateway::Gateway;
 use crate::identity::{scopes, Caller};
 use crate::tools::{AcceptError, ToolStatus};
 
@@ -28,7 +32,7 @@ pub struct Accept {
 #[utoipa::path(get, path = "/v1/tools", operation_id = "list_tools", tag = "tools",
     security(("operator" = ["seal.tool.read"])),
     responses((status = 200, description = "The tools", body = ToolList)))]
-pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Response, ApiError> {
+pub async fn list(State(gw): State<Arc<Gateway>>, caller: Caller) -> Result<Response, ApiError> {
     caller.require_everywhere(scopes::TOOL_READ)?;
     gw.listed_tools().await;
     Ok(axum::Json(ToolList {
@@ -49,7 +53,7 @@ pub async fn list(axum::extract::State(gw): State, caller: Caller) -> Result<Res
         (status = 409, description = "`definition_sha256` is not the definition seen now", body = super::openapi::ErrorBody),
     ))]
 pub async fn accept(
-    axum::extract::State(gw): State,
+    State(gw): State<Arc<Gateway>>,
     caller: Caller,
     ApiPath(tool): ApiPath<String>,
     ControlBody(body): ControlBody,

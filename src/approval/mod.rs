@@ -6,6 +6,7 @@
 pub mod cli;
 mod webhook;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -23,10 +24,11 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
 /// What the approval steps work with: the store that holds the requests, the audit trail that records
 /// each change of state, and the webhook that announces new requests.
-pub struct Desk<'a> {
-    pub store: &'a dyn Store,
-    pub audit: &'a AuditLog,
-    pub notifier: &'a Notifier,
+#[derive(Clone)]
+pub struct Desk {
+    pub store: Arc<dyn Store>,
+    pub audit: AuditLog,
+    pub notifier: Arc<Notifier>,
 }
 
 /// The call that would run: who asked, for which tool, with what, under which context.
@@ -106,10 +108,7 @@ fn is_due(record: &ApprovalRecord, now_ms: i64) -> bool {
 /// The record as it stands now: a request or grant whose time ran out becomes `expired`, and the first
 /// one to notice writes `ApprovalExpired` (SPEC 13). Another replica noticing first is fine: the record
 /// it left is returned.
-pub async fn refresh(
-    desk: &Desk<'_>,
-    record: ApprovalRecord,
-) -> Result<ApprovalRecord, ApprovalError> {
+pub async fn refresh(desk: &Desk, record: ApprovalRecord) -> Result<ApprovalRecord, ApprovalError> {
     let mut record = record;
     loop {
         if !is_due(&record, clock::now_millis()) {
@@ -134,7 +133,7 @@ pub async fn refresh(
 }
 
 /// Expires every request and grant whose time ran out; returns how many it expired.
-pub async fn sweep(desk: &Desk<'_>) -> Result<usize, ApprovalError> {
+pub async fn sweep(desk: &Desk) -> Result<usize, ApprovalError> {
     let now = clock::now_millis();
     let mut expired = 0;
     let mut cursor = None;
@@ -174,7 +173,7 @@ pub async fn still_pending(
 
 /// The approval step of one call (SPEC 13): use the call's grant, or say why the call must wait.
 /// A lost race with another replica is read again, a few times, before it is a store error.
-pub async fn gate(desk: &Desk<'_>, call: &Call<'_>) -> Result<Gate, ApprovalError> {
+pub async fn gate(desk: &Desk, call: &Call<'_>) -> Result<Gate, ApprovalError> {
     for _ in 0..4 {
         let current = desk
             .store
@@ -287,7 +286,7 @@ pub struct Decision<'a> {
 /// last one, or any deny, decides it, and the decision stays in force for `expires_secs` from now. Two
 /// people granting at once both count: the one whose compare-and-set lost reads the record again.
 pub async fn decide(
-    desk: &Desk<'_>,
+    desk: &Desk,
     approval_id: &str,
     decision: &Decision<'_>,
 ) -> Result<ApprovalRecord, DecideError> {

@@ -99,6 +99,13 @@ pub enum AuditError {
     Closed,
 }
 
+/// An event that is not durable refuses the request (5005).
+impl From<AuditError> for crate::error::ApiError {
+    fn from(err: AuditError) -> Self {
+        crate::error::ApiError::store(err)
+    }
+}
+
 /// Why an event cannot be chained: a bug in the caller or the writer, never a client's input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidEvent {

@@ -80,13 +80,9 @@ impl Refusal {
 /// Admits an allowed call, or says why not. Without an approval step, replay record, rate, budget and
 /// claim are one store call; with one, a repeat whose request still waits is answered before it is
 /// charged (SPEC 13 r3), and the claim is taken only by a call holding a grant.
-pub async fn admit(
-    desk: &Desk<'_>,
-    ask: Ask<'_>,
-    replay: &mut Replay,
-) -> Result<Admitted, Refusal> {
+pub async fn admit(desk: &Desk, ask: Ask<'_>, replay: &mut Replay) -> Result<Admitted, Refusal> {
     let Some(call) = &ask.approval else {
-        let found = charge(desk.store, ask.rate, ask.budget, ask.claim, replay).await?;
+        let found = charge(desk.store.as_ref(), ask.rate, ask.budget, ask.claim, replay).await?;
         return Ok(found.map_or(
             Admitted::Run {
                 claim: None,
@@ -95,15 +91,19 @@ pub async fn admit(
             |taken| admitted(taken, None),
         ));
     };
-    if existing(desk.store, ask.claim.as_ref()).await?.is_none() {
-        let waiting = approval::still_pending(desk.store, call.session_id, call.call_digest)
-            .await
-            .map_err(Refusal::store)?;
+    if existing(desk.store.as_ref(), ask.claim.as_ref())
+        .await?
+        .is_none()
+    {
+        let waiting =
+            approval::still_pending(desk.store.as_ref(), call.session_id, call.call_digest)
+                .await
+                .map_err(Refusal::store)?;
         if let Some(record) = waiting {
             return Err(Refusal::Held(Box::new(Hold::Waiting(record))));
         }
     }
-    charge(desk.store, ask.rate, ask.budget, None, replay).await?;
+    charge(desk.store.as_ref(), ask.rate, ask.budget, None, replay).await?;
     claim_after_approval(desk, call, ask.claim).await
 }
 
@@ -140,15 +140,15 @@ async fn charge(
 /// SPEC 13, for a call already charged: a claim of its request id answers it as section 7 does and asks
 /// for nothing; otherwise the approval step, and only a call holding a grant takes its claim.
 async fn claim_after_approval(
-    desk: &Desk<'_>,
+    desk: &Desk,
     call: &approval::Call<'_>,
     claim: Option<ClaimRecord>,
 ) -> Result<Admitted, Refusal> {
-    if let Some(found) = existing(desk.store, claim.as_ref()).await? {
+    if let Some(found) = existing(desk.store.as_ref(), claim.as_ref()).await? {
         return Ok(admitted(found, None));
     }
     let hold = match approval::gate(desk, call).await.map_err(Refusal::store)? {
-        Gate::Granted(grant) => return take_with_grant(desk.store, claim, grant).await,
+        Gate::Granted(grant) => return take_with_grant(desk.store.as_ref(), claim, grant).await,
         Gate::Requested(record) => Hold::Requested(record),
         Gate::Waiting(record) => Hold::Waiting(record),
         Gate::Denied(record) => Hold::Denied(record),

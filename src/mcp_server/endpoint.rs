@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{FromRef, Request};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -33,7 +33,13 @@ const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 
 /// The endpoint at `mcp_server.path` and the metadata at both well-known paths; none when it is off.
-pub fn routes(gw: &Gateway) -> Router<Arc<Gateway>> {
+/// For any router whose state lends the gateway, which the endpoint's handlers take whole: each call
+/// runs the pipeline.
+pub fn routes<S>(gw: &Gateway) -> Router<S>
+where
+    Arc<Gateway>: FromRef<S>,
+    S: Clone + Send + Sync + 'static,
+{
     let Some(server) = &gw.mcp_server() else {
         return Router::new();
     };

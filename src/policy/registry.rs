@@ -203,12 +203,20 @@ impl State {
 pub struct ContextRegistry {
     snapshot: ArcSwap<Snapshot>,
     state: Mutex<State>,
+    /// One turn for each change kept in the store (an API write, or a replica's poll), held from the
+    /// store until the registry has it, so that two changes cannot apply in the opposite order.
+    store_changes: tokio::sync::Mutex<()>,
 }
 
 impl ContextRegistry {
     /// An empty registry (no files, no store contexts).
     pub fn new() -> ContextRegistry {
         ContextRegistry::default()
+    }
+
+    /// The turn a change kept in the store takes, from its store write until the registry has it.
+    pub async fn store_change_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.store_changes.lock().await
     }
 
     /// Loads the policy folder strictly, as at start-up: any invalid file or duplicate name is an
@@ -236,6 +244,7 @@ impl ContextRegistry {
         let registry = ContextRegistry {
             snapshot: ArcSwap::from_pointee(state.snapshot()),
             state: Mutex::new(state),
+            store_changes: tokio::sync::Mutex::default(),
         };
         Ok(registry)
     }
