@@ -278,10 +278,12 @@ async fn objects_carry_the_team_of_their_context_in_records_views_and_events() {
         .gw
         .audit_events("type=SecurityContextChanged&limit=1")
         .await;
+    let event = &changed[0];
     assert_eq!(
-        (&changed[0]["scp"], &changed[0]["team"]),
-        (&json!("ops-api"), &json!("ops"))
+        (&event["scp"], &event["team"], &event["actor"]["team"]),
+        (&json!("ops-api"), &json!("ops"), &json!("ops"))
     );
+    assert_eq!(event["context_version"], put["version"], "{event}");
 }
 
 #[tokio::test]

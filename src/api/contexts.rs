@@ -160,17 +160,8 @@ pub async fn put(
         None => false,
     };
     caller.require(context.team(), scopes::CONTEXT_WRITE)?;
-    let (team, version) = (context.team().to_owned(), context.version.clone());
-    writes.save(Shelf::Live, spec, context).await?;
     writes
-        .audit
-        .record(
-            AuditEvent::new(EventType::SecurityContextChanged)
-                .scp(&name)
-                .context_version(&version)
-                .team(&team)
-                .actor(&caller.identity, Some(&team)),
-        )
+        .save_recorded(&caller, Shelf::Live, spec, context, None)
         .await?;
     let status = if existed {
         StatusCode::OK
@@ -205,9 +196,33 @@ impl FromRef<AppState> for ContextWrites {
 }
 
 impl ContextWrites {
+    /// Saves `context` on `shelf` as `spec` for `caller` and records the change, with `detail` when
+    /// given.
+    pub(super) async fn save_recorded(
+        &self,
+        caller: &Caller,
+        shelf: Shelf,
+        spec: Value,
+        context: SecurityContext,
+        detail: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let team = context.team();
+        let mut event = AuditEvent::new(EventType::SecurityContextChanged)
+            .scp(context.name())
+            .context_version(&context.version)
+            .team(team)
+            .actor(&caller.identity, Some(team));
+        if let Some(detail) = detail {
+            event = event.detail(detail);
+        }
+        self.save(shelf, spec, context).await?;
+        self.audit.record(event).await?;
+        Ok(())
+    }
+
     /// Saves a context kept in the store, or a shadow version, as `spec`: in the store first, so that a
     /// failure there changes nothing, then in this replica's registry.
-    pub(super) async fn save(
+    async fn save(
         &self,
         shelf: Shelf,
         spec: Value,

@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 
 use super::contexts::{file_backed, find, parse_spec, ContextWrites};
 use super::{json_body, ApiPath, ControlBody};
-use crate::audit::{AuditEvent, EventType};
 use crate::error::{ApiError, Code};
 use crate::gateway::{SHADOW_REMOVED, SHADOW_SET};
 use crate::identity::{scopes, Caller};
@@ -106,18 +105,8 @@ pub async fn put(
         }
         None => false,
     };
-    let (version, team) = (shadow.version.clone(), shadow.team().to_owned());
-    writes.save(Shelf::Shadow, spec, shadow).await?;
     writes
-        .audit
-        .record(
-            AuditEvent::new(EventType::SecurityContextChanged)
-                .scp(&name)
-                .context_version(&version)
-                .detail(SHADOW_SET)
-                .team(&team)
-                .actor(&caller.identity, Some(&team)),
-        )
+        .save_recorded(&caller, Shelf::Shadow, spec, shadow, Some(SHADOW_SET))
         .await?;
     let status = if existed {
         StatusCode::OK
